@@ -1,0 +1,183 @@
+"""The YOLOv5 training loss: target assignment, CIoU box loss, objectness and class BCE.
+
+Semantics follow the reference YOLOv5 (v6/v7) ``ComputeLoss``. The loss is a pure function of the
+head outputs and the targets: it never writes into its inputs (nor into any tensor autograd saved),
+so it cannot cause "modified by an inplace operation" errors in ``backward()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .boxes import complete_iou
+
+# Reference "scratch-low" loss hyper-parameters, before scaling for layers, classes and image size.
+DEFAULT_LOSS_HYP: dict[str, float] = {"box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
+# Objectness weight of each level: small objects (P3) dominate the count of cells.
+LEVEL_BALANCE = (4.0, 1.0, 0.4)
+# A target is also assigned to the two neighbouring cells nearest its centre (beyond this fraction).
+NEIGHBOUR_MARGIN = 0.5
+_CELL_OFFSETS = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32) * NEIGHBOUR_MARGIN
+
+TargetsLike = torch.Tensor | np.ndarray | Sequence[torch.Tensor | np.ndarray]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss (or the predictions it was computed from) is NaN or infinite."""
+
+
+def targets_to_tensor(targets: TargetsLike, device: torch.device | None = None) -> torch.Tensor:
+    """Accept ``[N, 6]`` (image index, class, cx, cy, w, h) or a per-image list of ``[n, 5]`` rows."""
+    if isinstance(targets, (torch.Tensor, np.ndarray)):
+        table = torch.as_tensor(targets, dtype=torch.float32, device=device)
+        if table.numel() == 0:
+            table = table.reshape(0, 6)
+        if table.ndim != 2 or table.shape[1] != 6:
+            raise ValueError(f"targets must be [N, 6] (image, class, cx, cy, w, h), got shape {tuple(table.shape)}")
+        return table
+    rows = []
+    for image_index, labels in enumerate(targets):
+        labels = torch.as_tensor(labels, dtype=torch.float32, device=device).reshape(-1, 5)
+        rows.append(F.pad(labels, (1, 0), value=float(image_index)))
+    return torch.cat(rows) if rows else torch.zeros((0, 6), device=device)
+
+
+class YoloLoss:
+    """``criterion(outputs, targets, pred_size=imgs.shape[2:4])`` → scalar loss.
+
+    The total is (box + obj + cls) × batch size, as the reference computes it; the detached parts
+    are kept in ``self.components`` (a ``[3]`` tensor: box, obj, cls). ``rect_training=True`` declares
+    that batches may be non-square (rectangular letterboxed batches); without it a non-square batch
+    is refused, since it usually means images were not letterboxed as intended.
+    """
+
+    component_names = ("box", "obj", "cls")
+
+    def __init__(self, model: nn.Module, rect_training: bool = False, img_size: int | None = None,
+                 hyp: dict[str, float] | None = None) -> None:
+        head = getattr(model, "module", model).head  # unwrap DistributedDataParallel
+        self.rect_training = rect_training
+        self.img_size = img_size
+        self.hyp = {**DEFAULT_LOSS_HYP, **(hyp or {})}
+        self.head = head  # read anchors from it on each call: they follow the model across .to(device)
+        self.nc, self.na, self.nl = head.nc, head.na, head.nl
+        self.strides = tuple(int(s) for s in head.stride.tolist())
+        self.components = torch.zeros(3)
+        self.step = 0
+
+    def __call__(self, outputs: Sequence[torch.Tensor], targets: TargetsLike,
+                 pred_size: Sequence[int] | None = None) -> torch.Tensor:
+        self._check_outputs(outputs, pred_size)
+        device, dtype = outputs[0].device, outputs[0].dtype
+        targets = targets_to_tensor(targets, device)
+        if not torch.isfinite(targets).all():
+            raise ValueError("targets contain NaN or infinite values")
+        self.step += 1
+        batch_size = outputs[0].shape[0]
+        image_size = max(self._image_size(outputs, pred_size))
+        box_gain = self.hyp["box"] * 3 / self.nl
+        cls_gain = self.hyp["cls"] * self.nc / 80 * 3 / self.nl
+        obj_gain = self.hyp["obj"] * ((self.img_size or image_size) / 640) ** 2 * 3 / self.nl
+
+        anchors = self.head.anchors.to(device=device, dtype=dtype)
+        box_terms, obj_terms, cls_terms = [], [], []
+        for level, pred in enumerate(outputs):
+            image, anchor, gy, gx, target_box, target_cls = self._assign(level, pred.shape, targets, anchors[level])
+            target_obj = torch.zeros(pred.shape[:4], dtype=dtype, device=device)
+            if image.numel():
+                matched = pred[image, anchor, gy, gx]
+                pxy = matched[:, :2].sigmoid() * 2 - 0.5
+                pwh = (matched[:, 2:4].sigmoid() * 2) ** 2 * anchors[level][anchor]
+                iou = complete_iou(torch.cat((pxy, pwh), 1), target_box)
+                box_terms.append((1.0 - iou).mean())
+                # Objectness target: how well the box fits (IoU, detached), not just "an object is here".
+                target_obj = target_obj.index_put((image, anchor, gy, gx), iou.detach().clamp(min=0).to(dtype))
+                if self.nc > 1:
+                    class_target = F.one_hot(target_cls, self.nc).to(dtype)
+                    cls_terms.append(F.binary_cross_entropy_with_logits(matched[:, 5:], class_target))
+            obj_terms.append(F.binary_cross_entropy_with_logits(pred[..., 4], target_obj) * LEVEL_BALANCE[level])
+
+        zero = outputs[0].new_zeros(())
+        lbox = sum(box_terms, zero) * box_gain
+        lobj = sum(obj_terms, zero) * obj_gain
+        lcls = sum(cls_terms, zero) * cls_gain
+        self.components = torch.stack((lbox, lobj, lcls)).detach()
+        total = (lbox + lobj + lcls) * batch_size
+        self._check_finite(total, outputs)
+        return total
+
+    def _assign(self, level: int, shape: torch.Size, targets: torch.Tensor,
+                anchors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Match targets to anchors (size ratio < anchor_t) and to their cell plus two nearest neighbours.
+
+        Returns, per match: image, anchor and cell indices, the target box (offset in the cell, w, h in
+        grid units) and the class.
+        """
+        ny, nx = shape[2], shape[3]
+        device = targets.device
+        grid_gain = torch.tensor([nx, ny, nx, ny], dtype=targets.dtype, device=device)
+        boxes = targets[:, 2:6] * grid_gain                                    # [nt, 4] grid units
+        ratio = boxes[None, :, 2:4] / anchors[:, None]                         # [na, nt, 2]
+        fits = torch.max(ratio, 1 / ratio).amax(2) < self.hyp["anchor_t"]     # [na, nt]
+        anchor_index, target_index = fits.nonzero(as_tuple=True)
+        # The reference orders matches anchor-major; keep it so duplicate cells resolve identically.
+        gxy = boxes[target_index, :2]
+        gxy_inverse = grid_gain[:2] - gxy
+        left, top = ((gxy % 1 < NEIGHBOUR_MARGIN) & (gxy > 1)).T
+        right, bottom = ((gxy_inverse % 1 < NEIGHBOUR_MARGIN) & (gxy_inverse > 1)).T
+        use = torch.stack((torch.ones_like(left), left, top, right, bottom))  # [5, m]
+        offset_index, match = use.nonzero(as_tuple=True)
+        offsets = _CELL_OFFSETS.to(device=device, dtype=targets.dtype)[offset_index]
+
+        target_index = target_index[match]
+        anchor = anchor_index[match]
+        gxy = gxy[match]
+        cell = (gxy - offsets).long()
+        gx = cell[:, 0].clamp(0, nx - 1)
+        gy = cell[:, 1].clamp(0, ny - 1)
+        target_box = torch.cat((gxy - torch.stack((gx, gy), 1), boxes[target_index, 2:4]), 1)
+        image = targets[target_index, 0].long()
+        target_cls = targets[target_index, 1].long()
+        return image, anchor, gy, gx, target_box, target_cls
+
+    def _check_outputs(self, outputs: Sequence[torch.Tensor], pred_size: Sequence[int] | None) -> None:
+        if isinstance(outputs, torch.Tensor) or len(outputs) != self.nl:
+            raise ValueError(f"expected the {self.nl} raw head maps of a model in train() mode; "
+                             "got decoded eval() output (call model.train() or model.forward_maps)")
+        for pred in outputs:
+            if pred.ndim != 5 or pred.shape[1] != self.na or pred.shape[4] != self.nc + 5:
+                raise ValueError(f"head map of shape {tuple(pred.shape)} does not match "
+                                 f"[B, {self.na}, H, W, {self.nc + 5}] for {self.nc} classes")
+        height, width = self._image_size(outputs, pred_size)
+        if not self.rect_training and height != width:
+            raise ValueError(f"non-square batch {height}x{width}: pass rect_training=True to train on "
+                             "rectangular batches")
+
+    def _image_size(self, outputs: Sequence[torch.Tensor], pred_size: Sequence[int] | None) -> tuple[int, int]:
+        """The batch image size, checked against the head maps when given."""
+        from_maps = (outputs[0].shape[2] * self.strides[0], outputs[0].shape[3] * self.strides[0])
+        if pred_size is None:
+            return from_maps
+        size = (int(pred_size[0]), int(pred_size[1]))
+        if size != from_maps:
+            raise ValueError(f"pred_size {size} does not match the head maps, which imply {from_maps}")
+        return size
+
+    def _check_finite(self, total: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
+        if bool(torch.isfinite(total)):
+            return
+        parts = ", ".join(f"{n}={v:.4g}" for n, v in zip(self.component_names, self.components.tolist()))
+        where = ("the model's outputs are already non-finite, so the weights diverged in earlier updates"
+                 if not all(bool(torch.isfinite(p).all()) for p in outputs) else "the loss overflowed")
+        raise NonFiniteLossError(
+            f"non-finite loss at step {self.step} ({parts}): {where}. The usual cause is a learning rate far "
+            "too high (typical: 1e-3 for Adam/AdamW, 1e-2 for SGD); lower it, or use warm-up and gradient "
+            "clipping.")
+
+
+YOLO_LOSS = YoloLoss

@@ -1,0 +1,78 @@
+"""The YOLOv5 detection head: one 1x1 convolution per pyramid level, anchors, decoding."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+# The reference default anchors (pixels), one row of three (w, h) pairs per level P3/8, P4/16, P5/32.
+DEFAULT_ANCHORS: tuple[tuple[int, ...], ...] = (
+    (10, 13, 16, 30, 33, 23),
+    (30, 61, 62, 45, 59, 119),
+    (116, 90, 156, 198, 373, 326),
+)
+STRIDES: tuple[int, int, int] = (8, 16, 32)
+
+
+class Detect(nn.Module):
+    """Predicts, for each anchor of each cell, box offsets (4), objectness (1) and class logits (nc).
+
+    ``anchors`` is stored in grid units (pixels / stride) under the reference's buffer name, so
+    reference checkpoints load unchanged.
+    """
+
+    def __init__(self, num_classes: int, anchors: torch.Tensor, channels: tuple[int, ...],
+                 strides: tuple[int, ...] = STRIDES) -> None:
+        super().__init__()
+        self.nc = num_classes
+        self.no = num_classes + 5
+        self.nl = anchors.shape[0]
+        self.na = anchors.shape[1]
+        stride = torch.tensor(strides, dtype=torch.float32)
+        self.register_buffer("stride", stride, persistent=False)
+        self.register_buffer("anchors", anchors.float() / stride.view(-1, 1, 1))
+        self.m = nn.ModuleList(nn.Conv2d(c, self.no * self.na, 1) for c in channels)
+        self._initialise_biases()
+
+    def _initialise_biases(self) -> None:
+        """Prior biases (RetinaNet §3.3): ~8 objects per 640 image, uniform class prior of 0.6."""
+        with torch.no_grad():
+            for conv, stride in zip(self.m, self.stride.tolist()):
+                bias = conv.bias.view(self.na, self.no)
+                obj_prior = math.log(8 / (640 / stride) ** 2)
+                cls_prior = math.log(0.6 / (self.nc - 0.99999))
+                prior = torch.cat((torch.zeros(4), torch.tensor([obj_prior]), torch.full((self.nc,), cls_prior)))
+                conv.bias.copy_((bias + prior).view(-1))
+
+    def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Raw head maps ``[B, na, H/s, W/s, 5+nc]`` (logits) for each level."""
+        maps = []
+        for conv, x in zip(self.m, features):
+            y = conv(x)
+            b, _, ny, nx = y.shape
+            maps.append(y.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous())
+        return maps
+
+    def decode(self, maps: list[torch.Tensor]) -> torch.Tensor:
+        """Raw maps → ``[B, N, 5+nc]``: cx, cy, w, h in input pixels, sigmoid objectness and class scores."""
+        decoded = []
+        for i, p in enumerate(maps):
+            b, na, ny, nx, no = p.shape
+            grid, anchor_grid = self._grid(nx, ny, i, p.dtype, p.device)
+            xy, wh, conf = p.sigmoid().split((2, 2, self.nc + 1), 4)
+            xy = (xy * 2 + grid) * self.stride[i]
+            wh = (wh * 2) ** 2 * anchor_grid
+            decoded.append(torch.cat((xy, wh, conf), 4).view(b, na * ny * nx, no))
+        return torch.cat(decoded, 1)
+
+    def _grid(self, nx: int, ny: int, level: int, dtype: torch.dtype,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cell offsets (shifted by -0.5: centres range over -0.5..1.5 of a cell) and anchor sizes in pixels."""
+        ys = torch.arange(ny, device=device, dtype=dtype)
+        xs = torch.arange(nx, device=device, dtype=dtype)
+        yv, xv = torch.meshgrid(ys, xs, indexing="ij")
+        grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2) - 0.5
+        anchor_grid = (self.anchors[level] * self.stride[level]).to(dtype).view(1, self.na, 1, 1, 2)
+        return grid, anchor_grid

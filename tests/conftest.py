@@ -1,0 +1,36 @@
+"""Shared fixtures: the reference implementation (optional oracle) and the shared data folder."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+COCO128 = SHARED / "datasets" / "coco128"
+YOLOV5N_WEIGHTS = SHARED / "weights" / "yolov5n.pt"
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """The PyPI ``yolov5`` package (the reference implementation), offline and writing only to a temp dir."""
+    config_dir = str(tmp_path_factory.mktemp("yolov5-config"))
+    os.environ.update(YOLO_OFFLINE="1", YOLO_CONFIG_DIR=config_dir, YOLOV5_CONFIG_DIR=config_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yolov5 = pytest.importorskip("yolov5", reason="reference implementation not installed (pip install '.[parity]')")
+        import yolov5.models.yolo  # noqa: F401  (registers the reference model classes)
+        import yolov5.utils.loss  # noqa: F401
+    import logging
+    logging.getLogger("yolov5").setLevel(logging.WARNING)
+    return sys.modules["yolov5"]
+
+
+@pytest.fixture(scope="session")
+def coco128() -> Path:
+    if not (COCO128 / "images").is_dir():
+        pytest.skip(f"shared dataset not found at {COCO128}")
+    return COCO128

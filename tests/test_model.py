@@ -1,0 +1,103 @@
+"""The YOLOv5 architecture: sizes, output contracts, input checks, fusion."""
+
+import pytest
+import torch
+
+from yolotrain import Yolov5
+from yolotrain.model import Conv
+
+# Parameter counts of the reference implementation (unfused), per version and class count.
+REFERENCE_PARAMETERS = {
+    ("n", 2): 1_766_623, ("n", 80): 1_872_157,
+    ("s", 2): 7_025_023, ("s", 80): 7_235_389,
+    ("m", 2): 20_875_359, ("m", 80): 21_190_557,
+    ("l", 2): 46_143_679, ("l", 80): 46_563_709,
+    ("x", 2): 86_224_543, ("x", 80): 86_749_405,
+}
+
+
+@pytest.mark.parametrize(("version", "nc"), sorted(REFERENCE_PARAMETERS))
+def test_parameter_count_equals_reference(version, nc):
+    model = Yolov5(version=version, num_classes=nc)
+    assert sum(p.numel() for p in model.parameters()) == REFERENCE_PARAMETERS[(version, nc)]
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (96, 160), (160, 64)])
+def test_train_mode_returns_three_raw_maps(shape):
+    model = Yolov5("n", num_classes=3).train()
+    h, w = shape
+    maps = model(torch.rand(2, 3, h, w))
+    assert [tuple(m.shape) for m in maps] == [(2, 3, h // s, w // s, 8) for s in (8, 16, 32)]
+
+
+def test_eval_mode_decodes_boxes_in_pixels():
+    model = Yolov5("n", num_classes=2).eval()
+    with torch.no_grad():
+        out = model(torch.rand(1, 3, 96, 64))
+    cells = sum((96 // s) * (64 // s) for s in (8, 16, 32))
+    assert out.shape == (1, 3 * cells, 7)
+    # Centres lie within the grid's reach, scores are probabilities.
+    assert out[..., 0].min() >= -16 and out[..., 0].max() <= 64 + 16
+    assert ((out[..., 4:] >= 0) & (out[..., 4:] <= 1)).all()
+
+
+def test_decoding_matches_hand_computation():
+    model = Yolov5("n", num_classes=1).eval()
+    maps = [torch.zeros(1, 3, 2, 2, 6), torch.zeros(1, 3, 1, 1, 6), torch.zeros(1, 3, 1, 1, 6)]
+    out = model.head.decode(maps)
+    # Zero logits: sigmoid 0.5 → centre at the cell's centre, size equal to the anchor.
+    first = out[0, 0]
+    assert torch.allclose(first[:4], torch.tensor([4.0, 4.0, 10.0, 13.0]))
+    assert torch.allclose(out[0, 5, :2], torch.tensor([12.0, 4.0]))  # anchor 0, cell (y=0, x=1)... of level 0
+    assert torch.allclose(first[4:], torch.tensor([0.5, 0.5]))
+
+
+@pytest.mark.parametrize("bad", [(1, 3, 100, 64), (1, 3, 64, 70), (1, 1, 64, 64), (3, 64, 64)])
+def test_bad_input_shapes_raise_clear_errors(bad):
+    with pytest.raises(ValueError, match="multiples of 32|expected images"):
+        Yolov5("n", num_classes=2)(torch.rand(*bad))
+
+
+def test_unknown_version_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown YOLOv5 version 'q'"):
+        Yolov5(version="q")
+    assert Yolov5(version="yolov5n").version == "n"
+
+
+def test_no_inplace_activations():
+    model = Yolov5("n", num_classes=2)
+    assert not [m for m in model.modules() if getattr(m, "inplace", False)]
+
+
+def test_bias_priors():
+    model = Yolov5("n", num_classes=2)
+    for conv, stride in zip(model.head.m, (8, 16, 32)):
+        bias = conv.bias.detach().view(3, 7)
+        expected_obj = torch.log(torch.tensor(8 / (640 / stride) ** 2))
+        # Default conv bias init is uniform within ±1/sqrt(fan_in); the prior is added on top.
+        bound = 1 / conv.weight.shape[1] ** 0.5
+        assert ((bias[:, 4] - expected_obj).abs() <= bound).all()
+        assert ((bias[:, 5:] - torch.log(torch.tensor(0.6 / (2 - 0.99999)))).abs() <= bound).all()
+
+
+def test_custom_anchors_are_used():
+    anchors = [[4, 4, 8, 8, 12, 12], [16, 16, 24, 24, 32, 32], [48, 48, 64, 64, 96, 96]]
+    model = Yolov5("n", num_classes=1, anchors=anchors)
+    assert torch.allclose(model.head.anchors[0, 0], torch.tensor([0.5, 0.5]))
+    with pytest.raises(ValueError, match="anchors"):
+        Yolov5("n", anchors=[[1, 2, 3]])
+
+
+def test_fuse_keeps_outputs():
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2)
+    model.train()
+    model(torch.rand(4, 3, 64, 64))  # move BatchNorm statistics away from their defaults
+    model.eval()
+    x = torch.rand(2, 3, 64, 96)
+    with torch.no_grad():
+        before = model(x)
+        after = model.fuse()(x)
+    assert not [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert all(isinstance(m.bn, torch.nn.Identity) for m in model.modules() if isinstance(m, Conv))
+    torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-4)
