@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=23"
-	$(PY) -m pip install -q -e ".[test,parity]"
+	$(PY) -m pip install -q -e ".[test,parity,export]"
 	touch $(STAMP)
 
 demo: $(STAMP)

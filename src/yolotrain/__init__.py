@@ -1,7 +1,14 @@
 """yolotrain: train, evaluate, export and debug YOLOv5 object detectors in PyTorch."""
 
+from .data import get_loaders
+from .engine import TrainConfig, train
+from .eval.predict import predict
+from .eval.val import val
+from .interop import export
+from .interop import load_model as load
 from .loss import YOLO_LOSS, NonFiniteLossError, YoloLoss
 from .model import Yolov5
 
-__all__ = ["YOLO_LOSS", "NonFiniteLossError", "YoloLoss", "Yolov5"]
+__all__ = ["YOLO_LOSS", "NonFiniteLossError", "TrainConfig", "YoloLoss", "Yolov5", "export", "get_loaders", "load",
+           "predict", "train", "val"]
 __version__ = "0.1.0"

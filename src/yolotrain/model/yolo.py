@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import torch
@@ -50,12 +51,16 @@ class Yolov5(nn.Module):
     """
 
     def __init__(self, version: str = "s", num_classes: int = 80,
-                 anchors: Sequence[Sequence[float]] | torch.Tensor | None = None, in_channels: int = 3) -> None:
+                 anchors: Sequence[Sequence[float]] | torch.Tensor | None = None, in_channels: int = 3,
+                 names: Sequence[str] | None = None) -> None:
         super().__init__()
         if int(num_classes) < 1:
             raise ValueError(f"num_classes must be at least 1, got {num_classes}")
         self.version = parse_version(version)
         self.num_classes = int(num_classes)
+        self.names = [str(n) for n in names] if names is not None else [str(i) for i in range(self.num_classes)]
+        if len(self.names) != self.num_classes:
+            raise ValueError(f"{len(self.names)} class names for {self.num_classes} classes")
         self.in_channels = int(in_channels)
         depth_multiple, width_multiple = VERSIONS[self.version]
 
@@ -94,6 +99,14 @@ class Yolov5(nn.Module):
             C3(width(1024), width(1024), depth(3), False),  # 23 → P5/32 output
             Detect(self.num_classes, _anchor_tensor(anchors), (width(256), width(512), width(1024))),  # 24
         ])
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> Yolov5:
+        """Load our checkpoint, a plain ``state_dict`` file, or an official YOLOv5 ``.pt`` (read safely,
+        without running pickled code); the architecture and class names come from the file."""
+        from ..interop import load_model
+
+        return load_model(path)
 
     @property
     def head(self) -> Detect:

@@ -1,0 +1,131 @@
+"""Evaluation speed against the reference on the same weights and images, in one process.
+
+Measures (1) ``val`` end to end on coco128 (images/s, loading included) and (2) single-image
+predict latency (letterbox → model → NMS → boxes in original pixels) for ours and for the reference
+``val.run`` / detect path, and writes the ratios to ``benchmarks/results/eval.json``.
+
+    python benchmarks/bench_eval.py [--img 640] [--images 128] [--repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+COCO128 = SHARED / "datasets" / "coco128"
+WEIGHTS = SHARED / "weights" / "yolov5n.pt"
+
+
+def dataset_copy(root: Path, n: int) -> Path:
+    """First ``n`` coco128 images as symlinks with a YAML, so no tool writes caches into shared/."""
+    for kind in ("images", "labels"):
+        (root / kind / "val").mkdir(parents=True)
+    for img in sorted((COCO128 / "images" / "train2017").glob("*.jpg"))[:n]:
+        (root / "images" / "val" / img.name).symlink_to(img)
+        label = COCO128 / "labels" / "train2017" / f"{img.stem}.txt"
+        if label.exists():
+            (root / "labels" / "val" / label.name).symlink_to(label)
+    names = (COCO128 / "data.yaml").read_text().split("names:")[1]
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: images/val\nval: images/val\nnames:{names}")
+    return root / "data.yaml"
+
+
+def import_reference(config_dir: str):
+    """The reference package, offline, with its NMS time limit off and no font download."""
+    os.environ.update(YOLO_OFFLINE="1", YOLO_CONFIG_DIR=config_dir, YOLOV5_CONFIG_DIR=config_dir,
+                      TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
+    np.trapz = getattr(np, "trapz", np.trapezoid)
+    import yolov5.utils.general as general
+    import yolov5.val as reference_val
+
+    general.check_font = lambda *a, **k: None
+    general.time = types.SimpleNamespace(time=lambda: 0.0)  # else its NMS drops boxes on a slow CPU
+    return reference_val
+
+
+def timed(fn) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def latency(fn, repeats: int) -> float:
+    """Median seconds of ``fn()`` after two warm-up calls."""
+    fn(), fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--img", type=int, default=640)
+    p.add_argument("--images", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "eval.json"))
+    a = p.parse_args()
+    if not (COCO128.is_dir() and WEIGHTS.is_file()):
+        sys.exit(f"needs {COCO128} and {WEIGHTS}")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-eval-"))
+    data = dataset_copy(tmp / "data", a.images)
+    reference_val = import_reference(str(tmp / "config"))
+
+    import cv2
+    from yolov5.models.experimental import attempt_load
+    from yolov5.utils.augmentations import letterbox
+    from yolov5.utils.general import non_max_suppression, scale_boxes
+
+    from yolotrain.eval import val
+    from yolotrain.eval.predict import Predictor
+
+    common = dict(batch_size=32, device="cpu")
+    ours_s, ours_m = timed(lambda: val(str(WEIGHTS), data, img_size=a.img, workers=0, verbose=False, **common))
+    ref_s, ref_r = timed(lambda: reference_val.run(data=str(data), weights=str(WEIGHTS), imgsz=a.img, workers=0,
+                                                   plots=False, half=False, project=str(tmp), name="ref", **common))
+
+    image = cv2.imread(str(sorted((COCO128 / "images" / "train2017").glob("*.jpg"))[0]))
+    predictor = Predictor(str(WEIGHTS), img_size=a.img, device="cpu")
+    ref_model = attempt_load(str(WEIGHTS), device="cpu", fuse=True).eval()
+
+    def reference_detect():
+        im = letterbox(image, a.img, stride=32, auto=True)[0].transpose((2, 0, 1))[::-1]
+        x = torch.from_numpy(np.ascontiguousarray(im)).float()[None] / 255
+        with torch.no_grad():
+            det = non_max_suppression(ref_model(x)[0], 0.25, 0.45, max_det=1000)[0]
+        det[:, :4] = scale_boxes(x.shape[2:], det[:, :4], image.shape).round()
+        return det
+
+    ours_lat = latency(lambda: predictor.predict_image(image), a.repeats)
+    ref_lat = latency(reference_detect, a.repeats)
+
+    result = {
+        "setup": {"img_size": a.img, "images": a.images, "batch_size": 32, "device": "cpu", "workers": 0,
+                  "torch_threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+                  "torch": torch.__version__},
+        "val": {"ours_images_per_s": a.images / ours_s, "reference_images_per_s": a.images / ref_s,
+                "speedup": ref_s / ours_s,
+                "ours_mAP50-95": ours_m.map, "reference_mAP50-95": float(ref_r[0][3])},
+        "predict_latency_ms": {"ours": ours_lat * 1e3, "reference": ref_lat * 1e3, "speedup": ref_lat / ours_lat},
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Image + box augmentations: letterbox, 4-image mosaic, random affine/perspective, HSV gains, flips,
+mixup. Boxes travel with the pixels and are clipped and filtered by the reference's candidate rule.
+
+Every random draw comes from an explicit ``np.random.Generator`` so a sample is a pure function of
+its seed; nothing here touches global random state. Boxes are ``(n, 5)`` arrays of
+(class, x1, y1, x2, y2) in pixels unless stated otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import cv2
+import numpy as np
+
+PAD_VALUE = 114
+
+# The reference's "scratch-low" augmentation settings (hyp.scratch-low.yaml).
+HYP_SCRATCH_LOW: dict[str, float] = {
+    "hsv_h": 0.015,
+    "hsv_s": 0.7,
+    "hsv_v": 0.4,
+    "degrees": 0.0,
+    "translate": 0.1,
+    "scale": 0.5,
+    "shear": 0.0,
+    "perspective": 0.0,
+    "flipud": 0.0,
+    "fliplr": 0.5,
+    "mosaic": 1.0,
+    "mixup": 0.0,
+}
+
+
+def make_hyp(overrides: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Scratch-low settings with ``overrides`` applied.
+
+    Raises:
+        KeyError: an override names an unknown setting (catches typos that would silently do nothing).
+    """
+    hyp = dict(HYP_SCRATCH_LOW)
+    for k, v in (overrides or {}).items():
+        if k not in hyp:
+            raise KeyError(f"unknown augmentation setting {k!r}; known: {', '.join(hyp)}")
+        hyp[k] = float(v)
+    return hyp
+
+
+def letterbox(
+    im: np.ndarray, new_shape: int | Sequence[int], scaleup: bool = True
+) -> tuple[np.ndarray, float, tuple[float, float]]:
+    """Resize keeping aspect ratio and pad (value 114) to ``new_shape`` (h, w), image centred.
+
+    Returns the image, the scale ratio and the (left, top) padding in pixels, so that
+    ``x_new = x_old * ratio + pad``.
+    """
+    h0, w0 = im.shape[:2]
+    nh, nw = (new_shape, new_shape) if isinstance(new_shape, int) else (int(new_shape[0]), int(new_shape[1]))
+    r = min(nh / h0, nw / w0)
+    if not scaleup:  # never enlarge for evaluation: it only blurs and skews the metric
+        r = min(r, 1.0)
+    uw, uh = int(round(w0 * r)), int(round(h0 * r))
+    dw, dh = (nw - uw) / 2, (nh - uh) / 2
+    if (uw, uh) != (w0, h0):
+        im = cv2.resize(im, (uw, uh), interpolation=cv2.INTER_LINEAR)
+    top, bottom = int(round(dh - 0.1)), int(round(dh + 0.1))
+    left, right = int(round(dw - 0.1)), int(round(dw + 0.1))
+    im = cv2.copyMakeBorder(im, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
+    return im, r, (float(left), float(top))
+
+
+def box_candidates(
+    box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr: float = 100, area_thr: float = 0.1,
+    eps: float = 1e-16,
+) -> np.ndarray:
+    """Mask of boxes worth keeping after augmentation: ``box1`` before (scaled), ``box2`` after, both
+    ``(4, n)`` xyxy. Kept when wider and taller than ``wh_thr`` px, keeping over ``area_thr`` of the
+    area, with aspect ratio under ``ar_thr``."""
+    w1, h1 = box1[2] - box1[0], box1[3] - box1[1]
+    w2, h2 = box2[2] - box2[0], box2[3] - box2[1]
+    ar = np.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
+    return (w2 > wh_thr) & (h2 > wh_thr) & (w2 * h2 / (w1 * h1 + eps) > area_thr) & (ar < ar_thr)
+
+
+def random_perspective(
+    im: np.ndarray, labels: np.ndarray, rng: np.random.Generator, hyp: Mapping[str, float],
+    border: tuple[int, int] = (0, 0),
+) -> tuple[np.ndarray, np.ndarray]:
+    """Random rotation, scale, shear, translation and perspective about the image centre.
+
+    ``border`` (y, x) grows (positive) or crops (negative) the output on each side; the mosaic uses
+    ``-size/2`` to cut its 2x canvas back to ``size``. Boxes are warped by their 4 corners, clipped,
+    and filtered with :func:`box_candidates`.
+    """
+    height, width = im.shape[0] + border[0] * 2, im.shape[1] + border[1] * 2
+    C = np.eye(3)
+    C[0, 2], C[1, 2] = -im.shape[1] / 2, -im.shape[0] / 2
+    P = np.eye(3)
+    P[2, 0], P[2, 1] = rng.uniform(-hyp["perspective"], hyp["perspective"], 2)
+    R = np.eye(3)
+    angle = rng.uniform(-hyp["degrees"], hyp["degrees"])
+    s = rng.uniform(1 - hyp["scale"], 1 + hyp["scale"])
+    R[:2] = cv2.getRotationMatrix2D(angle=angle, center=(0, 0), scale=s)
+    S = np.eye(3)
+    S[0, 1], S[1, 0] = np.tan(np.deg2rad(rng.uniform(-hyp["shear"], hyp["shear"], 2)))
+    T = np.eye(3)
+    T[0, 2], T[1, 2] = rng.uniform(0.5 - hyp["translate"], 0.5 + hyp["translate"], 2) * (width, height)
+    M = T @ S @ R @ P @ C  # applied right to left
+    perspective = bool(hyp["perspective"])
+    if border != (0, 0) or (M != np.eye(3)).any():
+        fill = (PAD_VALUE,) * 3
+        if perspective:
+            im = cv2.warpPerspective(im, M, dsize=(width, height), borderValue=fill)
+        else:
+            im = cv2.warpAffine(im, M[:2], dsize=(width, height), borderValue=fill)
+
+    n = len(labels)
+    if n:
+        corners = np.ones((n * 4, 3))
+        corners[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)
+        xy = corners @ M.T
+        xy = (xy[:, :2] / xy[:, 2:3] if perspective else xy[:, :2]).reshape(n, 8)
+        x, y = xy[:, 0::2], xy[:, 1::2]
+        new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
+        new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
+        new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
+        keep = box_candidates(labels[:, 1:5].T * s, new.T)
+        labels = labels[keep]
+        labels[:, 1:5] = new[keep]
+    return im, labels
+
+
+def mosaic4(
+    tiles: Sequence[tuple[np.ndarray, np.ndarray]], size: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Place 4 images around a random centre of a ``2*size`` canvas (pad 114).
+
+    ``tiles`` are (image, labels (n, 5) class + normalised cx, cy, w, h); returns the canvas and the
+    labels as class + pixel xyxy on it, clipped to the canvas.
+    """
+    s = size
+    yc, xc = (int(v) for v in rng.uniform(s / 2, 1.5 * s, 2))
+    canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, dtype=np.uint8)
+    out = []
+    for i, (img, lab) in enumerate(tiles):
+        h, w = img.shape[:2]
+        if i == 0:  # top left
+            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+            x1b, y1b, x2b, y2b = w - (x2a - x1a), h - (y2a - y1a), w, h
+        elif i == 1:  # top right
+            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, 2 * s), yc
+            x1b, y1b, x2b, y2b = 0, h - (y2a - y1a), min(w, x2a - x1a), h
+        elif i == 2:  # bottom left
+            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(2 * s, yc + h)
+            x1b, y1b, x2b, y2b = w - (x2a - x1a), 0, w, min(y2a - y1a, h)
+        else:  # bottom right
+            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
+            x1b, y1b, x2b, y2b = 0, 0, min(w, x2a - x1a), min(y2a - y1a, h)
+        canvas[y1a:y2a, x1a:x2a] = img[y1b:y2b, x1b:x2b]
+        out.append(xywhn_to_xyxy(lab, w, h, x1a - x1b, y1a - y1b))
+    labels = np.concatenate(out, 0)
+    labels[:, 1:] = labels[:, 1:].clip(0, 2 * s)
+    return canvas, labels
+
+
+def xywhn_to_xyxy(labels: np.ndarray, w: float, h: float, padw: float = 0.0, padh: float = 0.0) -> np.ndarray:
+    """Class + normalised (cx, cy, w, h) → class + pixel (x1, y1, x2, y2) on an image of size w x h
+    placed at offset (padw, padh)."""
+    out = labels.astype(np.float64, copy=True)
+    out[:, 1] = w * (labels[:, 1] - labels[:, 3] / 2) + padw
+    out[:, 2] = h * (labels[:, 2] - labels[:, 4] / 2) + padh
+    out[:, 3] = w * (labels[:, 1] + labels[:, 3] / 2) + padw
+    out[:, 4] = h * (labels[:, 2] + labels[:, 4] / 2) + padh
+    return out
+
+
+def xyxy_to_xywhn(labels: np.ndarray, w: int, h: int) -> np.ndarray:
+    """Class + pixel xyxy → class + normalised (cx, cy, w, h), boxes clipped to the image first."""
+    xyxy = labels[:, 1:5].copy()
+    xyxy[:, [0, 2]] = xyxy[:, [0, 2]].clip(0, w - 1e-3)
+    xyxy[:, [1, 3]] = xyxy[:, [1, 3]].clip(0, h - 1e-3)
+    out = np.empty((len(labels), 5), np.float32)
+    out[:, 0] = labels[:, 0]
+    out[:, 1] = (xyxy[:, 0] + xyxy[:, 2]) / 2 / w
+    out[:, 2] = (xyxy[:, 1] + xyxy[:, 3]) / 2 / h
+    out[:, 3] = (xyxy[:, 2] - xyxy[:, 0]) / w
+    out[:, 4] = (xyxy[:, 3] - xyxy[:, 1]) / h
+    return out
+
+
+def mixup(
+    im: np.ndarray, labels: np.ndarray, im2: np.ndarray, labels2: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Blend two same-size images with a Beta(32, 32) ratio and keep the boxes of both."""
+    r = rng.beta(32.0, 32.0)
+    blended = cv2.addWeighted(im, r, im2, 1 - r, 0.0)
+    return blended, np.concatenate((labels, labels2), 0)
+
+
+def hsv_to_rgb(im: np.ndarray, rng: np.random.Generator, hgain: float, sgain: float, vgain: float) -> np.ndarray:
+    """Apply random HSV gains to a BGR image and return it as RGB.
+
+    The conversion back from HSV writes RGB directly, so the BGR→RGB swap the model needs costs
+    nothing extra. With all gains zero it is a plain channel swap.
+    """
+    if not (hgain or sgain or vgain):
+        return cv2.cvtColor(im, cv2.COLOR_BGR2RGB)
+    r = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
+    hue, sat, val = cv2.split(cv2.cvtColor(im, cv2.COLOR_BGR2HSV))
+    x = np.arange(256, dtype=np.float64)
+    lut_hue = ((x * r[0]) % 180).astype(np.uint8)
+    lut_sat = np.clip(x * r[1], 0, 255).astype(np.uint8)
+    lut_val = np.clip(x * r[2], 0, 255).astype(np.uint8)
+    hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+
+
+def random_flips(
+    im: np.ndarray, labels: np.ndarray, rng: np.random.Generator, flipud: float, fliplr: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Flip up-down / left-right with the given probabilities; labels are class + normalised cxcywh."""
+    ud, lr = rng.random(2)
+    if ud < flipud:
+        im = cv2.flip(im, 0)
+        labels[:, 2] = 1 - labels[:, 2]
+    if lr < fliplr:
+        im = cv2.flip(im, 1)
+        labels[:, 1] = 1 - labels[:, 1]
+    return im, labels
+

@@ -1,0 +1,115 @@
+"""Dataset check: verification summary, a preview of augmented training samples with their boxes,
+and label statistics (class counts, box sizes)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .dataset import DetectionDataset  # noqa: E402
+from .sources import resolve_source  # noqa: E402
+from .verify import VerifyReport, verify_split  # noqa: E402
+
+# Far more than any real dataset: with no class names known, only the label syntax is checked.
+_UNBOUNDED_CLASSES = 1 << 20
+
+
+@dataclass
+class CheckResult:
+    """Verification reports of both splits and the written image files."""
+
+    train: VerifyReport
+    val: VerifyReport
+    preview: Path
+    stats: Path
+
+
+def _palette(n: int) -> np.ndarray:
+    """Distinct BGR colours: hues spread evenly around the colour wheel."""
+    hsv = np.stack([np.arange(n) * 180 // max(n, 1), np.full(n, 220), np.full(n, 255)], 1).astype(np.uint8)
+    return cv2.cvtColor(hsv[None], cv2.COLOR_HSV2BGR)[0]
+
+
+def draw_boxes(img_rgb: np.ndarray, labels: np.ndarray, names: list[str]) -> np.ndarray:
+    """Return a BGR copy of ``img_rgb`` with class + normalised cxcywh ``labels`` drawn and named."""
+    im = cv2.cvtColor(img_rgb, cv2.COLOR_RGB2BGR)
+    h, w = im.shape[:2]
+    colours = _palette(max(len(names), int(labels[:, 0].max()) + 1 if len(labels) else 1))
+    xyxy = np.column_stack([labels[:, 1] - labels[:, 3] / 2, labels[:, 2] - labels[:, 4] / 2,
+                            labels[:, 1] + labels[:, 3] / 2, labels[:, 2] + labels[:, 4] / 2]) * (w, h, w, h)
+    for (c, *_), (x1, y1, x2, y2) in zip(labels, xyxy.round().astype(int)):
+        colour = tuple(int(v) for v in colours[int(c)])
+        cv2.rectangle(im, (x1, y1), (x2, y2), colour, 2)
+        text = names[int(c)] if int(c) < len(names) else str(int(c))
+        cv2.putText(im, text, (x1 + 2, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.4, colour, 1, cv2.LINE_AA)
+    return im
+
+
+def save_preview(dataset: DetectionDataset, path: Path, n: int = 4) -> Path:
+    """Write a grid of the first ``n`` (augmented) samples of ``dataset`` with boxes and names."""
+    tiles = [draw_boxes(*dataset[i % len(dataset)], dataset.names) for i in range(n)]
+    size = dataset.img_size
+    tiles = [cv2.resize(t, (size, size)) if t.shape[:2] != (size, size) else t for t in tiles]
+    cols = int(np.ceil(np.sqrt(n)))
+    rows = -(-n // cols)
+    tiles += [np.full_like(tiles[0], 114)] * (rows * cols - n)
+    grid = np.vstack([np.hstack(tiles[r * cols:(r + 1) * cols]) for r in range(rows)])
+    cv2.imwrite(str(path), grid)
+    return path
+
+
+def save_label_stats(labels: list[np.ndarray], names: list[str], path: Path) -> Path:
+    """Plot class counts and the box width/height distribution (normalised) to ``path``."""
+    all_labels = np.concatenate(labels) if labels else np.zeros((0, 5))
+    nc = max(len(names), int(all_labels[:, 0].max()) + 1 if len(all_labels) else 1)
+    counts = np.bincount(all_labels[:, 0].astype(int), minlength=nc)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax1.bar(np.arange(nc), counts, color="#4c72b0")
+    ax1.set_title(f"boxes per class ({len(all_labels)} boxes)")
+    ax1.set_ylabel("boxes")
+    if nc <= 30:
+        ax1.set_xticks(np.arange(nc), [names[i] if i < len(names) else str(i) for i in range(nc)],
+                      rotation=60, ha="right", fontsize=8)
+    ax2.hist2d(all_labels[:, 3], all_labels[:, 4], bins=40, range=[[0, 1], [0, 1]], cmap="Blues")
+    ax2.set_title("box width vs height (fraction of image)")
+    ax2.set_xlabel("width")
+    ax2.set_ylabel("height")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def check_dataset(
+    data: str | os.PathLike, out_dir: str | os.PathLike, num_classes: int | None = None, img_size: int = 640,
+    seed: int = 0,
+) -> CheckResult:
+    """Verify a dataset (folder or YAML), print the summary of each split, and write
+    ``mosaic_preview.png`` (augmented training samples with boxes and class names) and
+    ``label_stats.png`` (class counts, box w/h distribution) into ``out_dir``.
+
+    ``num_classes`` defaults to the number of class names in the dataset; without names, class ids
+    are not range-checked.
+    """
+    src = resolve_source(data)
+    nc = num_classes or len(src.names) or _UNBOUNDED_CLASSES
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train = verify_split(src.train, nc, "train")
+    val = train if src.val == src.train else verify_split(src.val, nc, "val")
+    print(train.report.summary("train"))
+    if val is not train:
+        print(val.report.summary("val"))
+    ds = DetectionDataset(train, img_size, batch_size=1, augment=True, seed=seed, names=src.names, cache_mb=0)
+    preview = save_preview(ds, out / "mosaic_preview.png")
+    stats = save_label_stats(train.labels, src.names, out / "label_stats.png")
+    print(f"wrote {preview} and {stats}")
+    return CheckResult(train.report, val.report, preview, stats)

@@ -1,0 +1,222 @@
+"""The detection dataset: loads verified images, augments them and collates batches.
+
+Sample randomness comes from a generator seeded by (seed, epoch, index), so a sample does not
+depend on which worker builds it or on global random state. The epoch and the mosaic switch travel
+with each index (see :class:`yolotrain.data.loaders.EpochBatchSampler`) because persistent worker
+processes keep their own copy of the dataset and would not see later changes to it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from . import augment as A
+from .verify import LabelIndex
+
+# JPEG decoders can scale by 1/2, 1/4, 1/8 while decoding, far cheaper than decoding then resizing.
+_REDUCED_FLAGS = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
+_JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
+
+SampleKey = tuple[int, int, bool]  # (index, epoch, mosaic enabled)
+DEFAULT_CACHE_MB = 512
+
+
+class _ImageCache:
+    """Least-recently-used store of decoded, resized images within a byte budget.
+
+    Mosaic reads 4 images per sample, so on datasets that fit the budget most reads become hits and
+    decoding (the dominant cost) nearly disappears; on large datasets it degrades to a small hit rate
+    at no extra cost. Each worker process keeps its own.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._items: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def get(self, key: int) -> np.ndarray | None:
+        im = self._items.get(key)
+        if im is not None:
+            self._items.move_to_end(key)
+        return im
+
+    def put(self, key: int, im: np.ndarray) -> None:
+        if im.nbytes > self.max_bytes:
+            return
+        self._items[key] = im
+        self.nbytes += im.nbytes
+        while self.nbytes > self.max_bytes:
+            self.nbytes -= self._items.popitem(last=False)[1].nbytes
+
+
+class DetectionDataset(Dataset):
+    """Images and YOLO labels of one split, with training augmentations or plain letterboxing.
+
+    Items are ``(image HWC uint8 RGB, labels (n, 5) float32 class + normalised cx, cy, w, h)``;
+    :meth:`collate` turns a list of items into ``(imgs [B,3,H,W] float32 0..1, targets [N,6])``.
+
+    Args:
+        index: verified files, labels and sizes of the split.
+        img_size: training/eval image size (long side, pixels).
+        batch_size: batch size, needed to compute rectangular batch shapes.
+        augment: apply augmentations (mosaic, affine, HSV, flips, mixup per ``hyp``).
+        hyp: augmentation settings (see :data:`yolotrain.data.augment.HYP_SCRATCH_LOW`).
+        rect: sort images by aspect ratio and give each batch its own padded shape (disables mosaic).
+        pad: extra stride fraction added to rectangular shapes (reference: 0.0 train, 0.5 val).
+        stride: shapes are multiples of this.
+        seed: base seed of all sample randomness.
+        names: class names.
+        cache_mb: per-process budget (MiB) for keeping decoded images in memory; 0 disables it.
+    """
+
+    def __init__(
+        self,
+        index: LabelIndex,
+        img_size: int = 640,
+        batch_size: int = 16,
+        augment: bool = False,
+        hyp: Mapping[str, float] | None = None,
+        rect: bool = False,
+        pad: float = 0.0,
+        stride: int = 32,
+        seed: int = 0,
+        names: Sequence[str] = (),
+        cache_mb: float = DEFAULT_CACHE_MB,
+    ) -> None:
+        self.img_size = int(img_size)
+        self.augment = augment
+        self.hyp = A.make_hyp(hyp)
+        self.rect = rect
+        self.stride = stride
+        self.seed = int(seed)
+        self.names = list(names)
+        self.epoch = 0
+        self.mosaic = augment and not rect and self.hyp["mosaic"] > 0
+        self.report = index.report
+        self._cache = _ImageCache(int(cache_mb * 2**20))
+        files, labels, shapes = list(index.files), list(index.labels), np.asarray(index.shapes).reshape(-1, 2)
+        n = len(files)
+        self.batch = np.arange(n) // batch_size
+        if rect:
+            order = np.argsort(shapes[:, 1] / shapes[:, 0], kind="stable")
+            files, labels, shapes = [files[i] for i in order], [labels[i] for i in order], shapes[order]
+            self.batch_shapes = rect_batch_shapes(shapes, batch_size, self.img_size, stride, pad)
+        self.im_files: list[Path] = files
+        self.labels: list[np.ndarray] = labels
+        self.shapes: np.ndarray = shapes  # original (w, h)
+
+    def __len__(self) -> int:
+        return len(self.im_files)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose random stream the next iteration uses."""
+        self.epoch = int(epoch)
+
+    def close_mosaic(self) -> None:
+        """Turn mosaic off for the rest of training (the usual last-epochs fine-tuning)."""
+        self.mosaic = False
+
+    def output_shape(self, index: int) -> tuple[int, int]:
+        """(h, w) of sample ``index`` when not built by mosaic."""
+        if self.rect:
+            h, w = self.batch_shapes[self.batch[index]]
+            return int(h), int(w)
+        return self.img_size, self.img_size
+
+    def load_image(self, index: int) -> np.ndarray:
+        """Read image ``index`` (BGR) resized so its long side is ``img_size``.
+
+        Raises:
+            OSError: the file can no longer be read (it passed verification earlier).
+        """
+        cached = self._cache.get(index)
+        if cached is not None:
+            return cached
+        path = self.im_files[index]
+        w0, h0 = (int(v) for v in self.shapes[index])
+        r = self.img_size / max(h0, w0)
+        flag = cv2.IMREAD_COLOR
+        if path.suffix.lower() in _JPEG_SUFFIXES:
+            flag = next((f for k, f in _REDUCED_FLAGS if r * k <= 1), flag)
+        im = cv2.imread(str(path), flag)
+        if im is None:
+            raise OSError(f"cannot read image {path}")
+        size = (math.ceil(w0 * r), math.ceil(h0 * r))
+        if im.shape[1::-1] != size:
+            interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
+            im = cv2.resize(im, size, interpolation=interp)
+        im.flags.writeable = False  # shared with the cache: augmentations must copy, never edit in place
+        self._cache.put(index, im)
+        return im
+
+    def _mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        picks = rng.permutation(np.concatenate([[index], rng.integers(0, len(self), 3)]))
+        canvas, labels = A.mosaic4([(self.load_image(i), self.labels[i]) for i in picks], self.img_size, rng)
+        border = -self.img_size // 2
+        return A.random_perspective(canvas, labels, rng, self.hyp, border=(border, border))
+
+    def __getitem__(self, key: int | SampleKey) -> tuple[np.ndarray, np.ndarray]:
+        index, epoch, mosaic = key if isinstance(key, tuple) else (key, self.epoch, self.mosaic)
+        index = int(index)
+        rng = np.random.default_rng([self.seed, int(epoch), index])
+        hyp = self.hyp
+        if mosaic and rng.random() < hyp["mosaic"]:
+            img, labels = self._mosaic(index, rng)
+            if rng.random() < hyp["mixup"]:
+                img, labels = A.mixup(img, labels, *self._mosaic(int(rng.integers(len(self))), rng), rng)
+        else:
+            img = self.load_image(index)
+            h, w = img.shape[:2]
+            img, r, (padw, padh) = A.letterbox(img, self.output_shape(index), scaleup=self.augment)
+            labels = A.xywhn_to_xyxy(self.labels[index], round(w * r), round(h * r), padw, padh)
+            if self.augment:
+                img, labels = A.random_perspective(img, labels, rng, hyp)
+        labels = A.xyxy_to_xywhn(labels, img.shape[1], img.shape[0])
+        if self.augment:
+            img = A.hsv_to_rgb(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
+            img, labels = A.random_flips(img, labels, rng, hyp["flipud"], hyp["fliplr"])
+        else:
+            img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+        return img, labels
+
+    @staticmethod
+    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stack items into ``imgs`` float32 ``[B,3,H,W]`` in 0..1 and ``targets`` ``[N, 6]`` =
+        (image index, class, cx, cy, w, h)."""
+        h, w = batch[0][0].shape[:2]
+        imgs = torch.empty((len(batch), 3, h, w), dtype=torch.float32)
+        planes = imgs.numpy()
+        # Split to planes and scale straight into the batch buffer: one pass over the float memory,
+        # several times faster than converting a permuted uint8 tensor.
+        scale = np.float32(1 / 255)
+        for i, (img, _) in enumerate(batch):
+            for c, plane in enumerate(cv2.split(img)):
+                np.multiply(plane, scale, out=planes[i, c], casting="unsafe")
+        counts = [len(b[1]) for b in batch]
+        targets = torch.zeros((sum(counts), 6), dtype=torch.float32)
+        targets[:, 0] = torch.repeat_interleave(torch.arange(len(batch), dtype=torch.float32),
+                                                torch.tensor(counts, dtype=torch.long))
+        if targets.shape[0]:
+            targets[:, 1:] = torch.from_numpy(np.concatenate([b[1] for b in batch]))
+        return imgs, targets
+
+
+def rect_batch_shapes(shapes: np.ndarray, batch_size: int, img_size: int, stride: int, pad: float) -> np.ndarray:
+    """Per-batch (h, w) for images sorted by aspect ratio: the batch's extreme aspect ratio fitted in
+    ``img_size``, rounded up to ``stride`` by the reference's rule ``ceil(s * img_size / stride + pad) * stride``."""
+    ar = shapes[:, 1] / shapes[:, 0]  # h / w
+    starts = np.arange(0, len(ar), batch_size)
+    mini, maxi = np.minimum.reduceat(ar, starts), np.maximum.reduceat(ar, starts)
+    rel = np.ones((len(starts), 2))
+    rel[maxi < 1, 0] = maxi[maxi < 1]  # all wide: height shrinks
+    tall = mini > 1
+    rel[tall, 1] = 1 / mini[tall]  # all tall: width shrinks
+    return np.ceil(rel * img_size / stride + pad).astype(int) * stride

@@ -1,0 +1,148 @@
+"""A small synthetic 2-class detection dataset (circles and rectangles) that a CPU model learns quickly.
+
+Images have textured, noisy backgrounds and 1-6 objects of varied size, aspect ratio and colour,
+with some partial occlusion. Generation is deterministic: the same parameters give byte-identical
+files. The dataset is written once to a cache folder keyed by its parameters and reused after.
+
+Run ``python -m yolotrain.data.shapes [--root DIR]`` to generate it and print its path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+import yaml
+
+from .cachedir import cache_root
+
+CLASS_NAMES = ("circle", "rectangle")
+# Bump when the drawing changes so old caches are not mistaken for the new output.
+GENERATOR_VERSION = 1
+MAX_OBJECTS = 6
+# A new object may cover at most this share of an earlier one, so every labelled object stays visible.
+MAX_OCCLUSION = 0.4
+
+
+def _background(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Smooth colour blobs + fine stripes + pixel noise, so objects are not found by a flat-colour test."""
+    coarse = rng.integers(0, 256, (rng.integers(3, 9), rng.integers(3, 9), 3)).astype(np.float32)
+    bg = cv2.resize(coarse, (size, size), interpolation=cv2.INTER_CUBIC)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    angle, freq = rng.uniform(0, np.pi), rng.uniform(0.05, 0.4)
+    stripes = np.sin((xx * np.cos(angle) + yy * np.sin(angle)) * freq) * rng.uniform(0, 25)
+    bg += stripes[..., None] + rng.normal(0, 10, (size, size, 3)).astype(np.float32)
+    return np.clip(bg, 0, 255).astype(np.uint8)
+
+
+def _ioa(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """Share of each of ``boxes`` (m, 4 xyxy) covered by ``box``."""
+    lt = np.maximum(box[:2], boxes[:, :2])
+    rb = np.minimum(box[2:], boxes[:, 2:])
+    inter = np.prod(np.clip(rb - lt, 0, None), axis=1)
+    return inter / np.prod(boxes[:, 2:] - boxes[:, :2], axis=1)
+
+
+def draw_sample(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """One image (BGR uint8) and its labels ``(n, 5)`` = class, cx, cy, w, h normalised."""
+    im = _background(rng, size)
+    boxes: list[np.ndarray] = []
+    classes: list[int] = []
+    for _ in range(int(rng.integers(1, MAX_OBJECTS + 1))):
+        for _attempt in range(20):
+            cls = int(rng.integers(0, len(CLASS_NAMES)))
+            side = rng.uniform(0.1, 0.45) * size
+            aspect = np.exp(rng.uniform(-0.6, 0.6))
+            w, h = max(8.0, side * aspect), max(8.0, side / aspect)
+            x1, y1 = rng.uniform(0, size - w), rng.uniform(0, size - h)
+            box = np.array([x1, y1, x1 + w, y1 + h])
+            if not boxes or (_ioa(box, np.stack(boxes)) <= MAX_OCCLUSION).all():
+                break
+        else:
+            continue  # no free spot: fewer objects in this image
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        p1, p2 = tuple(int(v) for v in np.round(box[:2])), tuple(int(v) for v in np.round(box[2:]) - 1)
+        if cls == 0:
+            centre = ((p1[0] + p2[0]) // 2, (p1[1] + p2[1]) // 2)
+            axes = ((p2[0] - p1[0]) // 2, (p2[1] - p1[1]) // 2)
+            cv2.ellipse(im, centre, axes, 0, 0, 360, colour, -1, cv2.LINE_AA)
+        else:
+            cv2.rectangle(im, p1, p2, colour, -1, cv2.LINE_AA)
+        box = np.array([p1[0], p1[1], p2[0] + 1, p2[1] + 1], dtype=np.float64)
+        boxes.append(box)
+        classes.append(cls)
+    if not boxes:
+        return im, np.zeros((0, 5))
+    b = np.stack(boxes) / size
+    labels = np.column_stack([classes, (b[:, :2] + b[:, 2:]) / 2, b[:, 2:] - b[:, :2]])
+    return im, labels
+
+
+def _write_split(root: Path, split: str, n: int, size: int, seed: int, split_id: int) -> None:
+    (root / "images" / split).mkdir(parents=True)
+    (root / "labels" / split).mkdir(parents=True)
+    for i in range(n):
+        # One generator per image: a split's images do not depend on the other split's size.
+        im, labels = draw_sample(np.random.default_rng([seed, split_id, i]), size)
+        ok, buf = cv2.imencode(".jpg", im, [cv2.IMWRITE_JPEG_QUALITY, 92])
+        if not ok:
+            raise OSError(f"JPEG encoding failed for {split} image {i}")
+        (root / "images" / split / f"{i:05d}.jpg").write_bytes(buf.tobytes())
+        rows = "".join(f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
+        (root / "labels" / split / f"{i:05d}.txt").write_text(rows)
+
+
+def generate_shapes_dataset(
+    root: str | os.PathLike | None = None, n_train: int = 160, n_val: int = 40, img_size: int = 256, seed: int = 0
+) -> Path:
+    """Generate (or reuse) the shapes dataset and return its folder.
+
+    The folder holds ``images/{train,val}``, ``labels/{train,val}`` and ``data.yaml``. It lives in
+    ``root`` (default ``$YOLOTRAIN_CACHE/shapes`` or ``~/.cache/yolotrain/shapes``) under a name made
+    of the parameters, is built in a temporary folder and renamed into place, and is reused when it
+    already exists.
+    """
+    if n_train < 1 or n_val < 1 or img_size < 32:
+        raise ValueError(f"need n_train, n_val >= 1 and img_size >= 32, got {n_train}, {n_val}, {img_size}")
+    parent = Path(root).expanduser() if root is not None else cache_root() / "shapes"
+    final = parent / f"shapes-v{GENERATOR_VERSION}-n{n_train}-{n_val}-s{img_size}-seed{seed}"
+    if (final / "data.yaml").is_file():
+        return final
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=parent))
+    try:
+        _write_split(tmp, "train", n_train, img_size, seed, 0)
+        _write_split(tmp, "val", n_val, img_size, seed, 1)
+        cfg = {"path": ".", "train": "images/train", "val": "images/val", "nc": len(CLASS_NAMES),
+               "names": list(CLASS_NAMES)}
+        (tmp / "data.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "data.yaml").is_file():  # not a concurrent winner: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return final
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry: generate the dataset and print its path."""
+    p = argparse.ArgumentParser(prog="python -m yolotrain.data.shapes", description=__doc__.splitlines()[0])
+    p.add_argument("--root", help="parent folder (default: the yolotrain cache folder)")
+    p.add_argument("--n-train", type=int, default=160)
+    p.add_argument("--n-val", type=int, default=40)
+    p.add_argument("--img-size", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    print(generate_shapes_dataset(a.root, a.n_train, a.n_val, a.img_size, a.seed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Dataset sources: turn a folder in YOLO layout or a dataset YAML into lists of image files.
+
+A *source* answers one question: which image files belong to the train and val splits, and what
+are the class names. Label files are found beside the images by the YOLO rule (last ``/images/``
+path component replaced by ``/labels/``, extension ``.txt``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+IMG_FORMATS = frozenset({"bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp"})
+
+# Split folder names tried, in order, when the root is a plain folder rather than a YAML file.
+_TRAIN_NAMES = ("train", "train2017")
+_VAL_NAMES = ("val", "valid", "val2017")
+
+
+@dataclass
+class DatasetSource:
+    """Resolved dataset: image files of each split and the class names (empty when unknown)."""
+
+    train: list[Path]
+    val: list[Path]
+    names: list[str] = field(default_factory=list)
+    root: Path | None = None
+
+
+def img2label_path(image: str | os.PathLike) -> Path:
+    """Return the label file of ``image``: the last ``/images/`` becomes ``/labels/``, suffix ``.txt``."""
+    s = os.fspath(image)
+    sa, sb = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
+    if sa in s:
+        head, tail = s.rsplit(sa, 1)
+        s = head + sb + tail
+    return Path(s).with_suffix(".txt")
+
+
+def list_images(spec: str | os.PathLike | list, base: Path | None = None) -> list[Path]:
+    """List image files named by ``spec``: a folder (searched recursively), a ``.txt`` list of image
+    paths, a single image, or a list of any of these. Relative paths are resolved against ``base``.
+
+    Raises:
+        FileNotFoundError: a named folder or file does not exist, or no image is found.
+    """
+    specs = spec if isinstance(spec, (list, tuple)) else [spec]
+    files: list[Path] = []
+    for s in specs:
+        p = Path(s).expanduser()
+        if base is not None and not p.is_absolute():
+            p = base / p
+        if p.is_dir():
+            files += [f for f in p.rglob("*") if f.suffix[1:].lower() in IMG_FORMATS and f.is_file()]
+        elif p.is_file() and p.suffix.lower() == ".txt":
+            # Lists written by the reference tools use paths relative to the list's folder ("./images/..").
+            for line in p.read_text().splitlines():
+                line = line.strip()
+                if line:
+                    q = Path(line)
+                    files.append(q if q.is_absolute() else (p.parent / q))
+        elif p.is_file() and p.suffix[1:].lower() in IMG_FORMATS:
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"dataset path does not exist: {p}")
+    files = sorted({Path(os.path.normpath(f)) for f in files if f.suffix[1:].lower() in IMG_FORMATS})
+    if not files:
+        raise FileNotFoundError(f"no images ({', '.join(sorted(IMG_FORMATS))}) found in {', '.join(map(str, specs))}")
+    return files
+
+
+def _names_list(names) -> list[str]:
+    if isinstance(names, dict):
+        return [str(names[k]) for k in sorted(names, key=int)]
+    return [str(n) for n in names or []]
+
+
+def _from_yaml(path: Path) -> DatasetSource:
+    with open(path) as f:
+        cfg = yaml.safe_load(f) or {}
+    if not isinstance(cfg, dict) or "train" not in cfg:
+        raise ValueError(f"{path}: dataset YAML needs at least a 'train' entry")
+    root = Path(cfg.get("path") or ".").expanduser()
+    if not root.is_absolute():
+        root = path.parent / root
+    if not root.exists():
+        raise FileNotFoundError(f"{path}: dataset root does not exist: {root}")
+    train = list_images(cfg["train"], root)
+    if cfg.get("val"):
+        val = list_images(cfg["val"], root)
+    else:
+        warnings.warn(f"{path}: no 'val' split, validating on the training images", stacklevel=3)
+        val = train
+    return DatasetSource(train=train, val=val, names=_names_list(cfg.get("names")), root=root)
+
+
+def _from_folder(root: Path) -> DatasetSource:
+    images = root / "images"
+    if not images.is_dir():
+        raise FileNotFoundError(f"dataset folder has no images/ subfolder: {images}")
+    train_dir = next((images / n for n in _TRAIN_NAMES if (images / n).is_dir()), None)
+    if train_dir is None:
+        raise FileNotFoundError(f"no training split ({' or '.join(_TRAIN_NAMES)}) in {images}")
+    train = list_images(train_dir)
+    val_dir = next((images / n for n in _VAL_NAMES if (images / n).is_dir()), None)
+    if val_dir is None:
+        warnings.warn(f"{root}: no validation split in {images}, validating on the training images", stacklevel=3)
+        val = train
+    else:
+        val = list_images(val_dir)
+    names: list[str] = []
+    for cfg in (root / "data.yaml", root / "dataset.yaml"):
+        if cfg.is_file():
+            names = _names_list((yaml.safe_load(cfg.read_text()) or {}).get("names"))
+            break
+    return DatasetSource(train=train, val=val, names=names, root=root)
+
+
+def resolve_source(db_root_dir: str | os.PathLike) -> DatasetSource:
+    """Resolve a dataset folder (``images/{train,val}`` or ``images/{train2017,val2017}``) or a
+    dataset YAML (``path``, ``train``, ``val``, ``names``) into image lists.
+
+    Raises:
+        FileNotFoundError: the path, a split folder or every image is missing.
+    """
+    p = Path(db_root_dir).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"dataset not found: {p}")
+    if p.is_file() and p.suffix.lower() in (".yaml", ".yml"):
+        return _from_yaml(p)
+    if p.is_dir():
+        return _from_folder(p)
+    raise ValueError(f"dataset must be a folder or a .yaml file: {p}")

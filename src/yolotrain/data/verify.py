@@ -1,0 +1,322 @@
+"""First pass over a split: check every image and label file once, keep the clean labels, and
+cache the result beside the labels so later runs skip the pass.
+
+Problems never stop training: a corrupt image is left out, a bad label row is dropped or repaired,
+and everything is counted and named (``path:line``) in one summary warning. User files are only read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from multiprocessing.pool import ThreadPool
+from pathlib import Path
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from .cachedir import cache_root
+from .sources import img2label_path
+
+CACHE_VERSION = 1
+# Boxes may poke out of the image by this fraction of its size and are clipped; further out they are dropped.
+OUT_OF_BOUNDS_TOL = 0.02
+MIN_IMAGE_SIDE = 10
+# At least this share of out-of-range class ids of all rows means num_classes itself is wrong.
+MAX_BAD_CLASS_SHARE = 0.5
+
+
+class DataWarning(UserWarning):
+    """Problems found in dataset files that were skipped or repaired."""
+
+
+@dataclass
+class VerifyReport:
+    """Counts and examples of what the verification pass found in one split."""
+
+    total: int = 0
+    labelled: int = 0
+    backgrounds: int = 0
+    corrupt: int = 0
+    rows: int = 0
+    issues: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, kind: str, where: str) -> None:
+        self.issues[kind].append(where)
+
+    def summary(self, name: str = "", examples: int = 3) -> str:
+        """One human-readable paragraph: totals, then each problem kind with a few ``path:line`` examples."""
+        head = (f"{name}: " if name else "") + (
+            f"{self.total} images, {self.labelled} labelled, {self.backgrounds} backgrounds, "
+            f"{self.corrupt} corrupt skipped, {self.rows} boxes"
+        )
+        lines = [head]
+        for kind in sorted(self.issues):
+            where = self.issues[kind]
+            more = f" (+{len(where) - examples} more)" if len(where) > examples else ""
+            lines.append(f"  {len(where)} x {kind}: {'; '.join(where[:examples])}{more}")
+        return "\n".join(lines)
+
+
+@dataclass
+class LabelIndex:
+    """Verified split: usable image files, their labels ``(n, 5)`` = (class, cx, cy, w, h) normalised,
+    and original sizes ``(n, 2)`` as (width, height)."""
+
+    files: list[Path]
+    labels: list[np.ndarray]
+    shapes: np.ndarray
+    report: VerifyReport
+
+
+@dataclass
+class _Checked:
+    shape: tuple[int, int] | None
+    labels: np.ndarray
+    issues: list[tuple[str, str]]
+
+
+def _check_image(path: Path) -> tuple[tuple[int, int] | None, str | None]:
+    """Decode the whole image (the only reliable test); return ((w, h), None) or (None, reason)."""
+    try:
+        data = np.fromfile(path, np.uint8)
+    except OSError as e:
+        return None, f"unreadable ({e.strerror})"
+    if data.size == 0:
+        return None, "empty file"
+    im = cv2.imdecode(data, cv2.IMREAD_COLOR)
+    if im is None:
+        return None, "not a decodable image"
+    # A JPEG cut short still decodes (grey bottom); the end-of-image marker tells. Entropy-coded data
+    # never contains FF D9, so finding it near the end is safe even with trailing padding.
+    if data[:2].tobytes() == b"\xff\xd8" and b"\xff\xd9" not in data[-64:].tobytes():
+        return None, "truncated JPEG (no end marker)"
+    h, w = im.shape[:2]
+    if min(h, w) < MIN_IMAGE_SIDE:
+        return None, f"image {w}x{h} smaller than {MIN_IMAGE_SIDE} px"
+    return (w, h), None
+
+
+def _parse_rows(path: Path, issues: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+    """Parse label text into (rows (m, 5), line numbers (m,)); polygon rows become their bounding box."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        issues.append(("unreadable label file", f"{path}: {e}"))
+        return np.zeros((0, 5)), np.zeros(0, int)
+    rows, lines = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            v = np.array(parts, dtype=np.float64)
+        except ValueError:
+            issues.append(("non-numeric value", f"{path}:{n}"))
+            continue
+        if v.size == 5:
+            rows.append(v)
+        elif v.size >= 7 and v.size % 2 == 1:  # segment polygon: class, x1, y1, x2, y2, ...
+            xs, ys = v[1::2], v[2::2]
+            x0, x1, y0, y1 = xs.min(), xs.max(), ys.min(), ys.max()
+            rows.append(np.array([v[0], (x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0]))
+        else:
+            issues.append(("wrong column count", f"{path}:{n}: {v.size} columns, expected 5"))
+            continue
+        lines.append(n)
+    if not rows:
+        return np.zeros((0, 5)), np.zeros(0, int)
+    return np.stack(rows), np.array(lines)
+
+
+def _check_labels(path: Path, num_classes: int, issues: list[tuple[str, str]]) -> np.ndarray:
+    """Validate rows of one label file with vector ops; drop or clip bad rows, recording each."""
+    a, ln = _parse_rows(path, issues)
+    if not len(a):
+        return np.zeros((0, 5), np.float32)
+
+    def drop(mask: np.ndarray, kind: str, detail) -> np.ndarray:
+        for i in np.flatnonzero(mask):
+            issues.append((kind, f"{path}:{ln[i]}{detail(i)}"))
+        return ~mask
+
+    cls = a[:, 0]
+    keep = drop(~np.isfinite(a).all(1), "non-finite value", lambda i: "")
+    bad = keep & ((cls < 0) | (cls != np.round(cls)))
+    keep &= drop(bad, "invalid class id", lambda i: f": class id {cls[i]:g}")
+    bad = keep & (cls >= num_classes)
+    keep &= drop(bad, "class id >= num_classes", lambda i: f": class id {cls[i]:g} >= num_classes {num_classes}")
+
+    xyxy = np.concatenate([a[:, 1:3] - a[:, 3:5] / 2, a[:, 1:3] + a[:, 3:5] / 2], 1)
+    far = keep & (((xyxy < -OUT_OF_BOUNDS_TOL) | (xyxy > 1 + OUT_OF_BOUNDS_TOL)).any(1) | (a[:, 3:5] <= 0).any(1))
+    keep &= drop(far, "box outside the image or not positive", lambda i: f": {' '.join(f'{x:g}' for x in a[i, 1:])}")
+    # Text rounding puts edges a hair past 0 or 1; only clip those silently.
+    slightly = keep & ((xyxy < -1e-4) | (xyxy > 1 + 1e-4)).any(1)
+    for i in np.flatnonzero(slightly):
+        issues.append(("box clipped to the image", f"{path}:{ln[i]}"))
+    xyxy = xyxy.clip(0, 1)
+    wh = xyxy[:, 2:] - xyxy[:, :2]
+    degenerate = keep & (wh <= 1e-6).any(1)
+    keep &= drop(degenerate, "degenerate box", lambda i: "")
+
+    out = np.concatenate([cls[:, None], (xyxy[:, :2] + xyxy[:, 2:]) / 2, wh], 1)[keep].astype(np.float32)
+    ln = ln[keep]
+    _, first = np.unique(out, axis=0, return_index=True)
+    if len(first) < len(out):
+        dup = np.ones(len(out), bool)
+        dup[first] = False
+        for i in np.flatnonzero(dup):
+            issues.append(("duplicate row removed", f"{path}:{ln[i]}"))
+        out = out[np.sort(first)]
+    return out
+
+
+def _check_pair(args: tuple[Path, int]) -> _Checked:
+    image, num_classes = args
+    issues: list[tuple[str, str]] = []
+    shape, reason = _check_image(image)
+    if shape is None:
+        return _Checked(None, np.zeros((0, 5), np.float32), [("corrupt image skipped", f"{image}: {reason}")])
+    label = img2label_path(image)
+    if not label.is_file():
+        return _Checked(shape, np.zeros((0, 5), np.float32), issues)
+    return _Checked(shape, _check_labels(label, num_classes, issues), issues)
+
+
+def _fingerprint(files: list[Path], num_classes: int) -> str:
+    """Hash of the file list with sizes and modification times of images and labels."""
+    h = hashlib.sha256(f"v{CACHE_VERSION} nc={num_classes}\n".encode())
+    for f in files:
+        for p in (f, img2label_path(f)):
+            try:
+                st = os.stat(p)
+                h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            except FileNotFoundError:
+                h.update(f"{p}\0-\n".encode())
+    return h.hexdigest()
+
+
+def cache_paths(files: list[Path]) -> tuple[Path, Path]:
+    """Primary cache file (``labels/<split>.yolotrain.cache``) and the fallback under the user cache
+    folder. The name differs from the reference's ``<split>.cache`` (a pickle) so both tools can
+    keep their caches side by side instead of overwriting each other's."""
+    label_dir = img2label_path(files[0]).parent
+    primary = label_dir.with_name(f"{label_dir.name}.yolotrain.cache")
+    key = hashlib.sha1(str(label_dir.resolve()).encode()).hexdigest()[:16]
+    return primary, cache_root() / "labels" / f"{label_dir.name}-{key}.cache"
+
+
+def _writable(folder: Path) -> bool:
+    """True when ``folder`` may be written. A folder without write bits counts as read-only even for
+    root, who could write anyway: shared datasets are marked that way on purpose."""
+    try:
+        return os.access(folder, os.W_OK) and bool(os.stat(folder).st_mode & 0o222)
+    except OSError:
+        return False
+
+
+def _save(path: Path, index: LabelIndex, fingerprint: str) -> None:
+    r = index.report
+    kinds = [k for k in sorted(r.issues) for _ in r.issues[k]]
+    wheres = [w for k in sorted(r.issues) for w in r.issues[k]]
+    labels = np.concatenate(index.labels) if index.labels else np.zeros((0, 5), np.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(
+                f,
+                version=np.array(CACHE_VERSION),
+                fingerprint=np.array(fingerprint),
+                files=np.array([str(p) for p in index.files], dtype=str),
+                shapes=index.shapes.astype(np.int64).reshape(-1, 2),
+                counts=np.array([len(x) for x in index.labels], dtype=np.int64),
+                labels=labels.astype(np.float32).reshape(-1, 5),
+                totals=np.array([r.total, r.labelled, r.backgrounds, r.corrupt, r.rows]),
+                issue_kinds=np.array(kinds, dtype=str),
+                issue_where=np.array(wheres, dtype=str),
+            )
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load(path: Path, fingerprint: str) -> LabelIndex | None:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if int(z["version"]) != CACHE_VERSION or str(z["fingerprint"]) != fingerprint:
+                return None
+            counts = z["counts"]
+            labels = np.split(z["labels"], np.cumsum(counts)[:-1]) if len(counts) else []
+            report = VerifyReport(*(int(x) for x in z["totals"]))
+            for k, w in zip(z["issue_kinds"].tolist(), z["issue_where"].tolist()):
+                report.add(k, w)
+            return LabelIndex([Path(p) for p in z["files"].tolist()], labels, z["shapes"], report)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _raise_if_nc_wrong(report: VerifyReport, num_classes: int) -> None:
+    bad = report.issues.get("class id >= num_classes", [])
+    if bad and len(bad) >= MAX_BAD_CLASS_SHARE * (report.rows + len(bad)):
+        raise ValueError(f"{bad[0]} ({len(bad)} rows have class ids >= num_classes {num_classes}; "
+                         "is num_classes right?)")
+
+
+def verify_split(files: list[Path], num_classes: int, name: str = "", workers: int | None = None) -> LabelIndex:
+    """Check every image/label pair of a split (cached), warn once with a summary of problems,
+    and return the usable images with their labels.
+
+    Raises:
+        ValueError: most label rows have class ids ``>= num_classes`` (the setting is wrong), or no
+            usable image is left.
+    """
+    fingerprint = _fingerprint(files, num_classes)
+    primary, fallback = cache_paths(files)
+    index = _load(primary, fingerprint) or _load(fallback, fingerprint)
+    if index is None:
+        index = _scan(files, num_classes, name, workers)
+        targets = (primary, fallback) if _writable(primary.parent) else (fallback,)
+        for target in targets:
+            try:
+                _save(target, index, fingerprint)
+                break
+            except OSError:
+                continue  # unwritable: try the user cache folder; failing both only costs time next run
+    if index.report.issues:
+        warnings.warn(index.report.summary(name), DataWarning, stacklevel=3)
+    _raise_if_nc_wrong(index.report, num_classes)
+    if not index.files:
+        raise ValueError(f"{name or 'dataset'}: no usable images left after verification")
+    return index
+
+
+def _scan(files: list[Path], num_classes: int, name: str, workers: int | None) -> LabelIndex:
+    # Decoding releases the GIL, so threads verify images in parallel without pickling results.
+    threads = workers or min(8, os.cpu_count() or 1)
+    report = VerifyReport(total=len(files))
+    kept, labels, shapes = [], [], []
+    with ThreadPool(threads) as pool:
+        results = pool.imap(_check_pair, [(f, num_classes) for f in files], chunksize=8)
+        for f, r in tqdm(zip(files, results), total=len(files), desc=f"verifying {name}".strip(),
+                         disable=None, leave=False):
+            for kind, where in r.issues:
+                report.add(kind, where)
+            if r.shape is None:
+                report.corrupt += 1
+                continue
+            kept.append(f)
+            labels.append(r.labels)
+            shapes.append(r.shape)
+            report.rows += len(r.labels)
+            if len(r.labels):
+                report.labelled += 1
+            else:
+                report.backgrounds += 1
+    return LabelIndex(kept, labels, np.array(shapes, dtype=np.int64).reshape(-1, 2), report)

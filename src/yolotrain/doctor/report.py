@@ -1,0 +1,118 @@
+"""The report the doctor prints: which saved tensor, who saved it, who modified it, how to fix it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Site:
+    """One operator call: the aten op name and the user's source line that ran it."""
+
+    op: str
+    file: str
+    line: int
+    code: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: ``{"op", "file", "line", "code"}``."""
+        return {"op": self.op, "file": self.file, "line": self.line, "code": self.code}
+
+    def where(self) -> str:
+        """``path:LINE``, the form editors and terminals make clickable."""
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """The saved tensor as PyTorch's error message describes it, plus its versions."""
+
+    dtype: str
+    shape: list[int]
+    device: str
+    saved_version: int
+    current_version: int
+    type_name: str  # legacy name PyTorch prints, e.g. "torch.FloatTensor"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: ``{"dtype", "shape", "device", "saved_version", "current_version"}``."""
+        return {
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "device": self.device,
+            "saved_version": self.saved_version,
+            "current_version": self.current_version,
+        }
+
+    def describe(self) -> str:
+        """Same bracketed form as PyTorch's message, e.g. ``[torch.FloatTensor [2, 3]]``."""
+        return f"[{self.type_name} [{', '.join(str(s) for s in self.shape)}]]"
+
+
+@dataclass
+class Report:
+    """Diagnosis of one tensor that was modified in place after autograd saved it.
+
+    ``severity`` is ``"error"`` when backward failed on it and ``"warning"`` when it was
+    found proactively (see :func:`yolotrain.doctor.check_step`); ``notes`` carries facts
+    that qualify the sites (hidden ``.data`` writes, version bumps not observed).
+    """
+
+    error: str
+    tensor: TensorInfo
+    saved_by: Site
+    modified_by: list[Site]
+    fix: str
+    severity: str = "error"
+    notes: list[str] = field(default_factory=list)
+    count: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object documented for ``yolotrain doctor --json``."""
+        return {
+            "error": self.error,
+            "tensor": self.tensor.to_dict(),
+            "saved_by": self.saved_by.to_dict(),
+            "modified_by": [site.to_dict() for site in self.modified_by],
+            "fix": self.fix,
+        }
+
+    def format(self) -> str:
+        """Human-readable multi-line form with ``path:LINE`` for every site."""
+        t = self.tensor
+        title = "error" if self.severity == "error" else "warning"
+        repeated = f" (seen {self.count} times)" if self.count > 1 else ""
+        lines = [
+            f"doctor {title}: {self.error}",
+            f"  tensor:      {t.describe()} dtype={t.dtype} device={t.device}, "
+            f"saved at version {t.saved_version}, now at version {t.current_version}{repeated}",
+            f"  saved by:    {self.saved_by.op} at {self.saved_by.where()}",
+            f"                   {self.saved_by.code}",
+        ]
+        if self.modified_by:
+            for index, site in enumerate(self.modified_by):
+                label = "modified by:" if index == 0 else "            "
+                lines.append(f"  {label} {site.op} at {site.where()}")
+                lines.append(f"                   {site.code}")
+        else:
+            lines.append("  modified by: (not observed; the change happened outside doctor.watch())")
+        lines.extend(f"  note:        {note}" for note in self.notes)
+        lines.append(f"  fix:         {self.fix}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def reports_to_json(reports: list[Report]) -> str:
+    """One JSON object for a single report, a list when several tensors are involved."""
+    if len(reports) == 1:
+        return json.dumps(reports[0].to_dict(), indent=2)
+    return json.dumps([r.to_dict() for r in reports], indent=2)
+
+
+def format_reports(reports: list[Report]) -> str:
+    """Text form of several reports separated by blank lines."""
+    return "\n\n".join(r.format() for r in reports)

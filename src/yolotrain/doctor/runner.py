@@ -1,0 +1,78 @@
+"""Run a Python script the way ``python SCRIPT ARGS`` would, under :func:`watch`."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from .report import Report
+from .tracker import SavedTensorModifiedError, watch
+
+
+@dataclass
+class RunResult:
+    """Outcome of a watched script: its exit code and what the doctor found."""
+
+    exit_code: int
+    errors: list[Report] = field(default_factory=list)
+    warnings: list[Report] = field(default_factory=list)
+
+
+def _exit_code(code: object) -> int:
+    """``SystemExit.code`` mapped the way the interpreter maps it."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _user_traceback(tb: TracebackType | None, script: str) -> TracebackType | None:
+    """Skip the runner's own frames so the traceback starts in the script, as with ``python``."""
+    target = os.path.abspath(script)
+    current = tb
+    while current is not None:
+        if os.path.abspath(current.tb_frame.f_code.co_filename) == target:
+            return current
+        current = current.tb_next
+    return tb
+
+
+def _signature(report: Report) -> tuple:
+    return report.saved_by, tuple(report.modified_by)
+
+
+def run_script(script: str, args: list[str], check: bool = False) -> RunResult:
+    """Execute ``script`` as ``__main__`` with ``sys.argv``/``sys.path[0]`` set like the interpreter.
+
+    A backward failure caused by an in-place modification becomes ``errors``; with
+    ``check``, modifications that did not raise become ``warnings``. Other exceptions are
+    printed as Python would print them and give exit code 1.
+    """
+    saved_argv, saved_path0 = sys.argv, sys.path[0]
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    result = RunResult(0)
+    try:
+        with watch(os.getcwd()) as tracker:
+            try:
+                runpy.run_path(script, run_name="__main__")
+            except SystemExit as exit_request:
+                result.exit_code = _exit_code(exit_request.code)
+            except SavedTensorModifiedError as error:
+                result.errors = list(error.reports)
+                result.exit_code = 1
+            except BaseException as error:  # noqa: BLE001 - mirror the interpreter for any failure
+                traceback.print_exception(type(error), error, _user_traceback(error.__traceback__, script))
+                result.exit_code = 1
+            if check:
+                seen = {_signature(r) for r in result.errors}
+                result.warnings = [r for r in tracker.reports() if _signature(r) not in seen]
+    finally:
+        sys.argv, sys.path[0] = saved_argv, saved_path0
+    return result

@@ -1,0 +1,70 @@
+"""The reference optimiser recipe: three parameter groups, warm-up, linear or cosine decay."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+OPTIMIZERS = ("SGD", "Adam", "AdamW")
+# Reference default initial learning rates ("SGD=1E-2, Adam=1E-3").
+DEFAULT_LR0 = {"SGD": 0.01, "Adam": 0.001, "AdamW": 0.001}
+
+
+def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
+                    weight_decay: float) -> torch.optim.Optimizer:
+    """Group 0: biases (no decay), group 1: other weights (decay), group 2: norm-layer weights (no decay).
+
+    Decaying biases and BatchNorm scales only fights normalisation; the order matters because the
+    warm-up gives group 0 its own learning-rate ramp.
+    """
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}: choose one of {', '.join(OPTIMIZERS)}")
+    norm_types = tuple(v for k, v in vars(nn).items() if "Norm" in k and isinstance(v, type))
+    biases, weights, norm_weights = [], [], []
+    for module in model.modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            if param_name == "bias":
+                biases.append(param)
+            elif param_name == "weight" and isinstance(module, norm_types):
+                norm_weights.append(param)
+            else:
+                weights.append(param)
+    if name == "SGD":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True)
+    elif name == "Adam":
+        optimizer = torch.optim.Adam(biases, lr=lr, betas=(momentum, 0.999))
+    else:
+        optimizer = torch.optim.AdamW(biases, lr=lr, betas=(momentum, 0.999), weight_decay=0.0)
+    optimizer.add_param_group({"params": weights, "weight_decay": weight_decay})
+    optimizer.add_param_group({"params": norm_weights, "weight_decay": 0.0})
+    return optimizer
+
+
+def lr_lambda(epochs: int, final_fraction: float, cosine: bool) -> Callable[[int], float]:
+    """Learning-rate multiplier per epoch: linear or cosine from 1 down to ``final_fraction``."""
+    if cosine:
+        return lambda e: ((1 - math.cos(e * math.pi / epochs)) / 2) * (final_fraction - 1) + 1
+    return lambda e: (1 - e / epochs) * (1.0 - final_fraction) + final_fraction
+
+
+def warmup_iterations(warmup_epochs: float, batches_per_epoch: int) -> int:
+    """Reference rule: the warm-up spans ``warmup_epochs`` but at least 100 iterations."""
+    return max(round(warmup_epochs * batches_per_epoch), 100) if warmup_epochs > 0 else 0
+
+
+def apply_warmup(optimizer: torch.optim.Optimizer, iteration: int, warmup_iters: int, epoch_factor: float,
+                 hyp: dict[str, float]) -> None:
+    """Ramp learning rates (the bias group from ``warmup_bias_lr`` down, others from 0 up) and momentum."""
+    ramp = [0, warmup_iters]
+    for index, group in enumerate(optimizer.param_groups):
+        start = hyp["warmup_bias_lr"] if index == 0 else 0.0
+        group["lr"] = float(np.interp(iteration, ramp, [start, group["initial_lr"] * epoch_factor]))
+        if "momentum" in group:
+            group["momentum"] = float(np.interp(iteration, ramp, [hyp["warmup_momentum"], hyp["momentum"]]))
+        if "betas" in group:
+            beta1 = float(np.interp(iteration, ramp, [hyp["warmup_momentum"], hyp["momentum"]]))
+            group["betas"] = (beta1, group["betas"][1])

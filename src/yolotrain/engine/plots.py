@@ -1,0 +1,34 @@
+"""Training curves (results.png) from results.csv."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+
+def plot_results(csv_path: Path, out_path: Path) -> None:
+    """One panel per logged quantity (losses, metrics, learning rates) against the epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with csv_path.open() as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return
+    columns = [c for c in rows[0] if c != "epoch"]
+    epochs = [int(r["epoch"]) for r in rows]
+    ncols = 5
+    nrows = -(-len(columns) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3 * ncols, 2.6 * nrows), squeeze=False)
+    for ax, column in zip(axes.flat, columns):
+        values = [float(r[column]) if r.get(column) else float("nan") for r in rows]
+        ax.plot(epochs, values, marker=".", linewidth=1.5)
+        ax.set_title(column, fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(columns):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,88 @@
+"""COCO-format export and evaluation: ground truth built from YOLO labels, detections as COCO
+results, and the official 12-number summary from ``pycocotools``."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+COCO_STAT_NAMES = (
+    "AP@[.50:.95] all", "AP@.50 all", "AP@.75 all", "AP@[.50:.95] small", "AP@[.50:.95] medium",
+    "AP@[.50:.95] large", "AR@[.50:.95] maxDets=1", "AR@[.50:.95] maxDets=10", "AR@[.50:.95] maxDets=100",
+    "AR@[.50:.95] small", "AR@[.50:.95] medium", "AR@[.50:.95] large",
+)
+
+
+def image_ids(files: Sequence[str | os.PathLike]) -> list[int]:
+    """COCO image ids: the numeric file stems when all are numeric and distinct (so results match
+    official COCO annotations), else positions 0..n-1."""
+    stems = [Path(f).stem for f in files]
+    if all(s.isdigit() for s in stems) and len({int(s) for s in stems}) == len(stems):
+        return [int(s) for s in stems]
+    return list(range(len(stems)))
+
+
+def coco_ground_truth(files: Sequence[str | os.PathLike], labels: Sequence[np.ndarray], shapes: np.ndarray,
+                      names: Sequence[str]) -> dict:
+    """A COCO ``instances`` dict from YOLO labels.
+
+    Args:
+        files: image paths, in dataset order.
+        labels: per image ``(n, 5)`` class, cx, cy, w, h normalised to the image.
+        shapes: per image original (w, h) in pixels.
+        names: class names; category ids are the class indices.
+    """
+    ids = image_ids(files)
+    images, annotations = [], []
+    for image_id, f, lb, (w, h) in zip(ids, files, labels, np.asarray(shapes).reshape(-1, 2)):
+        images.append({"id": image_id, "file_name": Path(f).name, "width": int(w), "height": int(h)})
+        lb = np.asarray(lb, dtype=np.float64).reshape(-1, 5)
+        bw, bh = lb[:, 3] * w, lb[:, 4] * h
+        x1, y1 = lb[:, 1] * w - bw / 2, lb[:, 2] * h - bh / 2
+        for c, *box in zip(lb[:, 0].astype(int).tolist(), x1.tolist(), y1.tolist(), bw.tolist(), bh.tolist()):
+            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": c,
+                                "bbox": [round(v, 3) for v in box], "area": box[2] * box[3], "iscrowd": 0})
+    categories = [{"id": i, "name": n} for i, n in enumerate(names)]
+    return {"images": images, "annotations": annotations, "categories": categories}
+
+
+def detections_to_coco(detections: torch.Tensor, image_id: int) -> list[dict]:
+    """COCO results for one image: ``detections [n, 6]`` (x1, y1, x2, y2 original pixels, score, class)."""
+    d = detections.double()
+    xywh = torch.cat((d[:, :2], d[:, 2:4] - d[:, :2]), 1).tolist()
+    return [{"image_id": image_id, "category_id": int(c), "bbox": [round(v, 3) for v in box], "score": round(s, 5)}
+            for box, s, c in zip(xywh, d[:, 4].tolist(), d[:, 5].tolist())]
+
+
+def coco_evaluate(gt_json: str | os.PathLike, pred_json: str | os.PathLike, verbose: bool = True) -> list[float]:
+    """Evaluate COCO-format detections against ground truth; returns the 12 COCO summary numbers.
+
+    Raises:
+        ImportError: ``pycocotools`` is not installed.
+    """
+    try:
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+    except ImportError as exc:
+        raise ImportError("COCO evaluation needs pycocotools: pip install pycocotools") from exc
+    if not json.loads(Path(pred_json).read_text()):  # no detections at all: every number is zero
+        return [0.0] * len(COCO_STAT_NAMES)
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools narrates loading; keep only the summary
+        gt = COCO(str(gt_json))
+        dt = gt.loadRes(str(pred_json))
+    evaluator = COCOeval(gt, dt, "bbox")
+    summary = io.StringIO()
+    with contextlib.redirect_stdout(summary):
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    if verbose:
+        print("\n".join(line for line in summary.getvalue().splitlines() if line.lstrip().startswith("Average")))
+    return [float(v) for v in evaluator.stats]

@@ -1,0 +1,65 @@
+"""Turn a model or a weights path into an inference-ready detector on a device, with class names."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..model import Yolov5
+
+ModelOrWeights = nn.Module | str | os.PathLike
+
+
+def select_device(device: str | torch.device | None) -> torch.device:
+    """``None`` or ``""`` → the first GPU when there is one, else the CPU; a bare index means that GPU."""
+    if device is None or device == "":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device, str) and device.isdigit():
+        return torch.device(f"cuda:{device}")
+    return torch.device(device)
+
+
+def model_names(model: nn.Module, nc: int) -> list[str]:
+    """Class names stored on the model (``model.names``), else ``"0"``, ``"1"`` ..."""
+    names = getattr(model, "names", None)
+    if isinstance(names, dict):
+        names = [names[k] for k in sorted(names)]
+    if names is None or len(names) != nc:
+        return [str(i) for i in range(nc)]
+    return [str(n) for n in names]
+
+
+def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.device | None = None,
+                         fuse: bool = True, half: bool = False) -> tuple[Yolov5, torch.device]:
+    """A detector in eval mode on ``device``: a copy of the given :class:`Yolov5`, or one loaded from a
+    weights path (our checkpoints and official YOLOv5 ``.pt`` files, via :func:`yolotrain.interop.load_model`).
+
+    The caller's model is never changed: fusing Conv+BN (faster inference, same outputs) and the move
+    to ``device``/half precision happen on a copy. ``half`` applies on CUDA only.
+
+    Raises:
+        TypeError: ``model_or_weights`` is neither a :class:`Yolov5` nor a path.
+        yolotrain.checkpoint.CheckpointError: the weights file cannot be read.
+    """
+    if isinstance(model_or_weights, (str, os.PathLike)):
+        from ..interop import load_model
+
+        model = load_model(Path(model_or_weights))
+    elif isinstance(model_or_weights, Yolov5):
+        model = copy.deepcopy(model_or_weights)
+    else:
+        raise TypeError(f"expected a Yolov5 model or a weights path, got {type(model_or_weights).__name__}")
+    dev = select_device(device) if device is not None or isinstance(model_or_weights, (str, os.PathLike)) \
+        else next(model.parameters()).device
+    model = model.to(dev).float().eval()
+    if fuse:
+        model.fuse()
+    if half and dev.type == "cuda":
+        model.half()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, dev

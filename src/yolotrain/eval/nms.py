@@ -1,0 +1,105 @@
+"""Post-processing of decoded detector output: score filter, class-aware NMS, and mapping boxes from
+the letterboxed network input back to original image pixels.
+
+Semantics follow the reference ``non_max_suppression``: candidates must have objectness above
+``conf`` before the class score (objectness × class probability) is formed and filtered again, at
+most ``max_nms`` boxes (highest scores) enter NMS, and at most ``max_det`` leave it per image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torchvision.ops import nms
+
+from ..boxes import xywh_to_xyxy
+
+# Boxes entering NMS per image at most: beyond this NMS time grows quadratically for no gain.
+MAX_NMS = 30000
+# Per-class coordinate shift for class-aware NMS: larger than any box side in pixels.
+MAX_WH = 7680
+
+
+def _check_thresholds(conf: float, iou: float) -> None:
+    if not 0.0 <= conf <= 1.0:
+        raise ValueError(f"conf must be in [0, 1], got {conf}")
+    if not 0.0 <= iou <= 1.0:
+        raise ValueError(f"iou must be in [0, 1], got {iou}")
+
+
+def _candidates(x: torch.Tensor, conf: float, multi_label: bool) -> torch.Tensor:
+    """Rows of one image ``[n, 5+nc]`` (objectness already above ``conf``) → ``[m, 6]`` (xyxy, score, class)
+    whose score = objectness × class probability exceeds ``conf``."""
+    boxes = xywh_to_xyxy(x[:, :4])
+    scores = x[:, 5:] * x[:, 4:5]
+    if multi_label:
+        # Every (box, class) pair above the threshold is its own candidate.
+        box_i, cls_j = (scores > conf).nonzero(as_tuple=True)
+        return torch.cat((boxes[box_i], scores[box_i, cls_j, None], cls_j[:, None].to(x.dtype)), 1)
+    best, cls_j = scores.max(1, keepdim=True)
+    keep = best.view(-1) > conf
+    return torch.cat((boxes, best, cls_j.to(x.dtype)), 1)[keep]
+
+
+def non_max_suppression(
+    prediction: torch.Tensor,
+    conf: float = 0.25,
+    iou: float = 0.45,
+    classes: Sequence[int] | None = None,
+    agnostic: bool = False,
+    multi_label: bool = False,
+    max_det: int = 300,
+    max_nms: int = MAX_NMS,
+) -> list[torch.Tensor]:
+    """Filter and suppress decoded detections.
+
+    Args:
+        prediction: ``[B, N, 5+nc]`` from ``Yolov5.eval()``: cx, cy, w, h (pixels), objectness, class
+            probabilities.
+        conf: minimum objectness and minimum final score (exclusive, as in the reference).
+        iou: boxes overlapping a higher-scoring box of the same class by more than this are dropped.
+        classes: keep only these class ids.
+        agnostic: suppress across classes (one box per location whatever its class).
+        multi_label: a box may be kept once per class whose score passes ``conf`` (used for mAP);
+            otherwise only its best class is considered. Has no effect for one class.
+        max_det: detections kept per image.
+        max_nms: candidates entering NMS per image (the highest scores).
+
+    Returns:
+        One ``[n, 6]`` tensor per image: x1, y1, x2, y2 (input pixels), score, class; sorted by score.
+    """
+    _check_thresholds(conf, iou)
+    if prediction.ndim != 3 or prediction.shape[2] < 6:
+        raise ValueError(f"expected decoded predictions [B, N, 5+nc], got shape {tuple(prediction.shape)}")
+    multi_label = multi_label and prediction.shape[2] > 6
+    class_filter = None if classes is None else torch.as_tensor(list(classes), device=prediction.device)
+    keep_obj = prediction[..., 4] > conf
+    output = []
+    for x, keep in zip(prediction, keep_obj):
+        det = _candidates(x[keep], conf, multi_label)
+        if class_filter is not None:
+            det = det[torch.isin(det[:, 5].long(), class_filter)]
+        det = det[det[:, 4].argsort(descending=True)[:max_nms]]
+        # Class-aware NMS in one call: shifting each class's boxes by class × MAX_WH keeps classes from
+        # overlapping. This is the reference's exact arithmetic (float32 rounding of the shifted
+        # coordinates included), so kept boxes agree with it one for one.
+        offsets = det[:, 5:6] * (0 if agnostic else MAX_WH)
+        kept = nms(det[:, :4] + offsets, det[:, 4], iou)
+        output.append(det[kept[:max_det]])
+    return output
+
+
+def scale_boxes_to_original(
+    boxes: torch.Tensor, gain: tuple[float, float], pad: tuple[float, float], original_hw: tuple[int, int]
+) -> torch.Tensor:
+    """Map xyxy boxes from the letterboxed input back to the original image and clip them to it.
+
+    ``gain`` is (x, y) scale from original to input pixels and ``pad`` the (left, top) border, so
+    ``x_input = x_original * gain + pad``. Returns a new tensor.
+    """
+    offset = boxes.new_tensor((pad[0], pad[1], pad[0], pad[1]))
+    scale = boxes.new_tensor((gain[0], gain[1], gain[0], gain[1]))
+    h, w = original_hw
+    upper = boxes.new_tensor((w, h, w, h))
+    return ((boxes[..., :4] - offset) / scale).clamp(min=0).minimum(upper)

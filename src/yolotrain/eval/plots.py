@@ -1,0 +1,120 @@
+"""Pictures of results: the confusion matrix and P/R/F1/PR curves as PNGs (matplotlib, Agg), and
+detections drawn onto images (OpenCV, no fonts needed)."""
+
+from __future__ import annotations
+
+import colorsys
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from .metrics import ConfusionMatrix, Metrics
+
+# Past this many classes per-class legends and cell annotations become unreadable.
+MAX_LABELLED_CLASSES = 30
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_confusion_matrix(cm: ConfusionMatrix, names: Sequence[str], path: str | os.PathLike) -> Path:
+    """Column-normalised confusion matrix (each true class sums to 1) with a background row/column."""
+    plt = _pyplot()
+    m = cm.matrix.astype(np.float64)
+    norm = m / (m.sum(0, keepdims=True) + 1e-9)
+    shown = np.where(norm < 0.005, np.nan, norm)  # leave near-zero cells blank
+    n = cm.nc + 1
+    fig, ax = plt.subplots(figsize=(12, 9), tight_layout=True)
+    image = ax.imshow(shown, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax)
+    if cm.nc < MAX_LABELLED_CLASSES:
+        ticks = [*names, "background"]
+        ax.set_xticks(range(n), ticks, rotation=90, fontsize=8)
+        ax.set_yticks(range(n), ticks, fontsize=8)
+        for r, c in zip(*np.nonzero(~np.isnan(shown))):
+            ax.text(c, r, f"{shown[r, c]:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if shown[r, c] > 0.5 else "black")
+    ax.set_xlabel("True")
+    ax.set_ylabel("Predicted")
+    ax.set_title("Confusion Matrix")
+    path = Path(path)
+    fig.savefig(path, dpi=200)
+    plt.close(fig)
+    return path
+
+
+def _curve_plot(px: np.ndarray, ys: np.ndarray, labels: list[str], mean_label: str, xlabel: str, ylabel: str,
+                path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 6), tight_layout=True)
+    per_class_legend = 0 < len(labels) < MAX_LABELLED_CLASSES
+    for y, label in zip(ys, labels):
+        ax.plot(px, y, linewidth=1, label=label if per_class_legend else None, color="grey" if not per_class_legend
+                else None)
+    ax.plot(px, ys.mean(0), linewidth=3, color="blue", label=mean_label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.legend(bbox_to_anchor=(1.04, 1), loc="upper left")
+    fig.savefig(path, dpi=200)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(metrics: Metrics, save_dir: str | os.PathLike) -> list[Path]:
+    """PR_curve.png (at IoU 0.5), F1_curve.png, P_curve.png and R_curve.png in ``save_dir``."""
+    c = metrics.curves
+    save_dir = Path(save_dir)
+    names = [metrics.names[k] for k in metrics.classes]
+    best = int(c.f1.mean(0).argmax())
+    return [
+        _curve_plot(c.px, c.pr, [f"{n} {a:.3f}" for n, a in zip(names, metrics.ap50)],
+                    f"all classes {metrics.map50:.3f} mAP@0.5", "Recall", "Precision", save_dir / "PR_curve.png"),
+        _curve_plot(c.px, c.f1, names, f"all classes {c.f1.mean(0)[best]:.2f} at {c.px[best]:.3f}",
+                    "Confidence", "F1", save_dir / "F1_curve.png"),
+        _curve_plot(c.px, c.precision, names, "all classes", "Confidence", "Precision", save_dir / "P_curve.png"),
+        _curve_plot(c.px, c.recall, names, "all classes", "Confidence", "Recall", save_dir / "R_curve.png"),
+    ]
+
+
+def class_colour(index: int) -> tuple[int, int, int]:
+    """A stable, saturated BGR colour per class: hues spaced by the golden angle so neighbours differ."""
+    r, g, b = colorsys.hsv_to_rgb((index * 0.618033988749895) % 1.0, 0.85, 0.95)
+    return int(b * 255), int(g * 255), int(r * 255)
+
+
+def draw_detections(image: np.ndarray, boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor,
+                    names: Sequence[str]) -> np.ndarray:
+    """A copy of the BGR ``image`` with each box, its class name and score drawn on it.
+
+    Line width and text size scale with the image; labels sit above the box (inside it at the top
+    edge) on a filled background in the class colour, with black or white text for contrast.
+    """
+    out = np.ascontiguousarray(image).copy()
+    h, w = out.shape[:2]
+    thickness = max(round((h + w) / 2 * 0.003), 2)
+    font_scale = thickness / 3
+    font_thickness = max(thickness - 1, 1)
+    for (x1, y1, x2, y2), s, c in zip(boxes.round().int().tolist(), scores.tolist(), classes.int().tolist()):
+        colour = class_colour(c)
+        cv2.rectangle(out, (x1, y1), (x2, y2), colour, thickness, cv2.LINE_AA)
+        label = f"{names[c] if 0 <= c < len(names) else c} {s:.2f}"
+        (tw, th), baseline = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, font_scale, font_thickness)
+        above = y1 - th - baseline - 3 >= 0
+        top = y1 - th - baseline - 3 if above else y1
+        cv2.rectangle(out, (x1, top), (x1 + tw + 2, top + th + baseline + 3), colour, -1, cv2.LINE_AA)
+        text_colour = (0, 0, 0) if sum(colour) > 382 else (255, 255, 255)
+        cv2.putText(out, label, (x1 + 1, top + th + 1), cv2.FONT_HERSHEY_SIMPLEX, font_scale, text_colour,
+                    font_thickness, cv2.LINE_AA)
+    return out

@@ -1,0 +1,295 @@
+"""Prediction on images and videos: letterbox, detect, NMS, map boxes back to each original image,
+and optionally save annotated images/videos, YOLO-format ``.txt`` labels and a JSON of the run."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from ..data.augment import letterbox
+from ..data.sources import IMG_FORMATS
+from .inference import ModelOrWeights, load_inference_model, model_names
+from .nms import non_max_suppression, scale_boxes_to_original
+from .plots import draw_detections
+from .rundir import next_run_dir
+
+VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
+_GLOB_CHARS = frozenset("*?[")
+
+Source = str | os.PathLike | np.ndarray
+
+
+class SourceWarning(UserWarning):
+    """Some prediction sources could not be read and were skipped."""
+
+
+@dataclass
+class Result:
+    """Detections of one image or video frame, in original image pixels.
+
+    ``boxes`` ``[n, 4]`` x1, y1, x2, y2 (float), ``scores`` ``[n]``, ``classes`` ``[n]`` (long), sorted
+    by score; ``names`` maps class ids to names; ``frame`` is the frame index for videos.
+    """
+
+    path: str
+    boxes: torch.Tensor
+    scores: torch.Tensor
+    classes: torch.Tensor
+    names: list[str]
+    orig_shape: tuple[int, int]
+    frame: int | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready form: one entry per detection with its box, score, class id and name."""
+        dets = [{"box": [round(v, 2) for v in box], "score": round(s, 5), "class": c, "name": self.names[c]}
+                for box, s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.classes.tolist())]
+        out = {"source": self.path, "height": self.orig_shape[0], "width": self.orig_shape[1], "detections": dets}
+        if self.frame is not None:
+            out["frame"] = self.frame
+        return out
+
+    def yolo_lines(self) -> list[str]:
+        """Rows ``class cx cy w h score`` normalised to the image, as YOLO label files hold them."""
+        h, w = self.orig_shape
+        b = self.boxes.double()
+        xywh = torch.stack(((b[:, 0] + b[:, 2]) / 2 / w, (b[:, 1] + b[:, 3]) / 2 / h,
+                            (b[:, 2] - b[:, 0]) / w, (b[:, 3] - b[:, 1]) / h), 1)
+        return [f"{c} {x:.6f} {y:.6f} {bw:.6f} {bh:.6f} {s:.5f}"
+                for c, (x, y, bw, bh), s in zip(self.classes.tolist(), xywh.tolist(), self.scores.tolist())]
+
+
+def _suffix(path: Path) -> str:
+    return path.suffix[1:].lower()
+
+
+def expand_sources(source: Source | Sequence[Source]) -> list[Path | np.ndarray]:
+    """Flatten ``source`` into image/video files (and in-memory BGR arrays), in a stable order.
+
+    A folder contributes its image and video files (not recursive), a glob its matches, a list each
+    of its items.
+
+    Raises:
+        FileNotFoundError: a named path does not exist, or a glob or folder holds nothing to read.
+    """
+    items = list(source) if isinstance(source, (list, tuple)) else [source]
+    out: list[Path | np.ndarray] = []
+    for item in items:
+        if isinstance(item, np.ndarray):
+            out.append(item)
+            continue
+        text = os.fspath(item)
+        if _GLOB_CHARS & set(text) and not Path(text).exists():
+            matches = sorted(glob.glob(text, recursive=True))
+            if not matches:
+                raise FileNotFoundError(f"no files match {text}")
+            out += [Path(m) for m in matches if Path(m).is_file()]
+        elif Path(text).is_dir():
+            files = sorted(p for p in Path(text).iterdir()
+                           if p.is_file() and _suffix(p) in IMG_FORMATS | VIDEO_FORMATS)
+            if not files:
+                raise FileNotFoundError(f"no images or videos in {text}")
+            out += files
+        elif Path(text).is_file():
+            out.append(Path(text))
+        else:
+            raise FileNotFoundError(f"source not found: {text}")
+    return out
+
+
+def prepare_image(image: np.ndarray, img_size: int, stride: int = 32) -> tuple[np.ndarray, tuple, tuple]:
+    """Letterbox a BGR image to the smallest stride-multiple rectangle around its ``img_size`` fit.
+
+    Returns the RGB input image and the (x, y) gain and (left, top) pad mapping original pixels to it.
+    """
+    h0, w0 = image.shape[:2]
+    r = min(img_size / h0, img_size / w0)
+    uw, uh = round(w0 * r), round(h0 * r)
+    # Minimal padding: only up to the next stride multiple (the reference's "auto" letterbox).
+    shape = (uh + (img_size - uh) % stride, uw + (img_size - uw) % stride)
+    boxed, _, pad = letterbox(image, shape, scaleup=True)
+    return cv2.cvtColor(boxed, cv2.COLOR_BGR2RGB), (uw / w0, uh / h0), pad
+
+
+class Predictor:
+    """A loaded detector with fixed settings; call :meth:`predict_image` per image."""
+
+    def __init__(self, model_or_weights: ModelOrWeights, img_size: int = 640, conf: float = 0.25,
+                 iou: float = 0.45, classes: Sequence[int] | None = None, max_det: int = 1000,
+                 agnostic: bool = False, device: str | torch.device | None = None, half: bool = False) -> None:
+        if img_size <= 0 or img_size % 32:
+            raise ValueError(f"img_size must be a positive multiple of 32, got {img_size}")
+        self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half)
+        self.names = model_names(self.model, self.model.num_classes)
+        self.dtype = next(self.model.parameters()).dtype
+        self.img_size, self.conf, self.iou = img_size, conf, iou
+        self.classes, self.max_det, self.agnostic = classes, max_det, agnostic
+        self.stride = int(self.model.stride.max())
+
+    def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None) -> Result:
+        """Detections of one BGR ``uint8`` image."""
+        rgb, gain, pad = prepare_image(image, self.img_size, self.stride)
+        x = torch.from_numpy(rgb).to(self.device).permute(2, 0, 1)[None].to(self.dtype) / 255
+        with torch.inference_mode():
+            pred = self.model(x)
+            det = non_max_suppression(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
+                                      max_det=self.max_det)[0]
+        h0, w0 = image.shape[:2]
+        boxes = scale_boxes_to_original(det[:, :4], gain, pad, (h0, w0))
+        return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame)
+
+
+def _frames(path: Path) -> Iterator[tuple[np.ndarray, float]]:
+    """Frames of a video with its frame rate; nothing when it cannot be opened."""
+    cap = cv2.VideoCapture(str(path))
+    try:
+        fps = cap.get(cv2.CAP_PROP_FPS) or 30.0
+        while True:
+            ok, frame = cap.read()
+            if not ok:
+                return
+            yield frame, fps
+    finally:
+        cap.release()
+
+
+class _Outputs:
+    """Writes what a run saves: annotated images/videos, YOLO ``.txt`` rows and the run's JSON."""
+
+    def __init__(self, save_dir: Path | None, save_txt: bool) -> None:
+        self.save_dir = save_dir
+        self.save_txt = save_txt and save_dir is not None
+        if save_dir is not None:
+            save_dir.mkdir(parents=True, exist_ok=True)
+            if self.save_txt:
+                (save_dir / "labels").mkdir(exist_ok=True)
+
+    def image(self, name: str, image: np.ndarray, result: Result) -> None:
+        if self.save_dir is None:
+            return
+        cv2.imwrite(str(self.save_dir / name), draw_detections(image, result.boxes, result.scores,
+                                                                   result.classes, result.names))
+        self.txt(Path(name).stem, result)
+
+    def txt(self, stem: str, result: Result) -> None:
+        if self.save_txt:
+            lines = result.yolo_lines()
+            (self.save_dir / "labels" / f"{stem}.txt").write_text("".join(f"{line}\n" for line in lines))
+
+    def video_writer(self, stem: str, frame: np.ndarray, fps: float) -> cv2.VideoWriter | None:
+        if self.save_dir is None:
+            return None
+        h, w = frame.shape[:2]
+        return cv2.VideoWriter(str(self.save_dir / f"{stem}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+
+    def json(self, results: list[Result]) -> None:
+        if self.save_dir is not None:
+            (self.save_dir / "predictions.json").write_text(json.dumps([r.to_dict() for r in results]))
+
+
+def predict(
+    model_or_weights: ModelOrWeights,
+    source: Source | Sequence[Source],
+    img_size: int = 640,
+    conf: float = 0.25,
+    iou: float = 0.45,
+    classes: Sequence[int] | None = None,
+    max_det: int = 1000,
+    agnostic: bool = False,
+    device: str | torch.device | None = None,
+    half: bool = False,
+    save_dir: str | os.PathLike | None = None,
+    save_txt: bool = False,
+) -> list[Result]:
+    """Detect objects in images and videos.
+
+    Args:
+        model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy) or a weights path.
+        source: an image or video file, a folder, a glob, a BGR ``uint8`` array, or a list of these.
+        img_size: long side of the network input; inputs are padded only to the next multiple of 32.
+        conf, iou, classes, max_det, agnostic: NMS settings.
+        save_dir: where annotated images (same names), videos (``STEM.mp4``), ``labels/*.txt`` (with
+            ``save_txt``; video frames as ``STEM_FRAME.txt``) and ``predictions.json`` go.
+
+    Returns:
+        One :class:`Result` per image and per video frame, in source order. Files that cannot be
+        read are skipped and named in one :class:`SourceWarning`.
+    """
+    predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half)
+    outputs = _Outputs(Path(save_dir) if save_dir is not None else None, save_txt)
+    results: list[Result] = []
+    unreadable: list[str] = []
+    for n, item in enumerate(expand_sources(source)):
+        if isinstance(item, np.ndarray):
+            name = f"image{n}.jpg"
+            results.append(predictor.predict_image(item, name))
+            outputs.image(name, item, results[-1])
+        elif _suffix(item) in VIDEO_FORMATS:
+            before = len(results)
+            writer = None
+            for index, (frame, fps) in enumerate(_frames(item)):
+                result = predictor.predict_image(frame, str(item), frame=index)
+                results.append(result)
+                writer = writer or outputs.video_writer(item.stem, frame, fps)
+                if writer is not None:
+                    writer.write(draw_detections(frame, result.boxes, result.scores, result.classes, result.names))
+                outputs.txt(f"{item.stem}_{index}", result)
+            if writer is not None:
+                writer.release()
+            if len(results) == before:
+                unreadable.append(str(item))
+        else:
+            image = cv2.imread(str(item), cv2.IMREAD_COLOR)
+            if image is None:
+                unreadable.append(str(item))
+                continue
+            results.append(predictor.predict_image(image, str(item)))
+            outputs.image(item.name, image, results[-1])
+    outputs.json(results)
+    if unreadable:
+        shown = ", ".join(unreadable[:5]) + (" ..." if len(unreadable) > 5 else "")
+        warnings.warn(f"skipped {len(unreadable)} unreadable source file(s): {shown}", SourceWarning, stacklevel=2)
+    return results
+
+
+def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``yolotrain predict`` options to ``parser``."""
+    parser.add_argument("--weights", required=True, help="checkpoint or official YOLOv5 .pt")
+    parser.add_argument("--source", required=True, nargs="+", help="image, video, folder or glob (several allowed)")
+    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=640, help="inference size (px)")
+    parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold")
+    parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
+    parser.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
+    parser.add_argument("--max-det", type=int, default=1000, help="detections per image")
+    parser.add_argument("--agnostic-nms", action="store_true", help="suppress across classes")
+    parser.add_argument("--device", default=None, help="cpu, cuda, 0 ... (default: GPU if available)")
+    parser.add_argument("--half", action="store_true", help="FP16 inference on CUDA")
+    parser.add_argument("--save-txt", action="store_true", help="also write YOLO-format labels/*.txt")
+    parser.add_argument("--project", default="runs/predict", help="parent of the run folder")
+    parser.add_argument("--name", default="exp", help="run folder name (exp, exp2 ... when taken)")
+    parser.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")
+    return parser
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    """Run ``yolotrain predict`` from parsed arguments; returns the process exit code."""
+    save_dir = next_run_dir(args.project, args.name, args.exist_ok)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SourceWarning)
+        results = predict(args.weights, args.source, img_size=args.img_size, conf=args.conf, iou=args.iou,
+                          classes=args.classes, max_det=args.max_det, agnostic=args.agnostic_nms,
+                          device=args.device, half=args.half, save_dir=save_dir, save_txt=args.save_txt)
+    for w in caught:
+        print(f"warning: {w.message}")
+    total = sum(len(r.scores) for r in results)
+    print(f"{len(results)} images/frames, {total} detections. Results saved to {save_dir}")
+    return 0 if results else 1

@@ -1,0 +1,302 @@
+"""Validation: run a detector over a labelled split and report P, R, mAP50, mAP50-95 and speed.
+
+Two entry shapes share one loop: a model or weights path with a dataset path (the ``yolotrain val``
+command), and an in-memory model with an existing val DataLoader (what training calls each epoch;
+no files are written unless ``save_dir`` is given). Boxes are compared in original image pixels,
+as the reference does, so clipping at image edges matches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from ..boxes import xywh_to_xyxy
+from ..data.dataset import DetectionDataset
+from ..data.loaders import make_loader
+from ..data.sources import resolve_source
+from ..data.verify import LabelIndex, verify_split
+from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
+from .inference import ModelOrWeights, load_inference_model, model_names
+from .metrics import ConfusionMatrix, DetectionStats, Metrics
+from .nms import non_max_suppression, scale_boxes_to_original
+from .rundir import next_run_dir
+
+# The reference pads rectangular val batches by half a stride.
+VAL_RECT_PAD = 0.5
+
+
+class FullDecodeDataset(DetectionDataset):
+    """Val dataset that decodes every image at full size before resizing, as the reference does.
+
+    :class:`DetectionDataset` lets the JPEG decoder shrink large images by 2/4/8 while decoding
+    (fast, but different pixels from decode-then-resize), which moves detections and mAP at small
+    ``img_size``; evaluation needs the reference's pixels.
+    """
+
+    def load_image(self, index: int) -> np.ndarray:
+        cached = self._cache.get(index)
+        if cached is not None:
+            return cached
+        path = self.im_files[index]
+        im = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if im is None:
+            raise OSError(f"cannot read image {path}")
+        h0, w0 = im.shape[:2]
+        r = self.img_size / max(h0, w0)
+        if r != 1:
+            # Area averaging when shrinking (no aliasing), bilinear when enlarging: the reference's choice.
+            interp = cv2.INTER_LINEAR if r > 1 else cv2.INTER_AREA
+            im = cv2.resize(im, (math.ceil(w0 * r), math.ceil(h0 * r)), interpolation=interp)
+        im.flags.writeable = False
+        self._cache.put(index, im)
+        return im
+
+
+def build_val_loader(data: str | os.PathLike, nc: int, img_size: int = 640, batch_size: int = 32,
+                     rect: bool = True, workers: int | None = None) -> DataLoader:
+    """The val split of a dataset folder or YAML as a non-augmented, ordered DataLoader.
+
+    ``rect`` gives each batch of aspect-sorted images its own padded shape (as the reference);
+    otherwise every image is letterboxed to ``img_size`` square.
+    """
+    if img_size <= 0 or img_size % 32:
+        raise ValueError(f"img_size must be a positive multiple of 32, got {img_size}")
+    src = resolve_source(data)
+    index = verify_split(src.val, nc, "val")
+    if rect:
+        index = reference_rect_order(index)
+    dataset = FullDecodeDataset(index, img_size, batch_size, augment=False, rect=rect,
+                               pad=VAL_RECT_PAD if rect else 0.0, names=src.names)
+    workers = min(2, os.cpu_count() or 1) if workers is None else workers
+    return make_loader(dataset, batch_size, shuffle=False, workers=workers)
+
+
+def reference_rect_order(index: LabelIndex) -> LabelIndex:
+    """The split sorted by aspect ratio with the reference's own (default-kind) argsort.
+
+    Which of several equal-aspect images lands in which rect batch decides its padded shape and so
+    its detections; ordering them as the reference does makes results comparable image for image.
+    The dataset's own stable sort then keeps this order.
+    """
+    shapes = np.asarray(index.shapes).reshape(-1, 2)
+    order = (shapes[:, 1] / shapes[:, 0]).argsort()
+    return LabelIndex([index.files[i] for i in order], [index.labels[i] for i in order], shapes[order],
+                      index.report)
+
+
+def _check_ordered(loader: DataLoader) -> None:
+    # Image geometry is looked up by position, so batches must walk the dataset in order.
+    sampler = loader.batch_sampler
+    if getattr(sampler, "shuffle", False) or not hasattr(loader.dataset, "shapes"):
+        raise ValueError("val needs an unshuffled DataLoader over a yolotrain DetectionDataset")
+
+
+def batch_geometry(dataset, start: int, count: int, input_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-image (x, y) gain and (left, top) pad mapping original pixels to the batch input.
+
+    Mirrors the eval-time loading of :class:`~yolotrain.data.DetectionDataset`: resize so the long
+    side is ``img_size`` (sides rounded up), then letterbox into ``input_hw`` without enlarging.
+    """
+    wh0 = np.asarray(dataset.shapes[start:start + count], dtype=np.float64).reshape(-1, 2)
+    r = dataset.img_size / wh0.max(1, keepdims=True)
+    resized = np.ceil(wh0 * r)
+    target = np.array(input_hw[::-1], dtype=np.float64)  # (w, h)
+    r2 = np.minimum((target / resized).min(1, keepdims=True), 1.0)
+    unpadded = np.round(resized * r2)
+    pad = np.round((target - unpadded) / 2 - 0.1)  # the letterbox puts the odd pixel at the end
+    return unpadded / wh0, pad
+
+
+def _print_speed(speed: dict[str, float], shape: tuple[int, ...]) -> None:
+    print("Speed: {:.1f}ms pre-process, {:.1f}ms inference, {:.1f}ms NMS per image at shape {}".format(
+        speed["preprocess"], speed["inference"], speed["nms"], shape))
+
+
+class _Timer:
+    """Accumulates wall time of code blocks, waiting for queued GPU work so times are real."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.total = 0.0
+        self._start = 0.0
+
+    def __enter__(self) -> _Timer:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.total += time.perf_counter() - self._start
+
+
+def val(
+    model_or_weights: ModelOrWeights,
+    data: str | os.PathLike | DataLoader,
+    img_size: int = 640,
+    batch_size: int = 32,
+    conf: float = 0.001,
+    iou: float = 0.6,
+    max_det: int = 300,
+    rect: bool = True,
+    device: str | torch.device | None = None,
+    workers: int | None = None,
+    criterion: Callable | None = None,
+    save_dir: str | os.PathLike | None = None,
+    save_json: bool = False,
+    plots: bool = True,
+    verbose: bool = True,
+    half: bool = False,
+    fuse: bool = True,
+) -> Metrics:
+    """Evaluate a detector on a labelled split.
+
+    Args:
+        model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy, never modified) or
+            a weights path (our checkpoint or an official YOLOv5 ``.pt``).
+        data: dataset folder or YAML (its ``val`` split), or a val DataLoader from
+            :func:`yolotrain.get_loaders` (then ``img_size``, ``batch_size``, ``rect`` and ``workers``
+            come from it).
+        conf, iou, max_det: NMS settings; the defaults are the reference's mAP settings.
+        criterion: a :class:`~yolotrain.YoloLoss` for the model; when given the mean val loss
+            components are in ``metrics.loss``. It must accept rectangular batches when ``rect``.
+        save_dir: folder for plots and ``predictions.json``; nothing is written without it.
+        save_json: write COCO-format detections and ground truth and print the 12 COCO numbers
+            (needs ``pycocotools``).
+        plots: with ``save_dir``, draw the confusion matrix and P/R/F1/PR curves as PNGs.
+        verbose: print the results table and speeds.
+        half: FP16 inference (CUDA only).
+        fuse: fold BatchNorm into convolutions for inference (same outputs, faster).
+    """
+    model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half)
+    nc = model.num_classes
+    loader = data if isinstance(data, DataLoader) else build_val_loader(data, nc, img_size, batch_size, rect, workers)
+    _check_ordered(loader)
+    dataset = loader.dataset
+    names = list(dataset.names) if len(getattr(dataset, "names", ())) == nc else model_names(model, nc)
+    out_dir = Path(save_dir) if save_dir is not None else None
+    if save_json and out_dir is None:
+        raise ValueError("save_json needs a save_dir to write the json files into")
+
+    stats = DetectionStats(nc)
+    confusion = ConfusionMatrix(nc) if plots and out_dir is not None else None
+    coco_dets: list[dict] = []
+    coco_ids = image_ids(dataset.im_files) if save_json else []
+    timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
+    loss_sum, batches = torch.zeros(3), 0
+    dtype = next(model.parameters()).dtype
+    seen = 0
+    iterator = iter(loader)
+    with torch.inference_mode():
+        while True:
+            with timers["preprocess"]:
+                batch = next(iterator, None)
+                if batch is not None:
+                    imgs, targets = batch[0].to(dev, dtype, non_blocking=True), batch[1].to(dev)
+            if batch is None:
+                break
+            b, _, h, w = imgs.shape
+            with timers["inference"]:
+                maps = model.forward_maps(imgs)
+                preds = model.head.decode(maps)
+            if criterion is not None:
+                criterion(maps, targets, pred_size=(h, w))
+                loss_sum += criterion.components.float().cpu()
+                batches += 1
+            with timers["nms"]:
+                dets = non_max_suppression(preds.float(), conf, iou, multi_label=True, max_det=max_det)
+
+            gains, pads = batch_geometry(dataset, seen, b, (h, w))
+            counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
+            order = targets[:, 0].argsort(stable=True)
+            per_image = targets[order].split(counts)
+            gt_pixels = xywh_to_xyxy(targets[order][:, 2:6] * targets.new_tensor((w, h, w, h))).split(counts)
+            for i in range(b):
+                w0, h0 = (int(v) for v in dataset.shapes[seen + i])
+                geometry = (tuple(gains[i]), tuple(pads[i]), (h0, w0))
+                det = dets[i]
+                det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:]), 1)
+                gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
+                gt_cls = per_image[i][:, 1]
+                stats.update(det_native, gt_boxes, gt_cls)
+                if confusion is not None:
+                    confusion.update(det_native, gt_boxes, gt_cls)
+                if save_json:
+                    coco_dets += detections_to_coco(det_native.cpu(), coco_ids[seen + i])
+            seen += b
+
+    metrics = stats.compute(names)
+    metrics.speed = {k: t.total / max(seen, 1) * 1e3 for k, t in timers.items()}
+    if criterion is not None:
+        components = (loss_sum / max(batches, 1)).tolist()
+        metrics.loss = dict(zip(getattr(criterion, "component_names", ("box", "obj", "cls")), components))
+    if verbose:
+        print(metrics.table(per_class=nc < 50 or out_dir is not None))
+        _print_speed(metrics.speed, (loader.batch_sampler.batch_size if loader.batch_sampler else b, 3,
+                                     dataset.img_size, dataset.img_size))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if confusion is not None:
+            from .plots import plot_confusion_matrix, plot_curves
+
+            metrics.confusion = confusion
+            plot_confusion_matrix(confusion, names, out_dir / "confusion_matrix.png")
+            if metrics.curves is not None:
+                plot_curves(metrics, out_dir)
+        if save_json:
+            metrics.coco = _coco_eval(dataset, names, coco_dets, out_dir)
+        (out_dir / "metrics.json").write_text(json.dumps(metrics.as_dict(), indent=2))
+    return metrics
+
+
+def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path) -> list[float]:
+    """Write COCO ground truth and detections, evaluate them and return the 12 summary numbers."""
+    gt = coco_ground_truth(dataset.im_files, dataset.labels, dataset.shapes, names)
+    gt_path, pred_path = out_dir / "ground_truth.json", out_dir / "predictions.json"
+    gt_path.write_text(json.dumps(gt))
+    pred_path.write_text(json.dumps(detections))
+    return coco_evaluate(gt_path, pred_path)
+
+
+def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``yolotrain val`` options to ``parser``."""
+    parser.add_argument("--weights", required=True, help="checkpoint or official YOLOv5 .pt")
+    parser.add_argument("--data", required=True, help="dataset folder or YAML (its val split is used)")
+    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=640, help="inference size (px)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--conf", type=float, default=0.001, help="confidence threshold")
+    parser.add_argument("--iou", type=float, default=0.6, help="NMS IoU threshold")
+    parser.add_argument("--max-det", type=int, default=300, help="detections per image")
+    parser.add_argument("--no-rect", dest="rect", action="store_false", help="square letterbox, not rect batches")
+    parser.add_argument("--device", default=None, help="cpu, cuda, 0 ... (default: GPU if available)")
+    parser.add_argument("--workers", type=int, default=None, help="loader processes")
+    parser.add_argument("--half", action="store_true", help="FP16 inference on CUDA")
+    parser.add_argument("--save-json", action="store_true", help="COCO json + pycocotools evaluation")
+    parser.add_argument("--no-plots", dest="plots", action="store_false", help="skip confusion matrix / curves")
+    parser.add_argument("--project", default="runs/val", help="parent of the run folder")
+    parser.add_argument("--name", default="exp", help="run folder name (exp, exp2 ... when taken)")
+    parser.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")
+    return parser
+
+
+def run_val(args: argparse.Namespace) -> int:
+    """Run ``yolotrain val`` from parsed arguments; returns the process exit code."""
+    save_dir = next_run_dir(args.project, args.name, args.exist_ok)
+    metrics = val(args.weights, args.data, img_size=args.img_size, batch_size=args.batch_size, conf=args.conf,
+                  iou=args.iou, max_det=args.max_det, rect=args.rect, device=args.device, workers=args.workers,
+                  save_dir=save_dir, save_json=args.save_json, plots=args.plots, half=args.half)
+    print(f"Results saved to {save_dir}")
+    return 0 if math.isfinite(metrics.map) else 1

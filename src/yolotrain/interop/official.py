@@ -1,0 +1,182 @@
+"""Interpret what :func:`read_torch_file` returns: official YOLOv5 checkpoints and plain state dicts.
+
+An official checkpoint is a dict whose ``model`` (or ``ema``) entry is a pickled
+``models.yolo.Model``/``DetectionModel``; here it arrives as a tree of :class:`PickledObject`
+placeholders whose state is the modules' ``__dict__``. The weights are read off that tree the way
+``nn.Module.state_dict`` would (``_modules`` / ``_parameters`` / ``_buffers``), and the architecture
+off its attributes (``yaml`` multiples, Detect head ``nc``/``anchors``/``stride``, ``names``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..checkpoint import CheckpointError
+from ..model import STRIDES, VERSIONS
+from .unpickler import PickledObject
+
+# Output channels of layer 0 (``width(64)``) for each published size: identifies a bare state dict.
+STEM_WIDTHS: dict[int, str] = {16: "n", 32: "s", 48: "m", 64: "l", 80: "x"}
+STEM_WEIGHT = "model.0.conv.weight"
+HEAD_INDEX = 24
+
+
+class UnsupportedCheckpointError(CheckpointError):
+    """A readable checkpoint of a model family or variant this library does not implement."""
+
+
+@dataclass
+class DetectorWeights:
+    """What is needed to rebuild a :class:`~yolotrain.Yolov5`: architecture, class names and tensors."""
+
+    version: str
+    nc: int
+    anchors: torch.Tensor  # [3, na, 2] in pixels
+    names: list[str]
+    state_dict: dict[str, torch.Tensor]
+    kind: str  # short description of where the weights came from, for messages
+
+
+def module_state_dict(module: PickledObject, prefix: str = "") -> dict[str, torch.Tensor]:
+    """``nn.Module.state_dict()`` of a pickled module tree (persistent buffers only)."""
+    state: dict[str, torch.Tensor] = {}
+    skipped = module.get("_non_persistent_buffers_set") or set()
+    for attribute in ("_parameters", "_buffers"):
+        for name, value in (module.get(attribute) or {}).items():
+            if isinstance(value, torch.Tensor) and not (attribute == "_buffers" and name in skipped):
+                state.update({prefix + name: value})
+    for name, child in (module.get("_modules") or {}).items():
+        if isinstance(child, PickledObject):
+            state.update(module_state_dict(child, f"{prefix}{name}."))
+    return state
+
+
+def class_names(names: Any, nc: int) -> list[str]:
+    """Class names from a list or an ``{index: name}`` dict; numbered names when absent."""
+    if isinstance(names, Mapping):
+        names = [names.get(i, names.get(str(i), str(i))) for i in range(nc)]
+    if not isinstance(names, (list, tuple)) or len(names) != nc:
+        return [str(i) for i in range(nc)]
+    return [str(n) for n in names]
+
+
+def _describe_model(model: PickledObject) -> str | None:
+    """Why this pickled model is not a YOLOv5 v6.0+ P5 detector (None when it is)."""
+    name = model.pickled_name
+    qualname = name.rpartition(".")[2]
+    if name.startswith("ultralytics."):
+        return f"an Ultralytics YOLOv8-or-later model ({name}), which is a different architecture"
+    if qualname == "SegmentationModel":
+        return f"a YOLOv5 segmentation model ({name} with a Segment head)"
+    if qualname == "ClassificationModel":
+        return f"a YOLOv5 classification model ({name})"
+    if qualname not in ("Model", "DetectionModel"):
+        return f"an unknown model class {name}"
+    layers = (_child(model, "model").get("_modules") or {}) if _child(model, "model") else {}
+    if not layers:
+        return f"a {name} without layers"
+    first, head = layers.get("0"), list(layers.values())[-1]
+    head_name = getattr(head, "pickled_name", type(head).__name__)
+    if head_name.endswith(".Segment"):
+        return f"a YOLOv5 segmentation model ({name} with a Segment head)"
+    if head_name.endswith(".Classify"):
+        return f"a YOLOv5 classification model ({name} with a Classify head)"
+    if not head_name.endswith(".Detect"):
+        return f"a {name} whose last layer is {head_name}, not a Detect head"
+    if isinstance(first, PickledObject) and first.pickled_name.endswith(".Focus"):
+        return "a YOLOv5 model from before v6.0 (Focus stem layer); re-export it with YOLOv5 v6.0 or later"
+    levels = head.get("nl")
+    if levels != len(STRIDES):
+        return f"a YOLOv5 P6 model ({levels} detection levels, e.g. yolov5n6), only P5 models (3 levels) are supported"
+    if len(layers) != HEAD_INDEX + 1:
+        return f"a custom YOLOv5 layout with {len(layers)} layers (the v6.0+ P5 layout has {HEAD_INDEX + 1})"
+    return None
+
+
+def _child(module: PickledObject, name: str) -> PickledObject | None:
+    child = (module.get("_modules") or {}).get(name)
+    return child if isinstance(child, PickledObject) else None
+
+
+def _version_from_yaml(yaml: Any, source: str) -> str:
+    if not isinstance(yaml, Mapping):
+        raise UnsupportedCheckpointError(f"{source}: the pickled model has no 'yaml' architecture description")
+    multiples = (float(yaml.get("depth_multiple", 0)), float(yaml.get("width_multiple", 0)))
+    for version, known in VERSIONS.items():
+        if all(abs(a - b) < 1e-6 for a, b in zip(multiples, known)):
+            return version
+    raise UnsupportedCheckpointError(
+        f"{source}: custom depth/width multiples {multiples} match none of yolov5n/s/m/l/x")
+
+
+def from_pickled_model(model: PickledObject, source: str) -> DetectorWeights:
+    """Architecture, names and float32 weights of a pickled official YOLOv5 detection model."""
+    problem = _describe_model(model)
+    if problem:
+        raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {problem}")
+    version = _version_from_yaml(model.get("yaml"), source)
+    head = list(_child(model, "model").get("_modules").values())[-1]
+    state = module_state_dict(model)
+    nc = int(head.get("nc"))
+    # The reference keeps ``stride`` as a plain attribute; a non-persistent buffer is accepted as well.
+    stride = next((s for s in (head.get("stride"), (head.get("_buffers") or {}).get("stride"), model.get("stride"))
+                   if s is not None), None)
+    if stride is None:
+        raise UnsupportedCheckpointError(f"{source}: the Detect head records no strides")
+    stride = torch.as_tensor(stride, dtype=torch.float32)
+    if stride.tolist() != [float(s) for s in STRIDES]:
+        raise UnsupportedCheckpointError(f"{source}: unsupported strides {stride.tolist()} (expected {list(STRIDES)})")
+    anchors = state[f"model.{HEAD_INDEX}.anchors"].float() * stride.view(-1, 1, 1)
+    kind = f"official YOLOv5{version} checkpoint ({model.pickled_name})"
+    return DetectorWeights(version, nc, anchors, class_names(model.get("names"), nc), state, kind)
+
+
+def from_state_dict(state: Mapping[str, torch.Tensor], source: str) -> DetectorWeights:
+    """Architecture inferred from the tensor shapes of a bare YOLOv5 ``state_dict``."""
+    state = dict(state)
+    if state and all(key.startswith("module.") for key in state):
+        # Saved from a DistributedDataParallel wrapper.
+        state = {key.removeprefix("module."): value for key, value in state.items()}
+    stem = state.get(STEM_WEIGHT)
+    anchors = state.get(f"model.{HEAD_INDEX}.anchors")
+    first_head = state.get(f"model.{HEAD_INDEX}.m.0.weight")
+    if stem is None or anchors is None or first_head is None:
+        raise UnsupportedCheckpointError(
+            f"{source}: a state dict without the YOLOv5 v6.0+ keys {STEM_WEIGHT}, model.{HEAD_INDEX}.anchors and "
+            f"model.{HEAD_INDEX}.m.0.weight")
+    width = int(stem.shape[0])
+    if width not in STEM_WIDTHS:
+        raise UnsupportedCheckpointError(f"{source}: stem width {width} matches none of yolov5n/s/m/l/x")
+    if anchors.ndim != 3 or anchors.shape[0] != len(STRIDES):
+        raise UnsupportedCheckpointError(f"{source}: anchors of shape {tuple(anchors.shape)}, expected 3 levels")
+    na = int(anchors.shape[1])
+    nc = int(first_head.shape[0]) // na - 5
+    pixels = anchors.float() * torch.tensor(STRIDES, dtype=torch.float32).view(-1, 1, 1)
+    version = STEM_WIDTHS[width]
+    return DetectorWeights(version, nc, pixels, class_names(None, nc), state, f"YOLOv5{version} state dict")
+
+
+def interpret(obj: Any, source: str, use_ema: bool = True) -> DetectorWeights:
+    """Find the detector in an unpickled checkpoint: official dict, bare model, or state dict."""
+    if isinstance(obj, Mapping) and not _is_state_dict(obj):
+        # The reference prefers the EMA weights when a checkpoint has them (models/experimental.py).
+        keys = ("ema", "model") if use_ema else ("model", "ema")
+        candidates = [obj.get(key) for key in keys] + [obj.get("state_dict")]
+        found = next((c for c in candidates if c is not None), None)
+        if found is None:
+            raise UnsupportedCheckpointError(
+                f"{source}: a dict with keys {sorted(map(str, obj))[:8]} but no 'model', 'ema' or 'state_dict' entry")
+        obj = found
+    if isinstance(obj, PickledObject):
+        return from_pickled_model(obj, source)
+    if isinstance(obj, Mapping) and _is_state_dict(obj):
+        return from_state_dict(obj, source)
+    raise UnsupportedCheckpointError(f"{source}: holds a {type(obj).__name__}, not a YOLOv5 model or state dict")
+
+
+def _is_state_dict(obj: Mapping[str, Any]) -> bool:
+    return bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())

@@ -1,0 +1,241 @@
+"""In-process tests of yolotrain.doctor: watch(), check_step(), run_with_report() and their fidelity."""
+
+from __future__ import annotations
+
+import gc
+import io
+import sys
+import warnings
+import weakref
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from yolotrain.doctor import (
+    InplaceWarning,
+    SavedTensorModifiedError,
+    check_step,
+    is_inplace_error,
+    run_with_report,
+    watch,
+)
+
+LINE: dict[str, int] = {}  # filled by the helpers below: name -> line number of interest
+
+
+def _lineno() -> int:
+    return sys._getframe(1).f_lineno
+
+
+def output_saved() -> None:
+    x = torch.randn(3, 4, requires_grad=True)
+    y = x.sigmoid()
+    LINE["output_saved.save"] = _lineno() - 1
+    y.mul_(2)
+    LINE["output_saved.mod"] = _lineno() - 1
+    y.sum().backward()
+
+
+def input_saved_then_rebound() -> None:
+    x = torch.randn(3, requires_grad=True)
+    h = x * 1
+    y = h * h
+    h.add_(1)
+    del h
+    y.sum().backward()
+
+
+def view_saved() -> None:
+    x = torch.randn(3, 3, requires_grad=True)
+    h = x * 1
+    h2 = h[0]
+    y = h2 * h2
+    h[0].add_(1)
+    y.sum().backward()
+
+
+def leaf_saved() -> None:
+    w = torch.randn(4, requires_grad=True)
+    y = (torch.randn(4, requires_grad=True) * w).sum()
+    with torch.no_grad():
+        w.add_(1)
+    y.backward()
+
+
+def out_argument() -> None:
+    x = torch.randn(3, requires_grad=True)
+    y = x.exp()
+    torch.add(torch.ones(3), 1, out=y.detach())
+    y.sum().backward()
+
+
+def foreach_step() -> None:
+    x = torch.randn(3, requires_grad=True)
+    w = torch.randn(3, requires_grad=True)
+    y = (x * w).sum()
+    w.grad = torch.ones(3)
+    torch.optim.SGD([w], lr=0.1, foreach=True).step()
+    y.backward()
+
+
+def _message(fn: Callable[[], None]) -> str:
+    with pytest.raises(RuntimeError) as info:
+        fn()
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    "fn", [output_saved, input_saved_then_rebound, view_saved, leaf_saved, out_argument, foreach_step]
+)
+def test_watch_raises_pytorchs_exact_error(fn: Callable[[], None]) -> None:
+    plain = _message(fn)
+    with pytest.raises(SavedTensorModifiedError) as info:
+        with watch():
+            fn()
+    assert str(info.value) == plain
+    assert isinstance(info.value, RuntimeError) and is_inplace_error(info.value)
+    assert info.value.reports and info.value.reports[0].modified_by
+
+
+def test_report_fields_and_note() -> None:
+    with pytest.raises(SavedTensorModifiedError) as info:
+        with watch():
+            output_saved()
+    report = info.value.reports[0]
+    assert report.saved_by.op == "aten::sigmoid"
+    assert report.saved_by.line == LINE["output_saved.save"]
+    assert report.saved_by.code == "y = x.sigmoid()"
+    assert report.saved_by.file == "tests/test_doctor_api.py"
+    assert [(m.op, m.line) for m in report.modified_by] == [("aten::mul_", LINE["output_saved.mod"])]
+    assert (report.tensor.shape, report.tensor.saved_version, report.tensor.current_version) == ([3, 4], 0, 1)
+    assert report.to_dict()["tensor"]["dtype"] == "torch.float32"
+    assert "saved by:    aten::sigmoid at tests/test_doctor_api.py:" in report.format()
+    assert any("saved by" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_check_step_reports_modification_that_does_not_raise() -> None:
+    def step() -> None:
+        x = torch.randn(4, requires_grad=True)
+        aux = x.exp()
+        aux.add_(1)
+        (x * 2).sum().backward()
+
+    with pytest.warns(InplaceWarning):
+        reports = check_step(step)
+    assert len(reports) == 1
+    assert reports[0].severity == "warning"
+    assert reports[0].saved_by.op == "aten::exp"
+    assert reports[0].modified_by[0].op == "aten::add_"
+
+
+def test_check_step_reports_hidden_data_write() -> None:
+    def step() -> None:
+        layer = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+        out = layer(torch.randn(2, 3)).sum()
+        layer[2].weight.data.mul_(0.5)
+        out.backward()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InplaceWarning)
+        reports = check_step(step)
+    assert len(reports) == 1
+    assert "without a version bump" in reports[0].error
+    assert ".data" in reports[0].fix
+
+
+def test_check_step_is_silent_for_clean_training_step() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True), nn.Flatten())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        loss = model(torch.randn(2, 3, 8, 8)).sigmoid().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InplaceWarning)
+        assert check_step(step) == [] and check_step(step) == []
+
+
+def test_foreach_ops_keep_their_version_bump_under_watch() -> None:
+    w = torch.randn(3, requires_grad=True)
+    with torch.no_grad():
+        before = w._version
+        torch._foreach_add_([w], [torch.ones(3)])
+        plain = w._version - before
+        with watch():
+            torch._foreach_add_([w], [torch.ones(3)])
+    assert plain == 1 and w._version - before == 2
+
+
+def test_gradients_are_unchanged_under_watch() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.SiLU(), nn.Linear(8, 2), nn.Softmax(dim=1))
+    x = torch.randn(5, 4)
+    model(x).pow(2).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with watch():
+        model(x).pow(2).sum().backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(expected, model.parameters()))
+
+
+def test_graphs_built_under_watch_are_freed() -> None:
+    with watch() as tracker:
+        x = torch.randn(3, requires_grad=True)
+        y = x.sigmoid() * 2
+        ref = weakref.ref(y)
+        del y
+        gc.collect()
+        assert ref() is None
+        for _ in range(3000):
+            (x.exp() * x).sum().backward()
+        tracker._sweep()
+        assert tracker._index == {}
+
+
+def test_nested_watch_shares_tracker() -> None:
+    with watch() as outer, watch() as inner:
+        assert inner is outer
+
+
+def test_run_with_report_prints_and_reraises() -> None:
+    stream = io.StringIO()
+    with pytest.raises(SavedTensorModifiedError):
+        run_with_report(output_saved, file=stream)
+    assert "modified by: aten::mul_ at tests/test_doctor_api.py:" in stream.getvalue()
+    assert run_with_report(lambda a, b: a + b, 1, b=2) == 3
+
+
+def test_other_errors_pass_through_unchanged() -> None:
+    with pytest.raises(ValueError, match="boom"):
+        with watch():
+            raise ValueError("boom")
+    assert not is_inplace_error(ValueError("boom"))
+
+
+def test_yolotrain_training_step_is_clean() -> None:
+    yolotrain = pytest.importorskip("yolotrain")
+    if not hasattr(yolotrain, "Yolov5") or not hasattr(yolotrain, "YOLO_LOSS"):
+        pytest.skip("yolotrain.Yolov5 / YOLO_LOSS not available yet")
+    torch.manual_seed(0)
+    model = yolotrain.Yolov5(version="n", num_classes=80)
+    model.train()
+    criterion = yolotrain.YOLO_LOSS(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    imgs = torch.rand(2, 3, 64, 64)
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4], [1, 5, 0.3, 0.6, 0.2, 0.2]])
+
+    def step() -> None:
+        loss = criterion(model(imgs), targets, pred_size=imgs.shape[2:4])
+        loss = loss[0] if isinstance(loss, (tuple, list)) else loss
+        opt.zero_grad()
+        loss.sum().backward()
+        opt.step()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InplaceWarning)
+        assert check_step(step) == []

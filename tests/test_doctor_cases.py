@@ -1,0 +1,170 @@
+"""Runs the doctor CLI as a real subprocess on every program in tests/doctor_cases/.
+
+Each failing case marks its true sites with ``# doctor: saved OP`` and
+``# doctor: modified OP`` comments (also in files listed by ``# doctor-files:``);
+``# doctor-mode: check`` cases do not raise and are run with ``--check``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = ROOT / "tests" / "doctor_cases"
+MARK = re.compile(r"#\s*doctor:\s*(saved|modified)\s+(\S+)")
+MESSAGE = re.compile(r"\[(torch\.\w+) \[([\d, ]*)\]\].*is at version (\d+); expected version (\d+) instead")
+
+
+@dataclass(frozen=True)
+class Marks:
+    saved: tuple[str, int, str]
+    modified: frozenset[tuple[str, int]]
+    modified_ops: frozenset[str]
+    mode: str
+
+
+def _marks(case: Path) -> Marks:
+    text = case.read_text()
+    files = [case]
+    extra = re.search(r"#\s*doctor-files:\s*(.+)", text)
+    if extra:
+        files += [CASES / name.strip() for name in extra.group(1).split(",")]
+    saved: list[tuple[str, int, str]] = []
+    modified: set[tuple[str, int]] = set()
+    ops: set[str] = set()
+    for path in files:
+        rel = os.path.relpath(path, ROOT)
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            for kind, op in MARK.findall(line):
+                if kind == "saved":
+                    saved.append((rel, number, op))
+                else:
+                    modified.add((rel, number))
+                    ops.add(op)
+    assert len(saved) == 1, f"{case.name}: exactly one saved marker expected"
+    mode = "check" if "# doctor-mode: check" in text else "error"
+    return Marks(saved[0], frozenset(modified), frozenset(ops), mode)
+
+
+FAILING = sorted(p.name for p in CASES.glob("[a-z]*.py") if not p.name.startswith("clean_"))
+CLEAN = sorted(p.name for p in CASES.glob("clean_*.py"))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONWARNINGS="ignore")
+    return subprocess.run(
+        [sys.executable, "-m", "yolotrain.doctor", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def _case_args(name: str) -> tuple[str, ...]:
+    mode = _marks(CASES / name).mode
+    flags = ("--json", "--check") if mode == "check" else ("--json",)
+    return (*flags, f"tests/doctor_cases/{name}")
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    """All subprocess runs, two at a time (each one mostly waits for ``import torch``)."""
+    commands = [_case_args(name) for name in FAILING]
+    commands += [
+        ("tests/doctor_cases/clean_training.py",),
+        ("--check", "tests/doctor_cases/clean_gan.py"),
+        ("tests/doctor_cases/clean_exit_code.py", "a", "--json"),
+        ("tests/doctor_cases/sigmoid_iadd.py",),
+    ]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(commands, pool.map(lambda c: _run(*c), commands)))
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(FAILING) >= 12
+    assert len({_marks(CASES / n).saved[2] for n in FAILING}) >= 6  # varied saving ops
+
+
+@pytest.mark.parametrize("name", FAILING)
+def test_case_report_names_exact_lines(name: str, results: dict) -> None:
+    marks = _marks(CASES / name)
+    proc = results[_case_args(name)]
+    assert proc.returncode == 1, proc.stderr
+    data = _trailing_json(proc.stdout)
+    report = data if isinstance(data, dict) else _matching(data, marks)
+    assert set(report) == {"error", "tensor", "saved_by", "modified_by", "fix"}
+    assert set(report["tensor"]) == {"dtype", "shape", "device", "saved_version", "current_version"}
+    saved = report["saved_by"]
+    assert set(saved) == {"op", "file", "line", "code"}
+    assert (saved["file"], saved["line"]) == marks.saved[:2]
+    assert saved["op"] == marks.saved[2]
+    assert "doctor: saved" in saved["code"]
+    sites = {(m["file"], m["line"]) for m in report["modified_by"]}
+    assert sites == marks.modified
+    assert marks.modified_ops <= {m["op"] for m in report["modified_by"]}
+    assert all("doctor: modified" in m["code"] for m in report["modified_by"])
+    assert report["fix"]
+    if marks.mode == "error":
+        _assert_tensor_matches_message(report)
+
+
+def _trailing_json(stdout: str) -> dict | list:
+    """The report is the JSON document ending stdout, after whatever the script printed."""
+    lines = stdout.splitlines()
+    for start, line in enumerate(lines):
+        if line in ("{", "["):
+            try:
+                return json.loads("\n".join(lines[start:]))
+            except json.JSONDecodeError:
+                continue
+    raise AssertionError(f"no JSON report in: {stdout!r}")
+
+
+def _matching(reports: list[dict], marks: Marks) -> dict:
+    """In check mode several tensors may be reported; pick the one saved at the marked line."""
+    for report in reports:
+        if (report["saved_by"]["file"], report["saved_by"]["line"]) == marks.saved[:2]:
+            return report
+    raise AssertionError(f"no report for {marks.saved}")
+
+
+def _assert_tensor_matches_message(report: dict) -> None:
+    match = MESSAGE.search(report["error"])
+    assert match, report["error"]
+    type_name, shape, current, saved = match.groups()
+    tensor = report["tensor"]
+    assert tensor["shape"] == [int(s) for s in shape.split(",") if s.strip()]
+    assert (tensor["current_version"], tensor["saved_version"]) == (int(current), int(saved))
+    assert type_name == "torch.FloatTensor" and tensor["dtype"] == "torch.float32"
+    assert tensor["device"] == "cpu"
+
+
+def test_text_report_prints_path_line_for_each_site(results: dict) -> None:
+    proc = results[("tests/doctor_cases/sigmoid_iadd.py",)]
+    assert proc.returncode == 1
+    assert "saved by:    aten::sigmoid at tests/doctor_cases/sigmoid_iadd.py:5" in proc.stderr
+    assert "modified by: aten::add_ at tests/doctor_cases/sigmoid_iadd.py:6" in proc.stderr
+    assert "`probs += 1e-6` updates `probs` in place; write `probs = probs + 1e-6`" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("tests/doctor_cases/clean_training.py",), ("--check", "tests/doctor_cases/clean_gan.py")],
+)
+def test_clean_programs_produce_no_report(command: tuple[str, ...], results: dict) -> None:
+    proc = results[command]
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
+def test_script_sees_argv_main_and_keeps_its_exit_code(results: dict) -> None:
+    proc = results[("tests/doctor_cases/clean_exit_code.py", "a", "--json")]
+    assert proc.returncode == 3
+    assert proc.stdout == "args: ['a', '--json'] main: __main__\n"
+    assert proc.stderr == ""

@@ -1,0 +1,105 @@
+"""Static lint of in-place hazards (yolotrain doctor --lint)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from yolotrain.doctor import lint_paths
+from yolotrain.doctor.cli import main
+from yolotrain.doctor.lint import lint_source
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HAZARDS = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = nn.ReLU(inplace=True)          # 10 inplace_flag
+            self.count = 0
+
+        def forward(self, x, scale: float = 1.0):
+            y = x.sigmoid()
+            y += 1                                     # 15 augmented
+            y[..., :2] = y[..., :2] * 2                # 16 slice_assign
+            y[y > 3] = 0                               # 17 slice_assign
+            y.clamp_(max=4)                            # 18 inplace_method
+            self.conv.weight.data = y                  # 19 data_write
+            self.conv.weight.data.mul_(2)              # 20 data_write
+            z = F.relu(y, inplace=True)                # 21 inplace_flag
+            self.count += 1
+            n = 0
+            n += 1
+            names = []
+            names += ["a"]
+            for i in range(3):
+                i += 1
+            parts = {}
+            parts["k"] = y
+            scale *= 2
+            y.requires_grad_()
+            z.add_(1)  # doctor: ok
+            return z
+
+
+    def yolo_loss(pred, targets):
+        total = torch.zeros(1)
+        total += pred.sum()                            # 39 augmented
+        return total
+
+
+    def helper(x):
+        x += 1
+        return x
+    """
+)
+
+
+def test_each_hazard_kind_is_found_at_its_line() -> None:
+    found = {(f.line, f.kind) for f in lint_source(HAZARDS, "m.py")}
+    assert found == {
+        (10, "inplace_flag"),
+        (15, "augmented"),
+        (16, "slice_assign"),
+        (17, "slice_assign"),
+        (18, "inplace_method"),
+        (19, "data_write"),
+        (20, "data_write"),
+        (21, "inplace_flag"),
+        (39, "augmented"),
+    }
+
+
+def test_findings_carry_path_line_code_and_fix() -> None:
+    finding = next(f for f in lint_source(HAZARDS, "pkg/m.py") if f.line == 15)
+    assert finding.format().startswith("pkg/m.py:15: augmented: ")
+    assert finding.code.startswith("y += 1")
+    assert "x = x + y" in finding.hint
+
+
+def test_cli_lint_exit_codes(tmp_path: Path, capsys) -> None:  # noqa: ANN001 - pytest fixture
+    bad = tmp_path / "bad.py"
+    bad.write_text(HAZARDS)
+    good = tmp_path / "good.py"
+    good.write_text("def forward(x):\n    return x + 1\n")
+    assert main(["--lint", str(good)]) == 0
+    assert main(["--lint", str(tmp_path)]) == 1
+    assert f"{bad}:15: augmented" in capsys.readouterr().out
+
+
+def test_corpus_static_patterns_are_linted() -> None:
+    findings = lint_paths([str(ROOT / "tests" / "doctor_cases" / "softmax_log_inplace.py")], cwd=str(ROOT))
+    assert [(f.path, f.line, f.kind) for f in findings] == [
+        ("tests/doctor_cases/softmax_log_inplace.py", 7, "inplace_method")
+    ]
+
+
+def test_yolotrain_sources_have_no_inplace_hazards() -> None:
+    findings = lint_paths([str(ROOT / "src" / "yolotrain")], cwd=str(ROOT))
+    assert findings == [], "\n".join(f.format() for f in findings)

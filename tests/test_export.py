@@ -1,0 +1,110 @@
+"""ONNX / TorchScript export: valid graphs, metadata, and onnxruntime/TorchScript agreeing with PyTorch."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+
+import pytest
+import torch
+
+from conftest import YOLOV5N_WEIGHTS
+from yolotrain import Yolov5
+from yolotrain.checkpoint import save_checkpoint
+from yolotrain.interop import OnnxModel, add_export_arguments, export, run_export
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def model() -> Yolov5:
+    torch.manual_seed(0)
+    detector = Yolov5("n", num_classes=3).eval()
+    detector.names = ["ant", "bee", "cow"]
+    return detector
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Scores to 1e-4 absolute; boxes are in pixels, where float32 rounding of different conv kernels
+    reaches a few 1e-4 at 600 px, so they get a 1e-5 relative allowance on top."""
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-4, rtol=1e-5)
+
+
+def fused(detector: Yolov5) -> Yolov5:
+    return copy.deepcopy(detector).fuse()
+
+
+@pytest.mark.parametrize(("dynamic_size", "raw", "run_size"), [(False, False, (128, 128)), (True, False, (96, 160)),
+                                                               (True, True, (160, 64))])
+def test_onnx_export_runs_in_onnxruntime_like_torch(tmp_path, model, dynamic_size, raw, run_size):
+    path = export(model, "onnx", out=tmp_path / "m.onnx", img_size=128, dynamic_size=dynamic_size, raw=raw)
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto)
+    assert max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) >= 17
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert json.loads(meta["names"]) == ["ant", "bee", "cow"] and meta["nc"] == "3"
+    assert json.loads(meta["stride"]) == [8, 16, 32] and json.loads(meta["img_size"]) == [128, 128]
+    assert model.model[0].bn.__class__ is torch.nn.BatchNorm2d  # the caller's model is not fused
+
+    runner = OnnxModel(path)
+    assert (runner.names, runner.num_classes, runner.stride.tolist()) == (["ant", "bee", "cow"], 3, [8, 16, 32])
+    imgs = torch.rand(2, 3, *run_size)  # batch 2: the batch axis is dynamic
+    with torch.no_grad():
+        expected = fused(model)(imgs)
+    assert_matches(runner(imgs), expected)
+
+
+def test_static_onnx_export_rejects_other_shapes(tmp_path, model):
+    path = export(model, "onnx", out=tmp_path / "s.onnx", img_size=(64, 96), dynamic_batch=False, simplify=False)
+    runner = OnnxModel(path)
+    assert runner(torch.rand(1, 3, 64, 96)).shape == (1, 3 * (8 * 12 + 4 * 6 + 2 * 3), 8)
+    with pytest.raises(ValueError, match=r"expects images of shape \[1, 3, 64, 96\]"):
+        runner(torch.rand(2, 3, 64, 96))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
+def test_torchscript_export_matches_and_carries_metadata(tmp_path, model):
+    path = export(model, "torchscript", out=tmp_path / "m.torchscript", img_size=64)
+    files = {"config.json": ""}
+    scripted = torch.jit.load(str(path), _extra_files=files)
+    assert json.loads(json.loads(files["config.json"])["names"]) == ["ant", "bee", "cow"]
+    imgs = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(imgs), fused(model)(imgs), atol=1e-5, rtol=0)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_exports_our_checkpoint_and_reports_errors_in_one_line(tmp_path, model, capsys):
+    save_checkpoint(tmp_path / "best", model)
+    assert run_export(parse(["--weights", str(tmp_path / "best.json"), "--img-size", "64", "96"])) == 0
+    written = tmp_path / "best.onnx"
+    assert capsys.readouterr().out.strip() == str(written)
+    assert OnnxModel(written).img_size == (64, 96)
+
+    assert run_export(parse(["--weights", str(tmp_path / "absent.pt")])) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("yolotrain export: error: ") and "absent.pt: no such file" in err and err.count("\n") == 1
+    assert run_export(parse(["--weights", str(tmp_path / "best"), "--img-size", "100"])) == 1
+    assert "multiples of 32" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_official_yolov5n_exports_and_matches(tmp_path):
+    if not YOLOV5N_WEIGHTS.is_file():
+        pytest.skip(f"official weights not found at {YOLOV5N_WEIGHTS}")
+    from yolotrain.interop import load_model
+    path = export(YOLOV5N_WEIGHTS, "onnx", out=tmp_path / "yolov5n.onnx", img_size=320)
+    runner = OnnxModel(path)
+    assert runner.names[:2] == ["person", "bicycle"] and runner.num_classes == 80
+    imgs = torch.rand(1, 3, 320, 320, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert_matches(runner(imgs), load_model(YOLOV5N_WEIGHTS).fuse()(imgs))

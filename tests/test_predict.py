@@ -1,0 +1,132 @@
+"""Prediction on an image, a folder, a glob, a list and a video; saved outputs; unreadable files."""
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from conftest import YOLOV5N_WEIGHTS
+from yolotrain.eval import SourceWarning, add_predict_arguments, predict, run_predict
+from yolotrain.interop import load_model
+
+BUS_LIKE = "000000000009.jpg"  # a coco128 image with several clear objects
+
+
+@pytest.fixture(scope="module")
+def model():
+    if not YOLOV5N_WEIGHTS.is_file():
+        pytest.skip(f"weights not found at {YOLOV5N_WEIGHTS}")
+    return load_model(YOLOV5N_WEIGHTS)
+
+
+@pytest.fixture
+def images(coco128, tmp_path) -> Path:
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for name in (BUS_LIKE, "000000000025.jpg", "000000000030.jpg"):
+        shutil.copy(coco128 / "images" / "train2017" / name, folder / name)
+    return folder
+
+
+def test_single_image_results_are_tensors_in_original_pixels(model, images, tmp_path):
+    path = images / BUS_LIKE
+    h, w = cv2.imread(str(path)).shape[:2]
+    (result,) = predict(model, path, img_size=320, save_dir=tmp_path / "out", save_txt=True)
+    n = len(result.scores)
+    assert n > 0 and result.boxes.shape == (n, 4) and result.classes.dtype == torch.long
+    assert result.orig_shape == (h, w)
+    assert (result.boxes[:, [0, 2]] <= w).all() and (result.boxes[:, [1, 3]] <= h).all()
+    assert (result.scores >= 0.25).all() and (result.scores[:-1] >= result.scores[1:]).all()
+    assert result.names[0] == "person"
+    drawn = cv2.imread(str(tmp_path / "out" / BUS_LIKE))
+    assert drawn.shape == (h, w, 3) and not np.array_equal(drawn, cv2.imread(str(path)))
+    rows = (tmp_path / "out" / "labels" / f"{Path(BUS_LIKE).stem}.txt").read_text().splitlines()
+    assert len(rows) == n and all(0 <= float(v) <= 1 for v in rows[0].split()[1:5])
+    run = json.loads((tmp_path / "out" / "predictions.json").read_text())
+    assert len(run) == 1 and len(run[0]["detections"]) == n
+
+
+def test_folder_glob_list_and_filters(model, images):
+    folder = predict(model, images, img_size=256)
+    globbed = predict(model, str(images / "*.jpg"), img_size=256)
+    listed = predict(model, sorted(images.glob("*.jpg")), img_size=256)
+    assert [r.path for r in folder] == [r.path for r in globbed] == [r.path for r in listed]
+    assert len(folder) == 3
+    for a, b in zip(folder, listed):
+        torch.testing.assert_close(a.boxes, b.boxes)
+    only_people = predict(model, images, img_size=256, classes=[0], max_det=2)
+    assert all((r.classes == 0).all() and len(r.scores) <= 2 for r in only_people)
+
+
+def test_unreadable_files_are_skipped_with_one_counted_warning(model, images):
+    (images / "broken.jpg").write_bytes(b"not an image")
+    (images / "empty.png").write_bytes(b"")
+    with pytest.warns(SourceWarning, match=r"skipped 2 unreadable source file\(s\):.*broken.jpg"):
+        results = predict(model, images, img_size=256)
+    assert len(results) == 3
+
+
+def test_missing_source_raises(model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="source not found"):
+        predict(model, tmp_path / "nope.jpg")
+
+
+def test_video_frames_and_annotated_output(model, coco128, tmp_path):
+    frame = cv2.resize(cv2.imread(str(coco128 / "images" / "train2017" / BUS_LIKE)), (320, 240))
+    video = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10, (320, 240))
+    for shift in range(4):
+        writer.write(np.roll(frame, shift * 4, axis=1))
+    writer.release()
+    results = predict(model, video, img_size=320, save_dir=tmp_path / "out", save_txt=True)
+    assert [r.frame for r in results] == [0, 1, 2, 3]
+    assert all(r.orig_shape == (240, 320) for r in results)
+    assert sum(len(r.scores) for r in results) > 0
+    cap = cv2.VideoCapture(str(tmp_path / "out" / "clip.mp4"))
+    frames = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+    cap.release()
+    assert frames == 4
+    assert len(list((tmp_path / "out" / "labels").glob("clip_*.txt"))) == 4
+
+
+def test_cli_predict(images, tmp_path, capsys):
+    if not YOLOV5N_WEIGHTS.is_file():
+        pytest.skip(f"weights not found at {YOLOV5N_WEIGHTS}")
+    args = add_predict_arguments(argparse.ArgumentParser()).parse_args(
+        ["--weights", str(YOLOV5N_WEIGHTS), "--source", str(images), "--img", "256", "--device", "cpu",
+         "--project", str(tmp_path / "runs")])
+    assert run_predict(args) == 0
+    assert sorted(p.name for p in (tmp_path / "runs" / "exp").glob("*.jpg")) == sorted(p.name for p in images.iterdir())
+    assert "3 images/frames" in capsys.readouterr().out
+
+
+def test_matches_reference_detect_path(reference, model, images):
+    """Same letterbox, NMS and mapping to the original image as the reference's detect.py."""
+    from yolov5.utils.augmentations import letterbox
+    from yolov5.utils.general import non_max_suppression, scale_boxes
+
+    sys.path.insert(0, str(Path(reference.__file__).parent))  # the pickle names 'models.yolo'
+    try:
+        ref_model = torch.load(YOLOV5N_WEIGHTS, map_location="cpu", weights_only=False)["model"].float().fuse().eval()
+    finally:
+        sys.path.remove(str(Path(reference.__file__).parent))
+    for path in sorted(images.glob("*.jpg")):
+        im0 = cv2.imread(str(path))
+        im = letterbox(im0, 320, stride=32, auto=True)[0].transpose((2, 0, 1))[::-1]
+        x = torch.from_numpy(np.ascontiguousarray(im)).float()[None] / 255
+        with torch.no_grad():
+            det = non_max_suppression(ref_model(x)[0], 0.25, 0.45, max_det=1000)[0]
+        det[:, :4] = scale_boxes(x.shape[2:], det[:, :4], im0.shape)
+        (ours,) = predict(model, path, img_size=320)
+        assert len(ours.scores) == len(det)
+        torch.testing.assert_close(ours.scores, det[:, 4], atol=1e-4, rtol=0)
+        # The reference un-pads by the unrounded half padding (x.5) while the pixels sit at the rounded
+        # pad: half an input pixel, i.e. up to 1 original pixel at this 0.5 resize (plus float noise).
+        scale = max(im0.shape[:2]) / 320
+        torch.testing.assert_close(ours.boxes, det[:, :4], atol=0.5 * scale + 0.01, rtol=0)

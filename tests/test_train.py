@@ -1,0 +1,177 @@
+"""The training engine end to end: the real command in subprocesses on tiny data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from yolotrain.checkpoint import load_checkpoint
+from yolotrain.data import generate_shapes_dataset
+
+TINY = ["--img", "64", "--batch", "4", "--workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=4, img_size=64)
+    return root / "data.yaml"
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "yolotrain", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def weights(json_path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(json_path.with_suffix(".safetensors")))
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_train_writes_a_complete_run(tiny_data, tmp_path):
+    result = run_cli("train", "--data", str(tiny_data), "--epochs", "2", *TINY, "--project", "runs", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "runs" / "exp"
+    for name in ("weights/last.safetensors", "weights/last.json", "weights/last.state.pt",
+                 "weights/best.safetensors", "weights/best.json", "results.csv", "results.png",
+                 "confusion_matrix.png", "PR_curve.png"):
+        assert (run / name).is_file(), name
+    rows = (run / "results.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("epoch,train_box,train_obj,train_cls,precision")
+    meta = json.loads((run / "weights" / "last.json").read_text())
+    assert meta["names"] == ["circle", "rectangle"] and meta["epoch"] == 1 and meta["img_size"] == 64
+    assert meta["train_args"]["epochs"] == 2 and "mAP50-95" in meta["metrics"]
+    model, _ = load_checkpoint(run / "weights" / "best")
+    assert model.num_classes == 2 and model.names == ["circle", "rectangle"]
+    assert "mAP50-95" in result.stderr + result.stdout and "Done: 2 epoch(s)" in result.stderr + result.stdout
+    # A second run goes to a new folder.
+    again = run_cli("train", "--data", str(tiny_data), "--epochs", "1", *TINY, "--project", "runs", "--no-val",
+                    cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "runs" / "exp2" / "weights" / "last.json").is_file()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--data", "missing/data.yaml"], "missing/data.yaml"),
+    (["--model", "yolov5q"], "unknown YOLOv5 version 'yolov5q'"),
+    (["--device", "gpu7"], "bad device 'gpu7'"),
+    (["--model", "nothere.pt"], "nothere.pt"),
+])
+def test_bad_arguments_fail_in_one_line(tiny_data, tmp_path, args, message):
+    full = ["train", "--epochs", "1", *TINY, "--project", "runs", *(["--data", str(tiny_data)] if "--data" not in args
+                                                                   else []), *args]
+    result = run_cli(*full, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_empty_dataset_fails_in_one_line(tmp_path):
+    for split in ("train", "val"):
+        (tmp_path / "empty" / "images" / split).mkdir(parents=True)
+    (tmp_path / "empty" / "data.yaml").write_text("path: .\ntrain: images/train\nval: images/val\nnames: [a]\n")
+    result = run_cli("train", "--data", "empty/data.yaml", *TINY, "--epochs", "1", cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
+    args = ["train", "--data", str(tiny_data), "--epochs", "3", *TINY, "--project", "runs", "--no-val"]
+    whole = run_cli(*args, "--name", "whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "yolotrain", *args, "--name", "cut"], cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = tmp_path / "runs" / "cut" / "weights" / "last.json"
+    deadline = time.monotonic() + 240
+    while not last.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert last.exists()
+    stopped_after = json.loads(last.read_text())["epoch"]
+    assert stopped_after < 2, "the run finished before it could be interrupted"
+
+    resumed = run_cli("train", "--resume", str(last), "--workers", "0", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"cut from epoch {stopped_after + 2}/3" in resumed.stdout
+    a, b = weights(tmp_path / "runs" / "whole" / "weights" / "last.json"), weights(last)
+    assert a.keys() == b.keys()
+    assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-5
+    assert json.loads(last.read_text())["epoch"] == 2
+
+    finished = run_cli("train", "--resume", str(last), cwd=tmp_path)
+    assert finished.returncode != 0 and "already finished" in finished.stderr
+
+
+def test_divergence_stops_with_a_message_and_keeps_the_last_checkpoint(tiny_data, tmp_path):
+    base = ["--data", str(tiny_data), "--img", "64", "--batch", "2", "--workers", "0", "--project", "runs",
+            "--name", "exp", "--no-val"]
+    good = run_cli("train", *base, "--epochs", "1", cwd=tmp_path)
+    assert good.returncode == 0, good.stderr
+    last = tmp_path / "runs" / "exp" / "weights" / "last"
+    digests = {p.name: sha256(p) for p in last.parent.iterdir()}
+
+    (tmp_path / "hyp.yaml").write_text("warmup_epochs: 0\n")
+    bad = run_cli("train", *base, "--exist-ok", "--epochs", "2", "--model", str(last) + ".json", "--lr0", "1e30",
+                  "--nominal-batch", "2", "--hyp", "hyp.yaml", cwd=tmp_path)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    message = bad.stderr.strip().splitlines()[-1]
+    assert "diverged at epoch 1, step" in message and "learning rate" in message and "1e+30" in message
+    assert "the last good checkpoint is runs/exp/weights/last.safetensors" in message
+    assert {p.name: sha256(p) for p in last.parent.iterdir()} == digests
+
+
+def test_two_process_step_equals_one_process_step(tiny_data, tmp_path):
+    """torchrun with 2 CPU processes (gloo): one step on a global batch of 2 equals one process's step.
+
+    Both images are the same picture without augmentation, so each rank's BatchNorm statistics equal
+    the global batch's (CPU has no SyncBatchNorm) and the comparison is exact.
+    """
+    source = sorted((tiny_data.parent / "images" / "train").iterdir())[0]
+    label = tiny_data.parent / "labels" / "train" / (source.stem + ".txt")
+    for split in ("train", "val"):
+        (tmp_path / "twin" / "images" / split).mkdir(parents=True)
+        (tmp_path / "twin" / "labels" / split).mkdir(parents=True)
+        for name in ("a", "b"):
+            (tmp_path / "twin" / "images" / split / f"{name}{source.suffix}").write_bytes(source.read_bytes())
+            (tmp_path / "twin" / "labels" / split / f"{name}.txt").write_text(label.read_text())
+    (tmp_path / "twin" / "data.yaml").write_text("path: .\ntrain: images/train\nval: images/val\n"
+                                                 "names: [circle, rectangle]\n")
+    (tmp_path / "hyp.yaml").write_text("mosaic: 0\nfliplr: 0\nhsv_h: 0\nhsv_s: 0\nhsv_v: 0\ntranslate: 0\n"
+                                       "scale: 0\nwarmup_epochs: 0\n")
+    args = ["train", "--data", "twin/data.yaml", "--img", "64", "--batch", "2", "--nominal-batch", "2",
+            "--epochs", "1", "--workers", "0", "--hyp", "hyp.yaml", "--project", "runs", "--no-val"]
+    single = run_cli(*args, "--name", "single", cwd=tmp_path)
+    assert single.returncode == 0, single.stderr
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "yolotrain", *args, "--name", "ddp"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "on 2 process(es)" in ddp.stdout
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["ddp", "single"]  # rank 0 alone writes
+    a = weights(tmp_path / "runs" / "single" / "weights" / "last.json")
+    b = weights(tmp_path / "runs" / "ddp" / "weights" / "last.json")
+    # Parameters; BatchNorm running variances differ by design (unbiased over fewer values per rank).
+    model_keys = [k for k in a if k.startswith("model.") and not k.endswith(("running_var", "num_batches_tracked"))]
+    diffs = {k: (a[k] - b[k]).abs().max().item() for k in model_keys}
+    assert max(diffs.values()) <= 1e-5, sorted(diffs.items(), key=lambda kv: -kv[1])[:3]
+    # The DDP checkpoint loads in a single process.
+    model, _ = load_checkpoint(tmp_path / "runs" / "ddp" / "weights" / "last")
+    assert model.num_classes == 2
