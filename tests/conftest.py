@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -21,10 +22,9 @@ def reference(tmp_path_factory):
     os.environ.update(YOLO_OFFLINE="1", YOLO_CONFIG_DIR=config_dir, YOLOV5_CONFIG_DIR=config_dir)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        yolov5 = pytest.importorskip("yolov5", reason="reference implementation not installed (pip install '.[parity]')")
+        pytest.importorskip("yolov5", reason="reference implementation not installed (pip install '.[parity]')")
         import yolov5.models.yolo  # noqa: F401  (registers the reference model classes)
         import yolov5.utils.loss  # noqa: F401
-    import logging
     logging.getLogger("yolov5").setLevel(logging.WARNING)
     return sys.modules["yolov5"]
 

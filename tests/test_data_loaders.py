@@ -17,6 +17,7 @@ import yaml
 from yolotrain.data import DetectionDataset, get_loaders
 from yolotrain.data.dataset import rect_batch_shapes
 from yolotrain.data.sources import img2label_path, resolve_source
+from yolotrain.data.verify import DataWarning
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 COCO128 = Path("/work/shared/datasets/coco128")
@@ -39,13 +40,15 @@ def write_split(root: Path, split: str, sizes: list[tuple[int, int]], nc: int = 
         im[y1:y2, x1:x2] = (0, 0, 255)
         cv2.imwrite(str(root / "images" / split / f"{i:03d}.png"), im)
         cx, cy, bw, bh = (x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w, (y2 - y1) / h
-        (root / "labels" / split / f"{i:03d}.txt").write_text(f"{i % nc} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}\n")
+        row = f"{i % nc} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}\n"
+        (root / "labels" / split / f"{i:03d}.txt").write_text(row)
 
 
 @pytest.fixture
 def tiny(tmp_path) -> Path:
     root = tmp_path / "tiny"
-    write_split(root, "train", [(96, 64), (64, 96), (80, 80), (120, 60), (60, 120), (100, 70), (70, 100), (64, 64)])
+    sizes = [(96, 64), (64, 96), (80, 80), (120, 60), (60, 120), (100, 70), (70, 100), (64, 64)]
+    write_split(root, "train", sizes)
     write_split(root, "val", [(128, 64), (64, 64), (64, 128)], seed=1)
     return root
 
@@ -80,7 +83,7 @@ def test_val_letterbox_pad_boxes_and_rgb(tiny):
     # rect shape: long side 64 -> ceil(0.5 * 64 / 32 + 0.5) * 32 = 64 high, ceil(2 + 0.5) * 32 = 96 wide
     assert imgs.shape == (1, 3, 64, 96)
     assert torch.allclose(imgs[0, :, 0, :], torch.tensor(114 / 255))  # pad value
-    cls, cx, cy, w, h = targets[0, 1:].tolist()
+    _, cx, cy, w, h = targets[0, 1:].tolist()
     H, W = imgs.shape[2:]
     x1, y1, x2, y2 = (cx - w / 2) * W, (cy - h / 2) * H, (cx + w / 2) * W, (cy + h / 2) * H
     inside = imgs[0, :, int(y1) + 2:int(y2) - 2, int(x1) + 2:int(x2) - 2]
@@ -100,7 +103,8 @@ def test_rect_training_shapes_follow_reference_rule(tiny):
 
 
 def test_rect_batch_shapes_formula():
-    shapes = np.array([[200, 100], [300, 100], [100, 100], [100, 300], [100, 150]])  # (w, h), sorted by h/w below
+    # (w, h), sorted by h/w below
+    shapes = np.array([[200, 100], [300, 100], [100, 100], [100, 300], [100, 150]])
     order = np.argsort(shapes[:, 1] / shapes[:, 0])
     got = rect_batch_shapes(shapes[order], 2, 640, 32, 0.5)
     # batch 0: h/w 1/3, 1/2 -> [max=0.5, 1]; batch 1: 1, 1.5 -> [1, 1]; batch 2: 3 -> [1, 1/3]
@@ -136,12 +140,13 @@ def test_augment_false_is_plain_letterbox(tiny):
     train, _ = get_loaders(tiny, batch_size=8, num_classes=2, img_size=64, workers=0, augment=False)
     imgs, targets = next(iter(train))
     assert len(targets) == 8 and imgs.shape == (8, 3, 64, 64)
-    again, targets2 = next(iter(train))
+    _, targets2 = next(iter(train))
     assert torch.equal(torch.sort(targets[:, 2])[0], torch.sort(targets2[:, 2])[0])
 
 
 def test_default_workers_and_hyp_override(tiny):
-    train, val = get_loaders(tiny, batch_size=2, num_classes=2, img_size=64, hyp={"fliplr": 0.0, "mosaic": 0.0})
+    hyp = {"fliplr": 0.0, "mosaic": 0.0}
+    train, val = get_loaders(tiny, batch_size=2, num_classes=2, img_size=64, hyp=hyp)
     assert train.num_workers == min(2, os.cpu_count()) == val.num_workers
     assert train.dataset.hyp["fliplr"] == 0.0 and train.dataset.hyp["scale"] == 0.5
     with pytest.raises(KeyError, match="fliplrr"):
@@ -157,7 +162,8 @@ def test_errors_name_the_path(tiny, tmp_path):
     (tiny / "labels" / "train" / "003.txt").write_text("5 0.5 0.5 0.2 0.2\n")
     for f in list((tiny / "labels" / "train").glob("*.txt"))[:5]:
         f.write_text("5 0.5 0.5 0.2 0.2\n")
-    with pytest.raises(ValueError, match=r"labels/train/\d+\.txt:1: class id 5 >= num_classes 2"):
+    with pytest.raises(ValueError, match=r"labels/train/\d+\.txt:1: class id 5 >= num_classes 2"), \
+            pytest.warns(DataWarning, match="5 x class id >= num_classes"):
         get_loaders(tiny, 2, 2, img_size=64, workers=0)
     with pytest.raises(ValueError, match="multiple of 32"):
         get_loaders(tiny, 2, 2, img_size=100)
@@ -168,7 +174,8 @@ def test_yaml_source_names_lists_and_no_val(tiny, tmp_path):
     cfg = tmp_path / "cfg" / "data.yaml"
     cfg.parent.mkdir()
     rel = os.path.relpath(tiny, cfg.parent)
-    cfg.write_text(yaml.safe_dump({"path": rel, "train": "train.txt", "val": "images/val", "names": {0: "a", 1: "b"}}))
+    spec = {"path": rel, "train": "train.txt", "val": "images/val", "names": {0: "a", 1: "b"}}
+    cfg.write_text(yaml.safe_dump(spec))
     src = resolve_source(cfg)
     assert src.names == ["a", "b"] and len(src.train) == 5 and len(src.val) == 3
     cfg.write_text(yaml.safe_dump({"path": str(tiny), "train": "images/train", "names": ["a", "b"]}))
@@ -188,7 +195,8 @@ def test_folder_source_2017_names_and_missing_val(tmp_path):
     shutil.rmtree(root / "images" / "val2017")
     with pytest.warns(UserWarning, match="validating on the training images"):
         assert resolve_source(root).val == src.train
-    assert img2label_path(root / "images" / "train2017" / "x.images.png") == root / "labels" / "train2017" / "x.images.txt"
+    label = img2label_path(root / "images" / "train2017" / "x.images.png")
+    assert label == root / "labels" / "train2017" / "x.images.txt"
 
 
 def test_coco_fixture_batches(tmp_path):

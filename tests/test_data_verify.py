@@ -71,7 +71,8 @@ def test_label_repairs(bad):
     for stem in ("lab_columns", "lab_nonnumeric", "lab_class", "lab_negative_class", "lab_far", "lab_dup",
                  "lab_blank_lines"):
         np.testing.assert_allclose(labels[stem], good, atol=1e-6, err_msg=stem)
-    np.testing.assert_allclose(labels["lab_slight"], [[0, 0.985, 0.5, 0.03, 0.2]], atol=1e-6)  # clipped at x=1
+    # clipped at x = 1
+    np.testing.assert_allclose(labels["lab_slight"], [[0, 0.985, 0.5, 0.03, 0.2]], atol=1e-6)
     np.testing.assert_allclose(labels["lab_polygon"], [[0, 0.2, 0.3, 0.2, 0.4]], atol=1e-6)  # polygon -> box
     assert labels["lab_empty"].shape == (0, 5) and labels["background"].shape == (0, 5)
     assert index.report.backgrounds == 2 and index.report.labelled == 16
@@ -142,7 +143,8 @@ def test_parallel_scan_matches_file_order(tmp_path):
     (tmp_path / "images" / "train").mkdir(parents=True)
     (tmp_path / "labels" / "train").mkdir(parents=True)
     for i in range(40):
-        cv2.imwrite(str(tmp_path / "images" / "train" / f"{i:03d}.png"), np.full((16, 16 + i, 3), i, np.uint8))
+        im = np.full((16, 16 + i, 3), i, np.uint8)
+        cv2.imwrite(str(tmp_path / "images" / "train" / f"{i:03d}.png"), im)
         (tmp_path / "labels" / "train" / f"{i:03d}.txt").write_text(f"{i % 3} 0.5 0.5 0.5 0.5\n")
     index, caught = _verify(tmp_path)
     assert not caught

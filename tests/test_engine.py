@@ -7,11 +7,12 @@ import torch
 from torch import nn
 
 from yolotrain import Yolov5
+from yolotrain.data.loaders import EpochBatchSampler
+from yolotrain.devices import select_device
 from yolotrain.engine.config import TrainConfig, load_hyp
-from yolotrain.engine.distributed import DistributedContext, ShardedBatchSampler
 from yolotrain.engine.ema import ModelEMA
 from yolotrain.engine.optim import apply_warmup, build_optimizer, lr_lambda, warmup_iterations
-from yolotrain.engine.trainer import next_run_dir, select_device
+from yolotrain.runs import next_run_dir
 
 
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
@@ -88,17 +89,33 @@ def test_run_dirs_increment(tmp_path):
 
 
 def test_device_strings():
-    ctx = DistributedContext()
-    assert select_device("cpu", ctx) == torch.device("cpu")
+    assert select_device("cpu") == torch.device("cpu")
     for bad in ("tpu", "gpu0", "cuda:x"):
         with pytest.raises(ValueError, match="device"):
-            select_device(bad, ctx)
+            select_device(bad)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            select_device("cuda:0", ctx)
+            select_device("cuda:0")
+        assert select_device(None) == torch.device("cpu")
 
 
-def test_sharded_batches_partition_each_global_batch():
-    global_batches = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    shards = [list(ShardedBatchSampler(global_batches, DistributedContext(rank=r, world_size=2))) for r in (0, 1)]
-    assert shards[0] == [[0, 1], [4, 5], [8]] and shards[1] == [[2, 3], [6, 7], [9]]
+class TenImages:
+    """The attributes a batch sampler reads from a dataset."""
+
+    epoch, mosaic, rect = 0, True, False
+
+    def __len__(self) -> int:
+        return 10
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_each_process_takes_its_share_of_every_global_batch(shuffle):
+    def indices(sampler):
+        return [[key[0] for key in batch] for batch in sampler]
+
+    whole = indices(EpochBatchSampler(TenImages(), 4, shuffle, seed=3))
+    ranks = [indices(EpochBatchSampler(TenImages(), 4, shuffle, seed=3, rank=r, world_size=2)) for r in (0, 1)]
+    assert [a + b for a, b in zip(*ranks)] == whole
+    assert [len(b) for b in ranks[0]] == [2, 2, 1] and [len(b) for b in ranks[1]] == [2, 2, 1]
+    three = [indices(EpochBatchSampler(TenImages(), 4, shuffle, seed=3, rank=r, world_size=3)) for r in range(3)]
+    assert three[2][-1] == whole[-1][:1]  # a process left without images repeats the batch's first

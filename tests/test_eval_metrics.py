@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from yolotrain.eval.metrics import (ConfusionMatrix, DetectionStats, ap_per_class, interpolated_ap,
-                                    match_predictions)
+from yolotrain.eval.metrics import ConfusionMatrix, DetectionStats, ap_per_class, interpolated_ap, match_predictions
 
 THRESHOLDS = torch.tensor([0.5, 0.75])
 

@@ -1,6 +1,5 @@
 """Post-processing: score filtering, class-aware NMS, limits, and mapping boxes to original pixels."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import YOLOV5N_WEIGHTS
+
 from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.interop import OnnxModel, add_export_arguments, export, run_export

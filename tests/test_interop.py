@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import YOLOV5N_WEIGHTS
+
 from yolotrain import Yolov5
 from yolotrain.checkpoint import CheckpointError, save_checkpoint
 from yolotrain.interop import UnsafeCheckpointError, UnsupportedCheckpointError, load_model, read_torch_file

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolotrain import Yolov5, YoloLoss
+from yolotrain import YoloLoss, Yolov5
 
 
 def reference_model(reference, version: str, nc: int):

@@ -10,8 +10,8 @@ import cv2
 import numpy as np
 import pytest
 import torch
-
 from conftest import YOLOV5N_WEIGHTS
+
 from yolotrain.eval import SourceWarning, add_predict_arguments, predict, run_predict
 from yolotrain.interop import load_model
 

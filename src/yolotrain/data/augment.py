@@ -59,12 +59,13 @@ def letterbox(
     r = min(nh / h0, nw / w0)
     if not scaleup:  # never enlarge for evaluation: it only blurs and skews the metric
         r = min(r, 1.0)
-    uw, uh = int(round(w0 * r)), int(round(h0 * r))
+    uw, uh = round(w0 * r), round(h0 * r)
     dw, dh = (nw - uw) / 2, (nh - uh) / 2
     if (uw, uh) != (w0, h0):
         im = cv2.resize(im, (uw, uh), interpolation=cv2.INTER_LINEAR)
-    top, bottom = int(round(dh - 0.1)), int(round(dh + 0.1))
-    left, right = int(round(dw - 0.1)), int(round(dw + 0.1))
+    # Odd padding: the extra pixel goes bottom/right, as in the reference.
+    top, bottom = round(dh - 0.1), round(dh + 0.1)
+    left, right = round(dw - 0.1), round(dw + 0.1)
     im = cv2.copyMakeBorder(im, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
     return im, r, (float(left), float(top))
 
@@ -197,7 +198,9 @@ def mixup(
     return blended, np.concatenate((labels, labels2), 0)
 
 
-def hsv_to_rgb(im: np.ndarray, rng: np.random.Generator, hgain: float, sgain: float, vgain: float) -> np.ndarray:
+def hsv_to_rgb(
+    im: np.ndarray, rng: np.random.Generator, hgain: float, sgain: float, vgain: float
+) -> np.ndarray:
     """Apply random HSV gains to a BGR image and return it as RGB.
 
     The conversion back from HSV writes RGB directly, so the BGR→RGB swap the model needs costs

@@ -4,6 +4,7 @@ and label statistics (class counts, box sizes)."""
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,12 +12,12 @@ import cv2
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from .dataset import DetectionDataset  # noqa: E402
-from .sources import resolve_source  # noqa: E402
-from .verify import VerifyReport, verify_split  # noqa: E402
+from .dataset import DetectionDataset
+from .sources import resolve_source
+from .verify import DataWarning, VerifyReport, verify_split
 
 # Far more than any real dataset: with no class names known, only the label syntax is checked.
 _UNBOUNDED_CLASSES = 1 << 20
@@ -49,7 +50,8 @@ def draw_boxes(img_rgb: np.ndarray, labels: np.ndarray, names: list[str]) -> np.
         colour = tuple(int(v) for v in colours[int(c)])
         cv2.rectangle(im, (x1, y1), (x2, y2), colour, 2)
         text = names[int(c)] if int(c) < len(names) else str(int(c))
-        cv2.putText(im, text, (x1 + 2, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.4, colour, 1, cv2.LINE_AA)
+        cv2.putText(im, text, (x1 + 2, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.4, colour, 1,
+                    cv2.LINE_AA)
     return im
 
 
@@ -103,8 +105,10 @@ def check_dataset(
     nc = num_classes or len(src.names) or _UNBOUNDED_CLASSES
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train = verify_split(src.train, nc, "train")
-    val = train if src.val == src.train else verify_split(src.val, nc, "val")
+    with warnings.catch_warnings():  # the summaries are printed below; no need to repeat them as warnings
+        warnings.simplefilter("ignore", DataWarning)
+        train = verify_split(src.train, nc, "train")
+        val = train if src.val == src.train else verify_split(src.val, nc, "val")
     print(train.report.summary("train"))
     if val is not train:
         print(val.report.summary("val"))

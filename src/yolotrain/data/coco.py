@@ -43,7 +43,8 @@ def coco_to_yolo(
         if not ann.get("iscrowd", 0):
             per_image[ann["image_id"]].append(ann)
 
-    missing_images = [im["file_name"] for im in data["images"] if not (images_dir / im["file_name"]).is_file()]
+    missing_images = [im["file_name"] for im in data["images"]
+                      if not (images_dir / im["file_name"]).is_file()]
     if missing_images:
         warnings.warn(f"{src}: {len(missing_images)} images not found in {images_dir} "
                       f"(labels written anyway), e.g. {missing_images[0]}", stacklevel=2)

@@ -16,13 +16,15 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from . import augment as A
 from .verify import LabelIndex
 
-# JPEG decoders can scale by 1/2, 1/4, 1/8 while decoding, far cheaper than decoding then resizing.
-_REDUCED_FLAGS = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
+# JPEG decoders can scale by 1/2, 1/4, 1/8 while decoding, cheaper than decoding then resizing.
+_REDUCED_FLAGS = (
+    (8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2)
+)
 _JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
 
 SampleKey = tuple[int, int, bool]  # (index, epoch, mosaic enabled)
@@ -144,7 +146,9 @@ class DetectionDataset(Dataset):
         w0, h0 = (int(v) for v in self.shapes[index])
         r = self.img_size / max(h0, w0)
         flag = cv2.IMREAD_COLOR
-        if path.suffix.lower() in _JPEG_SUFFIXES:
+        # Decoder-side shrinking gives slightly different pixels than decode-then-resize: fine for
+        # training, but evaluation keeps the reference's pixels.
+        if self.augment and path.suffix.lower() in _JPEG_SUFFIXES:
             flag = next((f for k, f in _REDUCED_FLAGS if r * k <= 1), flag)
         im = cv2.imread(str(path), flag)
         if im is None:
@@ -192,7 +196,14 @@ class DetectionDataset(Dataset):
         """Stack items into ``imgs`` float32 ``[B,3,H,W]`` in 0..1 and ``targets`` ``[N, 6]`` =
         (image index, class, cx, cy, w, h)."""
         h, w = batch[0][0].shape[:2]
-        imgs = torch.empty((len(batch), 3, h, w), dtype=torch.float32)
+        shape = (len(batch), 3, h, w)
+        if get_worker_info() is None:
+            imgs = torch.empty(shape, dtype=torch.float32)
+        else:
+            # A worker's batch reaches the main process through shared memory; allocating it there
+            # directly (as torch's default_collate does) saves a copy of the whole float batch.
+            storage = torch.UntypedStorage._new_shared(int(np.prod(shape)) * 4)
+            imgs = torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)
         planes = imgs.numpy()
         # Split to planes and scale straight into the batch buffer: one pass over the float memory,
         # several times faster than converting a permuted uint8 tensor.
@@ -209,9 +220,12 @@ class DetectionDataset(Dataset):
         return imgs, targets
 
 
-def rect_batch_shapes(shapes: np.ndarray, batch_size: int, img_size: int, stride: int, pad: float) -> np.ndarray:
+def rect_batch_shapes(
+    shapes: np.ndarray, batch_size: int, img_size: int, stride: int, pad: float
+) -> np.ndarray:
     """Per-batch (h, w) for images sorted by aspect ratio: the batch's extreme aspect ratio fitted in
-    ``img_size``, rounded up to ``stride`` by the reference's rule ``ceil(s * img_size / stride + pad) * stride``."""
+    ``img_size``, rounded up to ``stride`` by the reference's rule
+    ``ceil(s * img_size / stride + pad) * stride``."""
     ar = shapes[:, 1] / shapes[:, 0]  # h / w
     starts = np.arange(0, len(ar), batch_size)
     mini, maxi = np.minimum.reduceat(ar, starts), np.maximum.reduceat(ar, starts)

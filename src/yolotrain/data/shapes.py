@@ -98,7 +98,11 @@ def _write_split(root: Path, split: str, n: int, size: int, seed: int, split_id:
 
 
 def generate_shapes_dataset(
-    root: str | os.PathLike | None = None, n_train: int = 160, n_val: int = 40, img_size: int = 256, seed: int = 0
+    root: str | os.PathLike | None = None,
+    n_train: int = 160,
+    n_val: int = 40,
+    img_size: int = 256,
+    seed: int = 0,
 ) -> Path:
     """Generate (or reuse) the shapes dataset and return its folder.
 

@@ -69,7 +69,8 @@ def list_images(spec: str | os.PathLike | list, base: Path | None = None) -> lis
             raise FileNotFoundError(f"dataset path does not exist: {p}")
     files = sorted({Path(os.path.normpath(f)) for f in files if f.suffix[1:].lower() in IMG_FORMATS})
     if not files:
-        raise FileNotFoundError(f"no images ({', '.join(sorted(IMG_FORMATS))}) found in {', '.join(map(str, specs))}")
+        kinds = ", ".join(sorted(IMG_FORMATS))
+        raise FileNotFoundError(f"no images ({kinds}) found in {', '.join(map(str, specs))}")
     return files
 
 
@@ -108,7 +109,8 @@ def _from_folder(root: Path) -> DatasetSource:
     train = list_images(train_dir)
     val_dir = next((images / n for n in _VAL_NAMES if (images / n).is_dir()), None)
     if val_dir is None:
-        warnings.warn(f"{root}: no validation split in {images}, validating on the training images", stacklevel=3)
+        warnings.warn(f"{root}: no validation split in {images}, validating on the training images",
+                      stacklevel=3)
         val = train
     else:
         val = list_images(val_dir)

@@ -150,11 +150,14 @@ def _check_labels(path: Path, num_classes: int, issues: list[tuple[str, str]]) -
     bad = keep & ((cls < 0) | (cls != np.round(cls)))
     keep &= drop(bad, "invalid class id", lambda i: f": class id {cls[i]:g}")
     bad = keep & (cls >= num_classes)
-    keep &= drop(bad, "class id >= num_classes", lambda i: f": class id {cls[i]:g} >= num_classes {num_classes}")
+    keep &= drop(bad, "class id >= num_classes",
+                 lambda i: f": class id {cls[i]:g} >= num_classes {num_classes}")
 
     xyxy = np.concatenate([a[:, 1:3] - a[:, 3:5] / 2, a[:, 1:3] + a[:, 3:5] / 2], 1)
-    far = keep & (((xyxy < -OUT_OF_BOUNDS_TOL) | (xyxy > 1 + OUT_OF_BOUNDS_TOL)).any(1) | (a[:, 3:5] <= 0).any(1))
-    keep &= drop(far, "box outside the image or not positive", lambda i: f": {' '.join(f'{x:g}' for x in a[i, 1:])}")
+    outside = ((xyxy < -OUT_OF_BOUNDS_TOL) | (xyxy > 1 + OUT_OF_BOUNDS_TOL)).any(1)
+    far = keep & (outside | (a[:, 3:5] <= 0).any(1))
+    keep &= drop(far, "box outside the image or not positive",
+                 lambda i: f": {' '.join(f'{x:g}' for x in a[i, 1:])}")
     # Text rounding puts edges a hair past 0 or 1; only clip those silently.
     slightly = keep & ((xyxy < -1e-4) | (xyxy > 1 + 1e-4)).any(1)
     for i in np.flatnonzero(slightly):
@@ -269,7 +272,9 @@ def _raise_if_nc_wrong(report: VerifyReport, num_classes: int) -> None:
                          "is num_classes right?)")
 
 
-def verify_split(files: list[Path], num_classes: int, name: str = "", workers: int | None = None) -> LabelIndex:
+def verify_split(
+    files: list[Path], num_classes: int, name: str = "", workers: int | None = None
+) -> LabelIndex:
     """Check every image/label pair of a split (cached), warn once with a summary of problems,
     and return the usable images with their labels.
 

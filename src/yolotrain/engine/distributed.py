@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Sampler
 
 
 @dataclass(frozen=True)
@@ -54,29 +52,3 @@ def barrier(ctx: DistributedContext) -> None:
     if ctx.enabled and dist.is_initialized():
         dist.barrier()
 
-
-class ShardedBatchSampler(Sampler[list]):
-    """Splits each global batch of a batch sampler into ``world_size`` contiguous shards.
-
-    Every rank walks the same global batch order (same seed and epoch), so N processes together see
-    exactly the batches one process would: a step on N ranks equals a step on one.
-    """
-
-    def __init__(self, batch_sampler: Sampler[Sequence], ctx: DistributedContext) -> None:
-        self.batch_sampler = batch_sampler
-        self.ctx = ctx
-
-    def __len__(self) -> int:
-        return len(self.batch_sampler)
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.batch_sampler, "set_epoch"):
-            self.batch_sampler.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[list]:
-        for batch in self.batch_sampler:
-            batch = list(batch)
-            per_rank = -(-len(batch) // self.ctx.world_size)
-            shard = batch[self.ctx.rank * per_rank:(self.ctx.rank + 1) * per_rank]
-            # A short last batch may leave a rank empty; it reuses the batch start so collectives stay in step.
-            yield shard or batch[:1]

@@ -4,29 +4,31 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import os
 import random
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ..data.dataset import DetectionDataset
-from ..data.loaders import EpochBatchSampler
+from ..data.loaders import make_loader
 from ..data.sources import resolve_source
 from ..data.verify import verify_split
+from ..devices import select_device
 from ..loss import NonFiniteLossError, YoloLoss
 from ..model import Yolov5, parse_version
+from ..runs import next_run_dir
 from . import distributed as D
 from .config import TrainConfig, load_hyp
 from .ema import ModelEMA
 from .optim import DEFAULT_LR0, apply_warmup, build_optimizer, lr_lambda, warmup_iterations
-
 
 # Validation columns of results.csv (left empty in epochs that skip validation).
 RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "val_box", "val_obj", "val_cls")
@@ -45,51 +47,24 @@ class TrainResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def select_device(device: str | None, ctx: D.DistributedContext) -> torch.device:
-    """Parse 'cpu', 'cuda', 'cuda:N' or 'N'; refuse what this machine cannot run."""
-    if device is None or device == "":
-        return torch.device(f"cuda:{ctx.local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    spec = f"cuda:{device}" if device.isdigit() else device
-    try:
-        parsed = torch.device(spec)
-    except RuntimeError:
-        raise ValueError(f"bad device {device!r}: use cpu, cuda or cuda:N") from None
-    if parsed.type not in ("cpu", "cuda"):
-        raise ValueError(f"bad device {device!r}: use cpu, cuda or cuda:N")
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
-        index = ctx.local_rank if parsed.index is None else parsed.index
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) present")
-        parsed = torch.device("cuda", index)
-    return parsed
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
-def next_run_dir(project: str | Path, name: str, exist_ok: bool) -> Path:
-    """runs/train/exp, then exp2, exp3 ... (an existing folder is reused only with exist_ok)."""
-    base = Path(project) / name
-    if exist_ok or not base.exists():
-        return base
-    n = 2
-    while (candidate := base.with_name(f"{name}{n}")).exists():
-        n += 1
-    return candidate
-
-
 class Trainer:
     """Runs one :class:`TrainConfig`. Only rank 0 prints, validates and writes files."""
 
-    def __init__(self, config: TrainConfig, ctx: D.DistributedContext | None = None) -> None:
+    def __init__(self, config: TrainConfig, ctx: D.DistributedContext | None = None,
+                 loss: Callable[[Yolov5, bool], Callable] | None = None) -> None:
+        """``loss(model, rect_training)`` builds a custom training criterion (default: :class:`YoloLoss`
+        with the run's hyper-parameters); it is called as ``criterion(outputs, targets, pred_size=...)``
+        and must return a scalar."""
+        self.loss_factory = loss
         self.config = config.resolved()
         self.ctx = ctx or D.context_from_env()
-        self.device = select_device(self.config.device, self.ctx)
+        self.device = select_device(self.config.device, self.ctx.local_rank)
         cfg = self.config
         if cfg.img_size % 32:
             raise ValueError(f"image size must be a multiple of 32, got {cfg.img_size}")
@@ -126,20 +101,13 @@ class Trainer:
                                           rect=cfg.rect, pad=0.0, seed=cfg.seed, names=self.names)
         self.val_set = DetectionDataset(val_index, cfg.img_size, cfg.batch_size, augment=False, rect=True,
                                         pad=0.5, seed=cfg.seed, names=self.names)
-        workers = min(2, _cpu_count()) if cfg.workers is None else cfg.workers
-        sampler = EpochBatchSampler(self.train_set, cfg.batch_size, shuffle=True, seed=cfg.seed)
-        self.train_sampler = D.ShardedBatchSampler(sampler, self.ctx) if self.ctx.enabled else sampler
-        self.train_loader = self._loader(self.train_set, self.train_sampler, workers)
-        self.val_loader = self._loader(
-            self.val_set, EpochBatchSampler(self.val_set, cfg.batch_size, shuffle=False, seed=cfg.seed), workers)
+        workers = min(2, os.cpu_count() or 1) if cfg.workers is None else cfg.workers
+        self.train_loader = make_loader(self.train_set, cfg.batch_size, True, workers, cfg.seed,
+                                        self.ctx.rank, self.ctx.world_size)
+        self.train_sampler = self.train_loader.batch_sampler
+        # Validation runs on rank 0 alone, over the whole split.
+        self.val_loader = make_loader(self.val_set, cfg.batch_size, False, workers, cfg.seed)
         self.data_root = root
-
-    def _loader(self, dataset: DetectionDataset, batch_sampler, workers: int) -> DataLoader:
-        from ..data.loaders import _worker_init
-
-        return DataLoader(dataset, batch_sampler=batch_sampler, num_workers=workers,
-                          collate_fn=DetectionDataset.collate, pin_memory=self.device.type == "cuda",
-                          persistent_workers=workers > 0, worker_init_fn=_worker_init if workers > 0 else None)
 
     # ---------------------------------------------------------------------------------- model
     def _build_model(self) -> Yolov5:
@@ -174,7 +142,8 @@ class Trainer:
         self.amp = self.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
         loss_hyp = {k: self.hyp[k] for k in ("box", "cls", "obj", "anchor_t")}
-        self.criterion = YoloLoss(model, rect_training=cfg.rect, img_size=cfg.img_size, hyp=loss_hyp)
+        self.criterion = (self.loss_factory(model, cfg.rect) if self.loss_factory is not None
+                          else YoloLoss(model, rect_training=cfg.rect, img_size=cfg.img_size, hyp=loss_hyp))
         self.val_criterion = (YoloLoss(self.ema.module, rect_training=True, img_size=cfg.img_size, hyp=loss_hyp)
                               if self.ema is not None else None)
         self.start_epoch = 0
@@ -202,7 +171,7 @@ class Trainer:
         warmup_iters = warmup_iterations(self.hyp["warmup_epochs"], batches)
         if ctx.is_main:
             (self.save_dir / "weights").mkdir(parents=True, exist_ok=True)
-            self._log(f"Training {self.model.version and 'yolov5' + self.model.version} on {self.data_root}: "
+            self._log(f"Training yolov5{self.model.version} on {self.data_root}: "
                       f"{len(self.train_set)} train / {len(self.val_set)} val images, {cfg.epochs} epochs, "
                       f"batch {cfg.batch_size} on {ctx.world_size} process(es), {self.device}; "
                       f"results in {self.save_dir}")
@@ -229,7 +198,7 @@ class Trainer:
                 if step - self.last_opt_step >= self.accumulate:
                     self._optimizer_step(epoch, i)
                     self.last_opt_step = step
-                mean_loss = (mean_loss * i + self.criterion.components) / (i + 1)
+                mean_loss = (mean_loss * i + self._loss_components(loss)) / (i + 1)
                 seen += imgs.shape[0] * ctx.world_size
                 if ctx.is_main:
                     box, obj, cls = mean_loss.tolist()
@@ -259,6 +228,13 @@ class Trainer:
         except NonFiniteLossError as error:
             raise TrainingError(self._divergence_message(epoch, batch, str(error))) from None
         return loss.detach()
+
+    def _loss_components(self, loss: torch.Tensor) -> torch.Tensor:
+        """(box, obj, cls) for the progress bar; a custom loss without parts shows its total as 'box'."""
+        parts = getattr(self.criterion, "components", None)
+        if isinstance(parts, torch.Tensor) and parts.shape == (3,):
+            return parts.to(self.device)
+        return torch.stack((loss.float() / self.ctx.world_size, loss.new_zeros(()), loss.new_zeros(())))
 
     def _optimizer_step(self, epoch: int, batch: int) -> None:
         self.scaler.unscale_(self.optimizer)
@@ -418,15 +394,10 @@ class Trainer:
         tqdm.write(message)
 
 
-def _cpu_count() -> int:
-    import os
-
-    return os.cpu_count() or 1
-
-
 def _with_new_head(model: Yolov5, num_classes: int) -> Yolov5:
     """Same backbone and neck for another class count; the Detect convolutions start fresh."""
-    fresh = Yolov5(model.version, num_classes=num_classes, anchors=model.head.anchors * model.head.stride.view(-1, 1, 1))
+    anchors = model.head.anchors * model.head.stride.view(-1, 1, 1)
+    fresh = Yolov5(model.version, num_classes=num_classes, anchors=anchors)
     state = {k: v for k, v in model.state_dict().items() if not k.startswith("model.24.m.")}
     fresh.load_state_dict(state, strict=False)
     return fresh
@@ -455,7 +426,11 @@ def find_resume_checkpoint(config: TrainConfig) -> Path:
     return candidates[-1]
 
 
-def train(config: TrainConfig | None = None, **overrides: Any) -> TrainResult:
-    """Train a detector: ``yolotrain.train(data="data.yaml", model="yolov5s", epochs=50)``."""
+def train(config: TrainConfig | None = None, loss: Callable[[Yolov5, bool], Callable] | None = None,
+          **overrides: Any) -> TrainResult:
+    """Train a detector: ``yolotrain.train(data="data.yaml", model="yolov5s", epochs=50)``.
+
+    ``loss`` optionally builds a custom criterion from ``(model, rect_training)``.
+    """
     config = dataclasses.replace(config or TrainConfig(), **overrides)
-    return Trainer(config).fit()
+    return Trainer(config, loss=loss).fit()

@@ -9,18 +9,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..devices import select_device
 from ..model import Yolov5
 
 ModelOrWeights = nn.Module | str | os.PathLike
-
-
-def select_device(device: str | torch.device | None) -> torch.device:
-    """``None`` or ``""`` → the first GPU when there is one, else the CPU; a bare index means that GPU."""
-    if device is None or device == "":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(device, str) and device.isdigit():
-        return torch.device(f"cuda:{device}")
-    return torch.device(device)
 
 
 def model_names(model: nn.Module, nc: int) -> list[str]:

@@ -18,10 +18,10 @@ import torch
 
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
+from ..runs import next_run_dir
 from .inference import ModelOrWeights, load_inference_model, model_names
 from .nms import non_max_suppression, scale_boxes_to_original
 from .plots import draw_detections
-from .rundir import next_run_dir
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
 _GLOB_CHARS = frozenset("*?[")

@@ -26,11 +26,11 @@ from ..data.dataset import DetectionDataset
 from ..data.loaders import make_loader
 from ..data.sources import resolve_source
 from ..data.verify import LabelIndex, verify_split
+from ..runs import next_run_dir
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
 from .inference import ModelOrWeights, load_inference_model, model_names
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
 from .nms import non_max_suppression, scale_boxes_to_original
-from .rundir import next_run_dir
 
 # The reference pads rectangular val batches by half a stride.
 VAL_RECT_PAD = 0.5

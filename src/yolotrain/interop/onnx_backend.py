@@ -34,7 +34,8 @@ class OnnxModel:
             raise CheckpointError(f"{self.path}: not a loadable ONNX model ({str(exc).splitlines()[0]})") from None
         meta = self.session.get_modelmeta().custom_metadata_map
         if meta.get("producer") != "yolotrain":
-            raise CheckpointError(f"{self.path}: ONNX file without yolotrain metadata (export it with yolotrain export)")
+            raise CheckpointError(
+                f"{self.path}: ONNX file without yolotrain metadata (export it with yolotrain export)")
         self.num_classes = int(meta["nc"])
         self.names: list[str] = json.loads(meta["names"])
         self.stride = torch.tensor(json.loads(meta["stride"]), dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""Run folders for evaluation outputs: ``runs/val/exp``, then ``exp2``, ``exp3`` ..."""
+"""Run folders: ``runs/train/exp``, then ``exp2``, ``exp3`` ..."""
 
 from __future__ import annotations
 
