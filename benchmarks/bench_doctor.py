@@ -39,10 +39,9 @@ def _yolo_step(batch: int, size: int) -> tuple[str, Callable[[], None]]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     imgs = torch.rand(batch, 3, size, size)
     boxes = torch.rand(batch * 4, 4) * 0.5 + 0.25
-    targets = torch.cat(
-        [torch.arange(batch).repeat_interleave(4)[:, None].float(), torch.randint(0, 80, (batch * 4, 1)).float(), boxes],
-        dim=1,
-    )
+    image_index = torch.arange(batch).repeat_interleave(4)[:, None].float()
+    classes = torch.randint(0, 80, (batch * 4, 1)).float()
+    targets = torch.cat([image_index, classes, boxes], dim=1)
 
     def step() -> None:
         loss = criterion(model(imgs), targets, pred_size=imgs.shape[2:4])
@@ -93,7 +92,7 @@ def measure(step: Callable[[], None], rounds: int) -> dict[str, dict[str, list[f
     neighbours; CPU time counts only this process's work (all intra-op threads).
     """
     times: dict[str, dict[str, list[float]]] = {mode: {"wall": [], "cpu": []} for mode in MODES}
-    for mode, make in MODES.items():
+    for make in MODES.values():
         with make():
             step()
     for _ in range(rounds):
@@ -134,9 +133,7 @@ def main() -> None:
         "machine": platform.machine(),
         "rounds": args.rounds,
         "modes": summary,
-        "ratio_to_plain": {
-            mode: {stat: summary[mode][stat] / plain[stat] for stat in stats_keys} for mode in summary
-        },
+        "ratio_to_plain": {mode: {stat: summary[mode][stat] / plain[stat] for stat in stats_keys} for mode in summary},
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

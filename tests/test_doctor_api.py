@@ -16,6 +16,7 @@ from torch import nn
 from yolotrain.doctor import (
     InplaceWarning,
     SavedTensorModifiedError,
+    Tracker,
     check_step,
     is_inplace_error,
     run_with_report,
@@ -239,3 +240,92 @@ def test_yolotrain_training_step_is_clean() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", InplaceWarning)
         assert check_step(step) == []
+
+
+def _count_dispatched(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the name of every operator the tracker's dispatch mode sees."""
+    seen: list[str] = []
+    original = Tracker.__torch_dispatch__
+
+    def counting(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch protocol
+        seen.append(func._schema.name)
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(Tracker, "__torch_dispatch__", counting)
+    return seen
+
+
+def test_backward_and_step_after_backward_skip_the_dispatch_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _count_dispatched(monkeypatch)
+    model = nn.Sequential(nn.Linear(4, 8), nn.SiLU(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with watch():
+        loss = model(torch.randn(5, 4)).pow(2).sum()
+        forward = len(seen)
+        loss.backward()
+        opt.step()
+    # What remains after forward is the gradient seed, the profiler's record_function ops
+    # around the step, and nothing from the engine or the per-parameter AdamW loop.
+    assert forward > 0 and len(seen) - forward < 8, seen[forward:]
+    assert not any(name.startswith("aten::add") for name in seen[forward:])
+
+
+def test_create_graph_keeps_the_dispatch_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _count_dispatched(monkeypatch)
+    with watch():
+        x = torch.randn(3, requires_grad=True)
+        y = x.exp().sum()
+        before = len(seen)
+        (grad,) = torch.autograd.grad(y, x, create_graph=True)
+        during = len(seen) - before
+        grad.sum().backward()
+    assert during > 0
+
+
+def test_write_in_backward_hook_still_raises_with_the_saving_line() -> None:
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(SavedTensorModifiedError) as info:
+        with watch():
+            h = x.exp()
+            saved_line = _lineno() - 1
+            out = h * 3
+
+            def bump(grad: torch.Tensor) -> torch.Tensor:
+                with torch.no_grad():
+                    h.add_(1)
+                return grad
+
+            out.register_hook(bump)
+            out.sum().backward()
+    (report,) = info.value.reports
+    assert (report.saved_by.op, report.saved_by.line) == ("aten::exp", saved_line)
+    assert any("inside a backward pass" in note for note in report.notes)
+
+
+class _FailingStep(torch.optim.Optimizer):
+    """Updates its parameters in place, then raises: its step post-hooks never run."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001, ANN201 - torch.optim signature
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.sub_(0.1)
+        raise ValueError("step failed")
+
+
+def test_tracking_resumes_after_an_optimizer_step_raises() -> None:
+    w = nn.Parameter(torch.randn(3))
+    opt = _FailingStep([w])
+    with pytest.raises(SavedTensorModifiedError) as info:
+        with watch() as tracker:
+            (w * 2).sum().backward()
+            with pytest.raises(ValueError, match="step failed"):
+                opt.step()
+            assert tracker._aside == "step"  # off the stack, its post-hook never ran
+            output_saved()
+    (report,) = info.value.reports
+    assert report.saved_by.line == LINE["output_saved.save"]
+    assert [site.line for site in report.modified_by] == [LINE["output_saved.mod"]]

@@ -12,11 +12,15 @@ Two PyTorch hooks do the work:
   matched against the saved tensors sharing their storage.
 
 Only the in-place path does real work; the per-operator cost otherwise is a dict lookup,
-a frame read and two attribute stores.
+a frame read and two attribute stores. The mode's round trip into Python is the larger cost,
+so the tracker leaves the dispatch stack while nothing it would see can matter: during
+backward without ``create_graph`` (the version check lives in the unpack hook), and during an
+optimiser step while no saved tensor is alive (after backward freed the graph).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -27,6 +31,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils import _python_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .fixes import Change, suggest_fix
@@ -234,6 +240,63 @@ def _restore_foreach_bumps(written: list[torch.Tensor], before: list[int]) -> No
         torch._C._increment_version(written)
 
 
+# PyTorch has no public accessor for the innermost dispatch mode. Without it the tracker never
+# steps aside for backward, which keeps it correct and only makes it slower.
+_innermost_mode: Callable[[], Any] | None = getattr(_python_dispatch, "_get_current_dispatch_mode", None)
+
+
+def _without_tracker_during_backward(engine_run: Callable[..., T]) -> Callable[..., T]:
+    """Wrap autograd's entry into the C++ engine so that backward runs outside the tracker's mode.
+
+    The engine captures the dispatch mode stack when backward starts and restores it for every
+    node, so the mode can only be left before entering the engine. Without ``create_graph``
+    backward saves nothing, and a modified saved tensor is still caught by the unpack hook's
+    version check; skipping the mode there removes a Python round trip per backward operator.
+    """
+
+    @functools.wraps(engine_run)
+    def run(*args: Any, **kwargs: Any) -> T:
+        create_graph = args[3] if len(args) > 3 else kwargs.get("create_graph", False)
+        mode = _innermost_mode() if _innermost_mode is not None else None
+        if create_graph or not isinstance(mode, Tracker) or not mode.step_aside("backward"):
+            return engine_run(*args, **kwargs)
+        try:
+            return engine_run(*args, **kwargs)
+        finally:
+            mode.step_back()
+
+    run.__wrapped_by_doctor__ = True  # type: ignore[attr-defined]
+    return run
+
+
+def _install_backward_wrapper() -> None:
+    """Wrap ``_engine_run_backward``, through which ``backward()`` and ``autograd.grad()`` enter the engine.
+
+    It is private, so every lookup is guarded: where it is missing (or ``torch.autograd`` holds
+    a different function under that name) nothing is wrapped and the mode keeps seeing backward
+    operators, as it did before. ``torch.autograd`` binds its own name for it at import, so both
+    modules are patched, as PyTorch itself does for non-strict tracing.
+    """
+    graph = torch.autograd.graph
+    original = getattr(graph, "_engine_run_backward", None)
+    if original is None or getattr(original, "__wrapped_by_doctor__", False):
+        return
+    if _innermost_mode is None or getattr(torch.autograd, "_engine_run_backward", None) is not original:
+        return
+    wrapped = _without_tracker_during_backward(original)
+    graph._engine_run_backward = wrapped  # type: ignore[attr-defined]
+    torch.autograd._engine_run_backward = wrapped  # type: ignore[attr-defined]
+
+
+def _passes_closure(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> bool:
+    """Whether ``optimizer.step`` was given a closure, which runs forward and backward inside it.
+
+    Step hooks receive the bound call's arguments, so ``args`` starts with the optimizer itself.
+    """
+    positional = args[1:] if args and args[0] is optimizer else args
+    return any(a is not None for a in positional) or any(v is not None for v in kwargs.values())
+
+
 _HINTS: dict[bool, str] = {}
 
 
@@ -289,27 +352,90 @@ class Tracker(TorchDispatchMode):
         self.findings: list[Finding] = []
         self._finding_keys: dict[tuple, Finding] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._aside: str | None = None  # "backward" or "step" while the mode is off the stack
+        self._thread = 0
+        self._step_hooks: list[Any] = []
 
     # -- activation -------------------------------------------------------------------------
 
     def __enter__(self) -> Tracker:
+        _install_backward_wrapper()
         self._hooks.__enter__()
         try:
             super().__enter__()
         except BaseException:
             self._hooks.__exit__(None, None, None)
             raise
+        self._thread = threading.get_ident()
+        self._step_hooks = [
+            register_optimizer_step_pre_hook(self._before_step),
+            register_optimizer_step_post_hook(self._after_step),
+        ]
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for handle in self._step_hooks:
+            handle.remove()
+        self._step_hooks = []
         try:
-            super().__exit__(*exc)
+            if self._aside is None:
+                super().__exit__(*exc)
         finally:
+            self._aside = None
             self._hooks.__exit__(*exc)
             self.settle()
             # Saves still waiting for "the next operator" will not see one; drop the references.
-            self._pending = []
-            self._last = None
+            self._forget_neighbours()
+
+    # -- leaving the dispatch stack where it sees nothing useful ------------------------------
+
+    def step_aside(self, reason: str) -> bool:
+        """Take the mode off the dispatch stack; False (and nothing done) unless it is innermost."""
+        if self._aside is not None or _innermost_mode is None or _innermost_mode() is not self:
+            return False
+        self.settle()
+        TorchDispatchMode.__exit__(self, None, None, None)
+        self._aside = reason
+        self._forget_neighbours()
+        return True
+
+    def step_back(self) -> None:
+        """Put the mode back on the dispatch stack after :meth:`step_aside`."""
+        if self._aside is None:
+            return
+        self._aside = None
+        self._forget_neighbours()
+        TorchDispatchMode.__enter__(self)
+
+    def _forget_neighbours(self) -> None:
+        """Cut the links between saves and the operators around them.
+
+        Operators the mode did not see ran in between, so "the operator before/after a save"
+        would name the wrong one; those saves keep only their own evidence.
+        """
+        self._pending = []
+        self._last = None
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        """Optimizer step pre-hook: leave the stack when no saved tensor is alive to be written.
+
+        After backward freed the graph, a step's in-place updates (half of a training step's
+        operators with per-parameter AdamW) cannot touch a saved tensor, and the step saves
+        nothing. With a live graph (a step between forward and backward, or a retained graph as
+        in a GAN) or a closure (which runs forward inside the step) the mode stays.
+        """
+        if threading.get_ident() != self._thread:
+            return
+        if self._aside == "step":
+            self.step_back()  # a previous step raised, so its post-hook never ran
+        if _passes_closure(optimizer, args, kwargs) or self._sweep() > 0:
+            return
+        self.step_aside("step")
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        """Optimizer step post-hook: back on the stack for the next forward pass."""
+        if self._aside == "step" and threading.get_ident() == self._thread:
+            self.step_back()
 
     # -- dispatch: every aten operator ------------------------------------------------------
 
@@ -403,6 +529,9 @@ class Tracker(TorchDispatchMode):
 
     def _pack(self, tensor: torch.Tensor) -> SavedRecord:
         """Autograd saves ``tensor``: remember its version, site and memory; store a record."""
+        if self._aside == "step" and threading.get_ident() == self._thread:
+            # The step raised after leaving the stack; a new graph is being built, so rejoin now.
+            self.step_back()
         if self._unsettled:
             self._settle_writes()
         frame = sys._getframe(1)
@@ -444,8 +573,11 @@ class Tracker(TorchDispatchMode):
                 self._sweep()
         return rec
 
-    def _sweep(self) -> None:
-        """Drop index entries of records autograd already released (amortised O(1) per save)."""
+    def _sweep(self) -> int:
+        """Drop index entries of records autograd already released (amortised O(1) per save).
+
+        Returns how many indexed records are still alive.
+        """
         live = 0
         index: dict[int, list[weakref.ref[SavedRecord]]] = {}
         for storage, refs in self._index.items():
@@ -456,6 +588,7 @@ class Tracker(TorchDispatchMode):
         self._index = index
         self._since_sweep = 0
         self._sweep_at = max(4096, 2 * live)
+        return live
 
     def _unpack(self, rec: SavedRecord) -> torch.Tensor:
         """Backward needs the tensor: repeat PyTorch's version check, then hand it back."""
@@ -523,7 +656,10 @@ class Tracker(TorchDispatchMode):
         observed = sum(mod.after - mod.before for mod in finding.mods if not mod.hidden)
         missing = finding.current_version - finding.saved_version - observed
         if missing > 0 and severity == "error":
-            notes.append(f"{missing} version bump(s) came from code not run under doctor.watch()")
+            notes.append(
+                f"{missing} version bump(s) came from code the doctor does not watch: outside "
+                "doctor.watch(), or inside a backward pass (hooks, custom backward)"
+            )
         return Report(error, tensor, saved_by, sites, suggest_fix(changes), severity, notes, finding.count)
 
     def reports(self, start: int = 0) -> list[Report]:
