@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from yolotrain import YOLO_LOSS, NonFiniteLossError, YoloLoss, Yolov5
+from yolotrain import YOLO_LOSS, DivergenceError, YoloLoss, Yolov5
 
 
 @pytest.fixture(scope="module")
@@ -118,13 +118,16 @@ def test_pred_size_and_rect_checks(model):
         YoloLoss(model, rect_training=True)(outputs, torch.zeros(3, 5), pred_size=(64, 96))
 
 
-def test_non_finite_loss_names_step_and_cause(model):
+def test_divergence_names_step_and_cause(model):
     imgs = torch.rand(1, 3, 64, 64)
     criterion = YoloLoss(model)
     criterion(model(imgs), torch.zeros(0, 6), pred_size=(64, 64))
     poisoned = [m * float("nan") for m in model(imgs)]
-    with pytest.raises(NonFiniteLossError, match="step 2.*learning rate"):
+    with pytest.raises(DivergenceError, match="step 2.*learning rate"):
         criterion(poisoned, crowded_targets(2, 1, 2), pred_size=(64, 64))
+    saturated = [m.detach() * 0 + 150.0 for m in model(imgs)]
+    with pytest.raises(DivergenceError, match="step 3: head logits reach 150.*learning rate"):
+        criterion(saturated, crowded_targets(2, 1, 2), pred_size=(64, 64))
     with pytest.raises(ValueError, match="NaN"):
         criterion(model(imgs), np.array([[0, 0, np.nan, 0.5, 0.1, 0.1]]), pred_size=(64, 64))
 

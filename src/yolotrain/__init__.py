@@ -6,9 +6,9 @@ from .eval.predict import predict
 from .eval.val import val
 from .interop import export
 from .interop import load_model as load
-from .loss import YOLO_LOSS, NonFiniteLossError, YoloLoss
+from .loss import YOLO_LOSS, DivergenceError, YoloLoss
 from .model import Yolov5
 
-__all__ = ["YOLO_LOSS", "NonFiniteLossError", "TrainConfig", "YoloLoss", "Yolov5", "export", "get_loaders", "load",
+__all__ = ["YOLO_LOSS", "DivergenceError", "TrainConfig", "YoloLoss", "Yolov5", "export", "get_loaders", "load",
            "predict", "train", "val"]
 __version__ = "0.1.0"

@@ -39,7 +39,8 @@ def complete_iou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> t
     enclosing_h = b1_y2.maximum(b2_y2) - b1_y1.minimum(b2_y1)
     diagonal_sq = enclosing_w**2 + enclosing_h**2 + eps
     centre_dist_sq = ((b2_x1 + b2_x2 - b1_x1 - b1_x2) ** 2 + (b2_y1 + b2_y2 - b1_y1 - b1_y2) ** 2) / 4
-    v = (4 / math.pi**2) * (torch.atan(w2 / h2) - torch.atan(w1 / h1)).pow(2)
+    # Heights are floored at eps: a collapsed prediction (h = 0) must not turn the gradient into NaN.
+    v = (4 / math.pi**2) * (torch.atan(w2 / h2.clamp(min=eps)) - torch.atan(w1 / h1.clamp(min=eps))).pow(2)
     with torch.no_grad():
         alpha = v / (v - iou + (1 + eps))
     return iou - (centre_dist_sq / diagonal_sq + v * alpha)

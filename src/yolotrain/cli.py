@@ -121,6 +121,6 @@ def _domain_errors() -> tuple[type[BaseException], ...]:
     from .checkpoint import CheckpointError
     from .engine.trainer import TrainingError
     from .interop import UnsafeCheckpointError
-    from .loss import NonFiniteLossError
+    from .loss import DivergenceError
 
-    return (CheckpointError, TrainingError, UnsafeCheckpointError, NonFiniteLossError)
+    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError)

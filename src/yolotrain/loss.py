@@ -7,6 +7,7 @@ so it cannot cause "modified by an inplace operation" errors in ``backward()``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,13 +23,15 @@ DEFAULT_LOSS_HYP: dict[str, float] = {"box": 0.05, "cls": 0.5, "obj": 1.0, "anch
 LEVEL_BALANCE = (4.0, 1.0, 0.4)
 # A target is also assigned to the two neighbouring cells nearest its centre (beyond this fraction).
 NEIGHBOUR_MARGIN = 0.5
+# Head logits beyond this magnitude mean diverged weights: float32 sigmoid is exactly 0 or 1 long before.
+SATURATED_LOGIT = 100.0
 _CELL_OFFSETS = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32) * NEIGHBOUR_MARGIN
 
 TargetsLike = torch.Tensor | np.ndarray | Sequence[torch.Tensor | np.ndarray]
 
 
-class NonFiniteLossError(FloatingPointError):
-    """The loss (or the predictions it was computed from) is NaN or infinite."""
+class DivergenceError(FloatingPointError):
+    """Training has diverged: the loss or the predictions are NaN/infinite, or the logits saturated."""
 
 
 def targets_to_tensor(targets: TargetsLike, device: torch.device | None = None) -> torch.Tensor:
@@ -108,7 +111,7 @@ class YoloLoss:
         lcls = sum(cls_terms, zero) * cls_gain
         self.components = torch.stack((lbox, lobj, lcls)).detach()
         total = (lbox + lobj + lcls) * batch_size
-        self._check_finite(total, outputs)
+        self._check_diverged(total, outputs)
         return total
 
     def _assign(self, level: int, shape: torch.Size, targets: torch.Tensor,
@@ -168,16 +171,27 @@ class YoloLoss:
             raise ValueError(f"pred_size {size} does not match the head maps, which imply {from_maps}")
         return size
 
-    def _check_finite(self, total: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
-        if bool(torch.isfinite(total)):
+    def _check_diverged(self, total: torch.Tensor, outputs: Sequence[torch.Tensor]) -> None:
+        """Stop on a non-finite loss, or on head logits so large that every sigmoid is exactly 0 or 1.
+
+        Both mean the weights have diverged (healthy training keeps logits within about ±20); the
+        second shows up first and would otherwise pass as a finite loss that never falls again.
+        """
+        peak = torch.stack([p.detach().abs().amax() for p in outputs]).amax()
+        loss, peak_value = torch.stack((total.detach().float(), peak.float())).tolist()
+        if math.isfinite(loss) and peak_value <= SATURATED_LOGIT:
             return
         parts = ", ".join(f"{n}={v:.4g}" for n, v in zip(self.component_names, self.components.tolist()))
-        where = ("the model's outputs are already non-finite, so the weights diverged in earlier updates"
-                 if not all(bool(torch.isfinite(p).all()) for p in outputs) else "the loss overflowed")
-        raise NonFiniteLossError(
-            f"non-finite loss at step {self.step} ({parts}): {where}. The usual cause is a learning rate far "
-            "too high (typical: 1e-3 for Adam/AdamW, 1e-2 for SGD); lower it, or use warm-up and gradient "
-            "clipping.")
+        if not math.isfinite(peak_value):
+            what = f"non-finite loss at step {self.step} ({parts}): the model's outputs are already non-finite"
+        elif not math.isfinite(loss):
+            what = f"non-finite loss at step {self.step} ({parts}): the loss overflowed"
+        else:
+            what = (f"diverging at step {self.step}: head logits reach {peak_value:.3g} (beyond ±{SATURATED_LOGIT:g} "
+                    "every sigmoid is exactly 0 or 1 and the gradients vanish)")
+        raise DivergenceError(
+            f"{what}. The weights diverged in earlier updates; the usual cause is a learning rate far too high "
+            "(typical: 1e-3 for Adam/AdamW, 1e-2 for SGD): lower it, or use warm-up and gradient clipping.")
 
 
 YOLO_LOSS = YoloLoss

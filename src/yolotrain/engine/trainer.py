@@ -22,7 +22,7 @@ from ..data.loaders import make_loader
 from ..data.sources import resolve_source
 from ..data.verify import verify_split
 from ..devices import select_device
-from ..loss import NonFiniteLossError, YoloLoss
+from ..loss import DivergenceError, YoloLoss
 from ..model import Yolov5, parse_version
 from ..runs import next_run_dir
 from . import distributed as D
@@ -225,7 +225,7 @@ class Trainer:
             if self.ctx.enabled:
                 loss = loss * self.ctx.world_size  # DDP averages gradients; the loss is a sum over images
             self.scaler.scale(loss).backward()
-        except NonFiniteLossError as error:
+        except DivergenceError as error:
             raise TrainingError(self._divergence_message(epoch, batch, str(error))) from None
         return loss.detach()
 
