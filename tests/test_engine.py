@@ -75,7 +75,9 @@ def test_hyp_overrides_and_typos(tmp_path):
 
 
 def test_config_defaults_depend_on_data():
-    assert TrainConfig().resolved().img_size == 256
+    shapes = TrainConfig().resolved()
+    assert (shapes.img_size, shapes.optimizer, shapes.nominal_batch) == (160, "AdamW", 16)
+    assert TrainConfig(data="x.yaml").resolved().optimizer == "SGD"
     assert TrainConfig(data="x.yaml").resolved().img_size == 640
     assert TrainConfig(data="x.yaml", img_size=320).resolved().img_size == 320
 

@@ -47,7 +47,7 @@ def test_train_writes_a_complete_run(tiny_data, tmp_path):
     run = tmp_path / "runs" / "exp"
     for name in ("weights/last.safetensors", "weights/last.json", "weights/last.state.pt",
                  "weights/best.safetensors", "weights/best.json", "results.csv", "results.png",
-                 "confusion_matrix.png", "PR_curve.png"):
+                 "confusion_matrix.png", "PR_curve.png", "val_predictions/00000.jpg"):
         assert (run / name).is_file(), name
     rows = (run / "results.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("epoch,train_box,train_obj,train_cls,precision")
@@ -175,3 +175,12 @@ def test_two_process_step_equals_one_process_step(tiny_data, tmp_path):
     # The DDP checkpoint loads in a single process.
     model, _ = load_checkpoint(tmp_path / "runs" / "ddp" / "weights" / "last")
     assert model.num_classes == 2
+
+
+@pytest.mark.slow
+def test_default_command_reaches_map50_half(tmp_path):
+    """`yolotrain train` with no arguments: yolov5n on the shapes dataset, a few CPU minutes."""
+    result = run_cli("train", "--project", "runs", cwd=tmp_path, timeout=1800)
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = json.loads((tmp_path / "runs" / "exp" / "weights" / "best.json").read_text())["metrics"]
+    assert metrics["mAP50"] >= 0.5, metrics

@@ -15,11 +15,12 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a detector (default: yolov5n on the built-in shapes dataset)")
     p.add_argument("--data", help="dataset YAML or folder (default: the built-in shapes dataset)")
     p.add_argument("--model", default="yolov5n", help="yolov5n|s|m|l|x, or a checkpoint to fine-tune")
-    p.add_argument("--img", "--img-size", dest="img_size", type=int, help="image size (default 640; 256 on shapes)")
+    p.add_argument("--img", "--img-size", dest="img_size", type=int, help="image size (default 640; 160 on shapes)")
     p.add_argument("--epochs", type=int, help="epochs (default 100; 30 on shapes)")
     p.add_argument("--batch", "--batch-size", dest="batch_size", type=int, help="global batch size (default 16)")
-    p.add_argument("--optimizer", default="SGD", choices=("SGD", "Adam", "AdamW"))
-    p.add_argument("--lr0", type=float, help="initial learning rate (default 1e-2 SGD, 1e-3 Adam/AdamW)")
+    p.add_argument("--optimizer", choices=("SGD", "Adam", "AdamW"), help="default SGD (AdamW on shapes)")
+    p.add_argument("--lr0", type=float, help="initial learning rate (default 1e-2 SGD, 1e-3 Adam/AdamW; "
+                   "2e-3 on shapes)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: a GPU when present)")
     p.add_argument("--workers", type=int, help="data loader processes per training process")
     p.add_argument("--seed", type=int, default=0)
@@ -27,7 +28,8 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--close-mosaic", type=int, default=0, help="turn mosaic off for the last N epochs")
     p.add_argument("--cos-lr", action="store_true", help="cosine learning-rate schedule")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes (CUDA)")
-    p.add_argument("--nominal-batch", type=int, default=64, help="accumulate gradients up to this batch size")
+    p.add_argument("--nominal-batch", type=int,
+                   help="accumulate gradients up to this batch size (default 64; 16 on shapes)")
     p.add_argument("--hyp", dest="hyp_file", help="hyper-parameter YAML overriding the defaults")
     p.add_argument("--resume", nargs="?", const=True, default=False,
                    help="continue the latest run, or the run of the given last checkpoint")

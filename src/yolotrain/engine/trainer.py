@@ -298,6 +298,8 @@ class Trainer:
             if not final:
                 self._log(f"{'':>12}val: P {result.mp:.3f}  R {result.mr:.3f}  mAP50 {result.map50:.3f}  "
                           f"mAP50-95 {result.map:.3f}")
+            if final and cfg.plots:
+                self._draw_val_predictions()
         row = {"epoch": epoch + 1, **{f"train_{n}": v for n, v in zip(YoloLoss.component_names, train_loss.tolist())},
                **{k: metrics.get(k, "") for k in RESULT_METRICS},
                **{f"lr{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}}
@@ -310,6 +312,13 @@ class Trainer:
 
             plot_results(self.save_dir / "results.csv", self.save_dir / "results.png")
         return metrics
+
+    def _draw_val_predictions(self, count: int = 8) -> None:
+        """A few validation images with the final EMA model's detections drawn, for a look by eye."""
+        from ..eval.predict import predict
+
+        predict(self.ema.module, self.val_set.im_files[:count], img_size=self.config.img_size,
+                save_dir=self.save_dir / "val_predictions")
 
     def _append_results(self, row: dict[str, float]) -> None:
         path = self.save_dir / "results.csv"

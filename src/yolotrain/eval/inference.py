@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,6 +14,13 @@ from ..devices import select_device
 from ..model import Yolov5
 
 ModelOrWeights = nn.Module | str | os.PathLike
+# A torch detector, or an exported one run by onnxruntime (``yolotrain.interop.OnnxModel``).
+Detector = Any
+
+
+def input_dtype(model: Detector) -> torch.dtype:
+    """The dtype images must have for ``model`` (ONNX models take float32)."""
+    return next(model.parameters()).dtype if isinstance(model, nn.Module) else torch.float32
 
 
 def model_names(model: nn.Module, nc: int) -> list[str]:
@@ -26,9 +34,10 @@ def model_names(model: nn.Module, nc: int) -> list[str]:
 
 
 def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.device | None = None,
-                         fuse: bool = True, half: bool = False) -> tuple[Yolov5, torch.device]:
+                         fuse: bool = True, half: bool = False) -> tuple[Detector, torch.device]:
     """A detector in eval mode on ``device``: a copy of the given :class:`Yolov5`, or one loaded from a
-    weights path (our checkpoints and official YOLOv5 ``.pt`` files, via :func:`yolotrain.interop.load_model`).
+    weights path (our checkpoints and official YOLOv5 ``.pt`` files, via :func:`yolotrain.interop.load_model`;
+    ``.onnx`` exports run on the CPU through onnxruntime).
 
     The caller's model is never changed: fusing Conv+BN (faster inference, same outputs) and the move
     to ``device``/half precision happen on a copy. ``half`` applies on CUDA only.
@@ -37,6 +46,10 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
         TypeError: ``model_or_weights`` is neither a :class:`Yolov5` nor a path.
         yolotrain.checkpoint.CheckpointError: the weights file cannot be read.
     """
+    if isinstance(model_or_weights, (str, os.PathLike)) and Path(model_or_weights).suffix == ".onnx":
+        from ..interop import OnnxModel
+
+        return OnnxModel(model_or_weights), torch.device("cpu")
     if isinstance(model_or_weights, (str, os.PathLike)):
         from ..interop import load_model
 
@@ -54,4 +67,15 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
         model.half()
     for p in model.parameters():
         p.requires_grad_(False)
+    _activations_in_place(model)
     return model, dev
+
+
+def _activations_in_place(model: nn.Module) -> None:
+    """Let every SiLU overwrite its input: inference keeps nothing for a backward pass, and each SiLU
+    here reads a freshly computed Conv/BatchNorm output, so this saves one feature-map allocation and
+    pass over memory per convolution with bit-identical outputs (the reference runs its SiLUs in place too).
+    """
+    for module in model.modules():
+        if isinstance(module, nn.SiLU):
+            module.inplace = True

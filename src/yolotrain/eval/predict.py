@@ -19,7 +19,7 @@ import torch
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
 from ..runs import next_run_dir
-from .inference import ModelOrWeights, load_inference_model, model_names
+from .inference import ModelOrWeights, input_dtype, load_inference_model, model_names
 from .nms import non_max_suppression, scale_boxes_to_original
 from .plots import draw_detections
 
@@ -130,7 +130,7 @@ class Predictor:
             raise ValueError(f"img_size must be a positive multiple of 32, got {img_size}")
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half)
         self.names = model_names(self.model, self.model.num_classes)
-        self.dtype = next(self.model.parameters()).dtype
+        self.dtype = input_dtype(self.model)
         self.img_size, self.conf, self.iou = img_size, conf, iou
         self.classes, self.max_det, self.agnostic = classes, max_det, agnostic
         self.stride = int(self.model.stride.max())

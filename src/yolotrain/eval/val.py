@@ -28,7 +28,7 @@ from ..data.sources import resolve_source
 from ..data.verify import LabelIndex, verify_split
 from ..runs import next_run_dir
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
-from .inference import ModelOrWeights, load_inference_model, model_names
+from .inference import ModelOrWeights, input_dtype, load_inference_model, model_names
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
 from .nms import non_max_suppression, scale_boxes_to_original
 
@@ -197,7 +197,9 @@ def val(
     coco_ids = image_ids(dataset.im_files) if save_json else []
     timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
     loss_sum, batches = torch.zeros(3), 0
-    dtype = next(model.parameters()).dtype
+    dtype = input_dtype(model)
+    if criterion is not None and not isinstance(model, torch.nn.Module):
+        raise ValueError("the validation loss needs a torch model (it reads the raw head maps)")
     seen = 0
     iterator = iter(loader)
     with torch.inference_mode():
@@ -210,8 +212,11 @@ def val(
                 break
             b, _, h, w = imgs.shape
             with timers["inference"]:
-                maps = model.forward_maps(imgs)
-                preds = model.head.decode(maps)
+                if criterion is None:
+                    preds = model(imgs)
+                else:
+                    maps = model.forward_maps(imgs)
+                    preds = model.head.decode(maps)
             if criterion is not None:
                 criterion(maps, targets, pred_size=(h, w))
                 loss_sum += criterion.components.float().cpu()
