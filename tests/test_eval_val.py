@@ -157,3 +157,20 @@ def test_cli_writes_plots_and_coco_json(coco128, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "mAP50-95" in out and out.count("Average Precision") == 6 and "Average Recall" in out
     assert json.loads((run / "metrics.json").read_text())["mAP50"] > 0
+
+
+def test_inference_copy_runs_activations_in_place_with_identical_outputs():
+    from yolotrain.eval.inference import load_inference_model
+
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=3).eval()
+    inference, _ = load_inference_model(model, "cpu")
+    silus = [m for m in inference.modules() if isinstance(m, torch.nn.SiLU)]
+    assert silus and all(m.inplace for m in silus)
+    assert not any(m.inplace for m in model.modules() if isinstance(m, torch.nn.SiLU))  # caller's model untouched
+    x = torch.rand(2, 3, 64, 96)
+    with torch.inference_mode():
+        in_place = inference(x)
+        for m in silus:
+            m.inplace = False
+        assert torch.equal(in_place, inference(x))

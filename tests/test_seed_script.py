@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from yolotrain.data import generate_shapes_dataset
 
 SEED_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "seed_train.py"

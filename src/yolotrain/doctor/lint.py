@@ -213,7 +213,8 @@ class _FileLinter(ast.NodeVisitor):
                 self._add(node, DATA_WRITE)
             elif not self._is_scalar_name(func.value):
                 name = func.attr[:-1]
-                self._add(node, INPLACE_METHOD, f"`.{func.attr}()` works in place; use the out-of-place `y = y.{name}(...)`")
+                self._add(node, INPLACE_METHOD,
+                          f"`.{func.attr}()` works in place; use the out-of-place `y = y.{name}(...)`")
         self.generic_visit(node)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:

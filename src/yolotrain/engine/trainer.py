@@ -7,8 +7,8 @@ import dataclasses
 import os
 import random
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..data.augment import HYP_SCRATCH_LOW
 from ..data.dataset import DetectionDataset
 from ..data.loaders import make_loader
 from ..data.sources import resolve_source
@@ -94,9 +95,7 @@ class Trainer:
         if len(train_index.files) == 0:
             raise ValueError(f"{root}: the training split has no usable images")
         val_index = train_index if source.val == source.train else verify_split(source.val, num_classes, "val")
-        aug = {k: v for k, v in self.hyp.items() if k in ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate",
-                                                             "scale", "shear", "perspective", "flipud",
-                                                             "fliplr", "mosaic", "mixup")}
+        aug = {k: self.hyp[k] for k in HYP_SCRATCH_LOW}
         self.train_set = DetectionDataset(train_index, cfg.img_size, cfg.batch_size, augment=True, hyp=aug,
                                           rect=cfg.rect, pad=0.0, seed=cfg.seed, names=self.names)
         self.val_set = DetectionDataset(val_index, cfg.img_size, cfg.batch_size, augment=False, rect=True,
@@ -118,6 +117,7 @@ class Trainer:
             model = load_model(spec)
             if model.num_classes != len(self.names):
                 model = _with_new_head(model, len(self.names))
+            model.names = list(self.names)
             return model
         return Yolov5(version=spec, num_classes=len(self.names), names=self.names)
 
@@ -129,6 +129,8 @@ class Trainer:
         self._build_data()
         model = self._build_model().to(self.device)
         if cfg.sync_bn and ctx.enabled:
+            if self.device.type != "cuda":
+                raise ValueError("--sync-bn needs CUDA devices (PyTorch has no SyncBatchNorm on the CPU)")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.model = model
         self.ddp = (nn.parallel.DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda"
