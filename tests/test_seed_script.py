@@ -35,7 +35,7 @@ def run(script: Path, timeout: float) -> subprocess.CompletedProcess:
 def test_seed_script_runs_unchanged_and_bad_learning_rate_is_named(tmp_path):
     """The original script (lr=0.5): the weights diverge within a few steps; instead of NaN losses the
     loss raises an error naming the step and the learning rate."""
-    data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=16, n_val=4, img_size=64)
+    data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=64, n_val=4, img_size=64)
     script = variant(tmp_path, data, **{"version='l'": "version='n'",
                                         "num_classes=2)": "num_classes=2, img_size=64)"})
     result = run(script, timeout=600)
