@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from .runs import add_run_dir_arguments
+
 # Exceptions that mean "bad input or configuration": printed as one line, no traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, NotADirectoryError, PermissionError,
                                                  ValueError, KeyError)
@@ -33,9 +35,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hyp", dest="hyp_file", help="hyper-parameter YAML overriding the defaults")
     p.add_argument("--resume", nargs="?", const=True, default=False,
                    help="continue the latest run, or the run of the given last checkpoint")
-    p.add_argument("--project", default="runs/train")
-    p.add_argument("--name", default="exp")
-    p.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")
+    add_run_dir_arguments(p, "runs/train")
     p.add_argument("--doctor", action="store_true", help="run the first step under the in-place doctor")
     p.add_argument("--no-val", dest="val", action="store_false", help="skip validation (saves time)")
     p.set_defaults(run=_run_train)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -18,3 +19,10 @@ def next_run_dir(project: str | os.PathLike, name: str = "exp", exist_ok: bool =
     while (candidate := base.with_name(f"{name}{n}")).exists():
         n += 1
     return candidate
+
+
+def add_run_dir_arguments(parser: argparse.ArgumentParser, project: str) -> None:
+    """``--project``, ``--name`` and ``--exist-ok``: where a command writes its run folder."""
+    parser.add_argument("--project", default=project, help=f"parent of the run folder (default {project})")
+    parser.add_argument("--name", default="exp", help="run folder name (exp, exp2 ... when taken)")
+    parser.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")

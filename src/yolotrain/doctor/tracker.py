@@ -199,6 +199,8 @@ def _storage_key(tensor: torch.Tensor) -> int | None:
     try:
         return tensor.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError, TypeError):
+        # Sparse tensors (NotImplementedError) and some wrapper subclasses have no single storage;
+        # in-place writes to them cannot alias a saved dense tensor, so they are not tracked.
         return None
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
-from ..runs import next_run_dir
+from ..runs import add_run_dir_arguments, next_run_dir
 from .inference import ModelOrWeights, input_dtype, load_inference_model, model_names
 from .nms import non_max_suppression, scale_boxes_to_original
 from .plots import draw_detections
@@ -274,9 +274,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--device", default=None, help="cpu, cuda, 0 ... (default: GPU if available)")
     parser.add_argument("--half", action="store_true", help="FP16 inference on CUDA")
     parser.add_argument("--save-txt", action="store_true", help="also write YOLO-format labels/*.txt")
-    parser.add_argument("--project", default="runs/predict", help="parent of the run folder")
-    parser.add_argument("--name", default="exp", help="run folder name (exp, exp2 ... when taken)")
-    parser.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")
+    add_run_dir_arguments(parser, "runs/predict")
     return parser
 
 

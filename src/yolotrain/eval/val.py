@@ -26,7 +26,7 @@ from ..data.dataset import DetectionDataset
 from ..data.loaders import make_loader
 from ..data.sources import resolve_source
 from ..data.verify import LabelIndex, verify_split
-from ..runs import next_run_dir
+from ..runs import add_run_dir_arguments, next_run_dir
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
 from .inference import ModelOrWeights, input_dtype, load_inference_model, model_names
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
@@ -291,9 +291,7 @@ def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--half", action="store_true", help="FP16 inference on CUDA")
     parser.add_argument("--save-json", action="store_true", help="COCO json + pycocotools evaluation")
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="skip confusion matrix / curves")
-    parser.add_argument("--project", default="runs/val", help="parent of the run folder")
-    parser.add_argument("--name", default="exp", help="run folder name (exp, exp2 ... when taken)")
-    parser.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")
+    add_run_dir_arguments(parser, "runs/val")
     return parser
 
 
