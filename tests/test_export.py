@@ -26,12 +26,26 @@ def model() -> Yolov5:
     return detector
 
 
-def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """Scores to 1e-4 absolute; boxes are in pixels, where float32 rounding of different conv kernels
-    reaches a few 1e-4 at 600 px, so they get a 1e-5 relative allowance on top."""
+def assert_matches(actual: torch.Tensor, detector: Yolov5, imgs: torch.Tensor) -> None:
+    """The ONNX output agrees with the fused PyTorch model in float32, and is as close as PyTorch's own
+    float32 output to the exact (float64) result.
+
+    Scores agree to 1e-4 absolute. Boxes are in pixels: a trained head at 640 px puts PyTorch's float32
+    boxes up to ~1e-3 px from the float64 ones, so a 1e-4 px agreement between two float32 runtimes is
+    below float32 resolution. Instead, onnxruntime's boxes must be no further from the float64 result
+    than twice PyTorch's own float32 rounding, and within 1e-4 + 1e-5 relative of PyTorch's.
+    """
+    model32 = fused(detector)
+    model64 = copy.deepcopy(model32).double()
+    with torch.no_grad():
+        expected, exact = model32(imgs), model64(imgs.double())
     assert actual.shape == expected.shape
     torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)
     torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-4, rtol=1e-5)
+    torch_rounding = (expected.double() - exact)[..., :4].abs().max().item()
+    onnx_error = (actual.double() - exact)[..., :4].abs().max().item()
+    assert onnx_error <= 2 * torch_rounding, \
+        f"onnxruntime boxes are {onnx_error:.2e} px from exact, PyTorch float32's {torch_rounding:.2e}"
 
 
 def fused(detector: Yolov5) -> Yolov5:
@@ -53,9 +67,7 @@ def test_onnx_export_runs_in_onnxruntime_like_torch(tmp_path, model, dynamic_siz
     runner = OnnxModel(path)
     assert (runner.names, runner.num_classes, runner.stride.tolist()) == (["ant", "bee", "cow"], 3, [8, 16, 32])
     imgs = torch.rand(2, 3, *run_size)  # batch 2: the batch axis is dynamic
-    with torch.no_grad():
-        expected = fused(model)(imgs)
-    assert_matches(runner(imgs), expected)
+    assert_matches(runner(imgs), model, imgs)
 
 
 def test_static_onnx_export_rejects_other_shapes(tmp_path, model):
@@ -97,14 +109,14 @@ def test_cli_exports_our_checkpoint_and_reports_errors_in_one_line(tmp_path, mod
     assert "multiples of 32" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_official_yolov5n_exports_and_matches(tmp_path):
     if not YOLOV5N_WEIGHTS.is_file():
         pytest.skip(f"official weights not found at {YOLOV5N_WEIGHTS}")
     from yolotrain.interop import load_model
-    path = export(YOLOV5N_WEIGHTS, "onnx", out=tmp_path / "yolov5n.onnx", img_size=320)
+    path = export(YOLOV5N_WEIGHTS, "onnx", out=tmp_path / "yolov5n.onnx", img_size=320, dynamic_size=True)
     runner = OnnxModel(path)
     assert runner.names[:2] == ["person", "bicycle"] and runner.num_classes == 80
-    imgs = torch.rand(1, 3, 320, 320, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        assert_matches(runner(imgs), load_model(YOLOV5N_WEIGHTS).fuse()(imgs))
+    detector = load_model(YOLOV5N_WEIGHTS)
+    for size in (320, 640):
+        imgs = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(size))
+        assert_matches(runner(imgs), detector, imgs)
