@@ -48,10 +48,13 @@ def test_seed_script_runs_unchanged_and_bad_learning_rate_is_named(tmp_path):
 
 def test_seed_script_learns_with_a_sane_learning_rate(tmp_path):
     """lr=1e-3 on the shapes dataset: 5 epochs run (under anomaly mode, as the script asks) and the
-    epoch loss falls to under 0.6 of the first epoch's."""
-    data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=80, n_val=4, img_size=96)
-    script = variant(tmp_path, data, **{"version='l'": "version='s'", "lr=0.5": "lr=1e-3",
-                                        "num_classes=2)": "num_classes=2, img_size=96)"})
+    epoch loss falls to under 0.6 of the first epoch's.
+
+    yolov5n at 224 px: over torch seeds 0-3 the ratio is 0.534-0.550, well clear of 0.6 (at 96 px
+    with yolov5s the same seeds spread over 0.58-0.64)."""
+    data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=80, n_val=4, img_size=224)
+    script = variant(tmp_path, data, **{"version='l'": "version='n'", "lr=0.5": "lr=1e-3",
+                                        "num_classes=2)": "num_classes=2, img_size=224)"})
     result = run(script, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     losses = [float(x) for x in re.findall(r"Epoch \d/5 \| Loss: ([0-9.]+)", result.stdout)]
