@@ -13,12 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import YOLOV5N_WEIGHTS
 from safetensors.torch import load_file
 
+from yolotrain import YoloLoss, train
 from yolotrain.checkpoint import load_checkpoint
 from yolotrain.data import generate_shapes_dataset
+from yolotrain.interop import load_model
 
 TINY = ["--img", "64", "--batch", "4", "--workers", "0"]
+FIXTURE_COCO = Path(__file__).parent / "fixtures" / "data" / "coco_mini" / "data.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +139,52 @@ def test_divergence_stops_with_a_message_and_keeps_the_last_checkpoint(tiny_data
     assert "diverged at epoch 1, step" in message and "learning rate" in message and "1e+30" in message
     assert "the last good checkpoint is runs/exp/weights/last.safetensors" in message
     assert {p.name: sha256(p) for p in last.parent.iterdir()} == digests
+
+
+def start_of_training(**config) -> tuple[dict[str, torch.Tensor], Path]:
+    """Train briefly; return the weights the first step started from and the run's last checkpoint."""
+    started = {}
+
+    def criterion(model, rect_training):  # called once the model is built, before any step
+        started.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return YoloLoss(model, rect_training)
+
+    result = train(loss=criterion, img_size=64, batch_size=4, epochs=1, workers=0, val=False, plots=False, **config)
+    return started, result.last
+
+
+@pytest.mark.parametrize("source", ["official", "ours"])
+def test_fine_tuning_keeps_backbone_and_neck_and_gives_a_new_head_for_other_classes(tiny_data, tmp_path, source):
+    """--model CHECKPOINT with another class count: every backbone and neck tensor and the anchors
+    start as the checkpoint's; the Detect convolutions start fresh with the dataset's classes."""
+    if source == "official":
+        if not YOLOV5N_WEIGHTS.is_file():
+            pytest.skip(f"official weights not found at {YOLOV5N_WEIGHTS}")
+        checkpoint = YOLOV5N_WEIGHTS
+    else:
+        checkpoint = tmp_path / "ours" / "weights" / "last.json"
+        start_of_training(data=str(FIXTURE_COCO), model="yolov5n", project=str(tmp_path), name="ours")
+    pretrained = load_model(checkpoint)
+    assert pretrained.num_classes == 80
+    started, last = start_of_training(data=str(tiny_data), model=str(checkpoint), project=str(tmp_path / "runs"))
+
+    head = "model.24.m."
+    assert started[head + "0.weight"].shape[0] == 3 * (5 + 2)
+    for name, tensor in pretrained.state_dict().items():
+        if not name.startswith(head):
+            assert torch.equal(started[name], tensor), name
+    model, _ = load_checkpoint(last)
+    assert model.num_classes == 2 and model.names == ["circle", "rectangle"]
+
+
+def test_fine_tuning_on_the_same_classes_keeps_the_head(tmp_path):
+    if not YOLOV5N_WEIGHTS.is_file():
+        pytest.skip(f"official weights not found at {YOLOV5N_WEIGHTS}")
+    started, last = start_of_training(data=str(FIXTURE_COCO), model=str(YOLOV5N_WEIGHTS), project=str(tmp_path))
+    pretrained = load_model(YOLOV5N_WEIGHTS).state_dict()
+    assert started.keys() == pretrained.keys()
+    assert all(torch.equal(started[k], v) for k, v in pretrained.items())
+    assert load_checkpoint(last)[0].names[:2] == ["person", "bicycle"]
 
 
 def test_two_process_step_equals_one_process_step(tiny_data, tmp_path):

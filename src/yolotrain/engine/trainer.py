@@ -408,11 +408,11 @@ class Trainer:
 def _with_new_head(model: Yolov5, num_classes: int) -> Yolov5:
     """Same backbone and neck for another class count; the Detect convolutions start fresh."""
     anchors = model.head.anchors * model.head.stride.view(-1, 1, 1)
-    fresh = Yolov5(model.version, num_classes=num_classes, anchors=anchors)
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith("model.24.m.")}
-    fresh.load_state_dict(state, strict=False)
+    fresh = Yolov5(model.version, num_classes=num_classes, anchors=anchors, in_channels=model.in_channels)
+    head_convs = f"model.{len(model.model) - 1}.m."
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith(head_convs)}
+    fresh.load_state_dict(state, strict=False)  # same architecture: only the head convolutions are missing
     return fresh
-
 
 
 def _as_tuple(value: Any) -> Any:
