@@ -11,7 +11,7 @@ import torch
 from conftest import YOLOV5N_WEIGHTS
 
 from yolotrain import Yolov5
-from yolotrain.checkpoint import save_checkpoint
+from yolotrain.checkpoint import CheckpointError, save_checkpoint
 from yolotrain.interop import OnnxModel, add_export_arguments, export, run_export
 
 onnx = pytest.importorskip("onnx")
@@ -76,6 +76,22 @@ def test_static_onnx_export_rejects_other_shapes(tmp_path, model):
     assert runner(torch.rand(1, 3, 64, 96)).shape == (1, 3 * (8 * 12 + 4 * 6 + 2 * 3), 8)
     with pytest.raises(ValueError, match=r"expects images of shape \[1, 3, 64, 96\]"):
         runner(torch.rand(2, 3, 64, 96))
+
+
+def test_onnx_files_that_are_not_our_exports_get_one_line_errors(tmp_path):
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a protobuf at all")
+    foreign = tmp_path / "foreign.onnx"
+    value = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 32, 32])
+    output = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 3, 32, 32])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "identity", [value], [output])
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(foreign))
+    for path, expected in [(tmp_path / "absent.onnx", "no such file"), (garbage, "not a loadable ONNX model"),
+                           (foreign, "ONNX file without yolotrain metadata")]:
+        with pytest.raises(CheckpointError) as info:
+            OnnxModel(path)
+        message = str(info.value)
+        assert message.startswith(str(path)) and expected in message and "\n" not in message, message
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")

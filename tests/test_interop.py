@@ -212,6 +212,53 @@ def test_corrupt_and_foreign_files_get_one_line_errors(tmp_path):
         assert "\n" not in str(info.value)
 
 
+def rezip(src: Path, dst: Path, edit) -> Path:
+    """Copy a zip's records through ``edit(name, data)``: new bytes, or None to drop the record."""
+    with zipfile.ZipFile(src) as archive, zipfile.ZipFile(dst, "w") as out:
+        for name in archive.namelist():
+            data = edit(name, archive.read(name))
+            if data is not None:
+                out.writestr(name, data)
+    return dst
+
+
+class StorageIdPickler(pickle.Pickler):
+    """Writes tensors as torch's persistent storage ids, but into a bare pickle with no data records."""
+
+    def persistent_id(self, obj):
+        return ("storage", torch.float32, "0", "cpu", 4) if isinstance(obj, torch.Tensor) else None
+
+
+def test_malformed_checkpoint_internals_get_one_line_errors(tmp_path):
+    state = tmp_path / "state.pt"
+    torch.save({"w": torch.arange(4.0)}, state)
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"w": torch.arange(4.0)}, legacy, _use_new_zipfile_serialization=False)
+    scripted = tmp_path / "scripted.pt"
+    with pytest.warns(FutureWarning):  # TorchScript is deprecated upstream; users still have such files
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(scripted))
+    plain_zip = tmp_path / "plain.pt"
+    with zipfile.ZipFile(plain_zip, "w") as archive:
+        archive.writestr("notes.txt", "hello")
+    bare = tmp_path / "bare.pt"
+    with bare.open("wb") as handle:
+        StorageIdPickler(handle).dump({"w": torch.zeros(4)})
+    is_record = lambda name: name.endswith("/data/0")  # noqa: E731
+    cases = [
+        (rezip(state, tmp_path / "no_record.pt", lambda n, d: None if is_record(n) else d), "missing record data/0"),
+        (rezip(state, tmp_path / "short.pt", lambda n, d: d[:5] if is_record(n) else d), "has 5 bytes, expected 16"),
+        (legacy, "pre-1.6 torch format"),
+        (scripted, "not a torch.save checkpoint (TorchScript archive: load it with torch.jit.load"),
+        (plain_zip, "not a torch.save checkpoint (zip file without data.pkl)"),
+        (bare, "persistent id in a bare pickle"),
+    ]
+    for path, expected in cases:
+        with pytest.raises(CheckpointError) as info:
+            read_torch_file(path)
+        message = str(info.value)
+        assert message.startswith(str(path)) and expected in message and "\n" not in message, message
+
+
 @pytest.mark.parametrize("layout", ["pt", "pt-ddp", "safetensors", "ours"])
 def test_state_dicts_and_our_checkpoints_load(tmp_path, layout):
     torch.manual_seed(0)

@@ -217,13 +217,16 @@ def read_torch_file(path: str | Path) -> Any:
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
-                pickles = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+                names = archive.namelist()
+                if any(n.endswith("/constants.pkl") and n.count("/") == 1 for n in names):
+                    # Its data.pkl names compiled classes (__torch__.*): say what the file is, not "unsafe".
+                    raise CheckpointError(f"{source}: not a torch.save checkpoint (TorchScript archive: load it "
+                                          "with torch.jit.load; weights need a checkpoint or state dict)")
+                pickles = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
                 if not pickles:
-                    kind = "TorchScript archive" if any(n.endswith("constants.pkl") for n in archive.namelist()) \
-                        else "zip file without data.pkl"
-                    raise CheckpointError(f"{source}: not a torch.save checkpoint ({kind})")
+                    raise CheckpointError(f"{source}: not a torch.save checkpoint (zip file without data.pkl)")
                 prefix = pickles[0][: -len("data.pkl")]
-                order = archive.read(prefix + "byteorder") if prefix + "byteorder" in archive.namelist() else b"little"
+                order = archive.read(prefix + "byteorder") if prefix + "byteorder" in names else b"little"
                 if order != b"little":
                     raise CheckpointError(f"{source}: big-endian checkpoints are not supported")
                 data = archive.read(pickles[0])
