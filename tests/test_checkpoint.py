@@ -108,6 +108,18 @@ def test_missing_truncated_and_mismatched_sets_get_one_line_errors(tmp_path, mod
     (tmp_path / "broken.json").write_text("{")
     one_line_error(tmp_path / "broken.json", "not valid JSON")
 
+    (tmp_path / "foreign.json").write_text(json.dumps({"model": "something else"}))
+    one_line_error(tmp_path / "foreign.json", "foreign.json: not a yolotrain-checkpoint file")
+    (tmp_path / "future.json").write_text(json.dumps({**document, "format_version": 99}))
+    one_line_error(tmp_path / "future.json", "format version 99 is newer than this yolotrain reads")
+
+    save_checkpoint(tmp_path / "lost", model)
+    (tmp_path / "lost.safetensors").unlink()
+    one_line_error(tmp_path / "lost", "lost.safetensors: missing (listed in lost.json)")
+    save_checkpoint(tmp_path / "interrupted", model)
+    (tmp_path / "interrupted.json").unlink()
+    one_line_error(tmp_path / "interrupted", "interrupted.json: missing (its interrupted.safetensors is incomplete")
+
 
 def test_metadata_may_not_contradict_the_model(tmp_path, models):
     with pytest.raises(ValueError, match="contradicts the model"):
