@@ -67,7 +67,11 @@ def test_onnx_export_runs_in_onnxruntime_like_torch(tmp_path, model, dynamic_siz
     runner = OnnxModel(path)
     assert (runner.names, runner.num_classes, runner.stride.tolist()) == (["ant", "bee", "cow"], 3, [8, 16, 32])
     imgs = torch.rand(2, 3, *run_size)  # batch 2: the batch axis is dynamic
-    assert_matches(runner(imgs), model, imgs)
+    actual = runner(imgs)
+    assert_matches(actual, model, imgs)
+    # Negative control: a box error of 1e-4 relative (a 0.01% anchor or stride mistake) fails.
+    with pytest.raises(AssertionError):
+        assert_matches(torch.cat((actual[..., :4] * (1 + 1e-4), actual[..., 4:]), -1), model, imgs)
 
 
 def test_static_onnx_export_rejects_other_shapes(tmp_path, model):
