@@ -45,9 +45,8 @@ def _yolo_step(batch: int, size: int) -> tuple[str, Callable[[], None]]:
 
     def step() -> None:
         loss = criterion(model(imgs), targets, pred_size=imgs.shape[2:4])
-        loss = loss[0] if isinstance(loss, (tuple, list)) else loss
         opt.zero_grad()
-        loss.sum().backward()
+        loss.backward()
         opt.step()
 
     return f"yolov5n {size}x{size} batch {batch}", step

@@ -29,23 +29,9 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-COCO128 = SHARED / "datasets" / "coco128"
-WEIGHTS = SHARED / "weights" / "yolov5n.pt"
-
-
-def dataset_copy(root: Path, n: int) -> Path:
-    """First ``n`` coco128 images as symlinks with a YAML, so no tool writes caches into shared/."""
-    for kind in ("images", "labels"):
-        (root / kind / "val").mkdir(parents=True)
-    for img in sorted((COCO128 / "images" / "train2017").glob("*.jpg"))[:n]:
-        (root / "images" / "val" / img.name).symlink_to(img)
-        label = COCO128 / "labels" / "train2017" / f"{img.stem}.txt"
-        if label.exists():
-            (root / "labels" / "val" / label.name).symlink_to(label)
-    names = (COCO128 / "data.yaml").read_text().split("names:")[1]
-    (root / "data.yaml").write_text(f"path: {root}\ntrain: images/val\nval: images/val\nnames:{names}")
-    return root / "data.yaml"
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import COCO128, coco128_subset  # noqa: E402  (the same subset the parity tests use)
+from conftest import YOLOV5N_WEIGHTS as WEIGHTS  # noqa: E402
 
 
 def import_reference(config_dir: str):
@@ -99,7 +85,7 @@ def main() -> None:
     if not (COCO128.is_dir() and WEIGHTS.is_file()):
         sys.exit(f"needs {COCO128} and {WEIGHTS}")
     tmp = Path(tempfile.mkdtemp(prefix="bench-eval-"))
-    data = dataset_copy(tmp / "data", a.images)
+    data = coco128_subset(tmp / "data", a.images)
     reference_val = import_reference(str(tmp / "config"))
 
     import cv2

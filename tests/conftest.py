@@ -15,6 +15,21 @@ COCO128 = SHARED / "datasets" / "coco128"
 YOLOV5N_WEIGHTS = SHARED / "weights" / "yolov5n.pt"
 
 
+def coco128_subset(root: Path, n: int, coco128: Path = COCO128) -> Path:
+    """A dataset of the first ``n`` coco128 images (symlinks) with its YAML, so no tool writes caches
+    into the shared folder. Also used by ``benchmarks/bench_eval.py``."""
+    for kind in ("images", "labels"):
+        (root / kind / "val").mkdir(parents=True)
+    for img in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:n]:
+        (root / "images" / "val" / img.name).symlink_to(img)
+        label = coco128 / "labels" / "train2017" / f"{img.stem}.txt"
+        if label.exists():
+            (root / "labels" / "val" / label.name).symlink_to(label)
+    names = (coco128 / "data.yaml").read_text().split("names:")[1]
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: images/val\nval: images/val\nnames:{names}")
+    return root / "data.yaml"
+
+
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory):
     """The PyPI ``yolov5`` package (the reference implementation), offline and writing only to a temp dir."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import YOLOV5N_WEIGHTS
+from conftest import YOLOV5N_WEIGHTS, coco128_subset
 
 from yolotrain import Yolov5
 from yolotrain.eval import add_val_arguments, run_val, val
@@ -21,20 +21,6 @@ TOLERANCE = 0.002
 # not. Detections agree exactly; IoUs at the strict thresholds move, which on 32 images shifts
 # mAP50-95 by up to ~0.003 (on all 128 images by ~0.0013).
 MAP50_95_TOLERANCE_SMALL = 0.004
-
-
-def subset(coco128: Path, root: Path, n: int) -> Path:
-    """A dataset of the first ``n`` coco128 images (symlinks), so no tool writes caches into the shared folder."""
-    for kind in ("images", "labels"):
-        (root / kind / "val").mkdir(parents=True)
-    for img in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:n]:
-        (root / "images" / "val" / img.name).symlink_to(img)
-        label = coco128 / "labels" / "train2017" / f"{img.stem}.txt"
-        if label.exists():
-            (root / "labels" / "val" / label.name).symlink_to(label)
-    names = (coco128 / "data.yaml").read_text().split("names:")[1]
-    (root / "data.yaml").write_text(f"path: {root}\ntrain: images/val\nval: images/val\nnames:{names}")
-    return root / "data.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +65,7 @@ def by_image(detections: list[dict]) -> dict[int, np.ndarray]:
 
 
 def assert_parity(reference, monkeypatch, tmp_path, coco128, model, n, img_size, rect, map_tolerance=TOLERANCE):
-    data = subset(coco128, tmp_path / "data", n)
+    data = coco128_subset(tmp_path / "data", n, coco128)
     ref_metrics, ref_dets = reference_val(reference, monkeypatch, data, tmp_path, img_size, rect)
     ours = val(model, data, img_size=img_size, rect=rect, device="cpu", workers=0, save_dir=tmp_path / "ours",
                save_json=True, plots=False, verbose=False)
@@ -125,7 +111,7 @@ def test_parity_full_coco128(reference, coco128, weights, monkeypatch, tmp_path,
 def test_in_memory_model_with_loader_and_loss(coco128, tmp_path):
     from yolotrain import YoloLoss, get_loaders
 
-    data = subset(coco128, tmp_path / "data", 8)
+    data = coco128_subset(tmp_path / "data", 8, coco128)
     _, loader = get_loaders(data, batch_size=4, num_classes=80, img_size=256, workers=0)
     torch.manual_seed(0)
     model = Yolov5("n", num_classes=80).train()
@@ -142,7 +128,7 @@ def test_in_memory_model_with_loader_and_loss(coco128, tmp_path):
 def test_cli_writes_plots_and_coco_json(coco128, tmp_path, capsys):
     if not YOLOV5N_WEIGHTS.is_file():
         pytest.skip(f"weights not found at {YOLOV5N_WEIGHTS}")
-    data = subset(coco128, tmp_path / "data", 8)
+    data = coco128_subset(tmp_path / "data", 8, coco128)
     parser = add_val_arguments(argparse.ArgumentParser())
     args = parser.parse_args(["--weights", str(YOLOV5N_WEIGHTS), "--data", str(data), "--img", "256",
                               "--device", "cpu", "--workers", "0", "--save-json", "--project", str(tmp_path / "runs")])

@@ -198,9 +198,9 @@ def _storage_key(tensor: torch.Tensor) -> int | None:
     """Identity of the memory a tensor lives in; views and ``.data`` aliases share it."""
     try:
         return tensor.untyped_storage()._cdata
-    except (RuntimeError, NotImplementedError, TypeError):
-        # Sparse tensors (NotImplementedError) and some wrapper subclasses have no single storage;
-        # in-place writes to them cannot alias a saved dense tensor, so they are not tracked.
+    except (RuntimeError, TypeError):
+        # Sparse tensors and wrapper subclasses without real memory have no single storage; in-place
+        # writes to them cannot alias a saved dense tensor, so they are not tracked.
         return None
 
 
