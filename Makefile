@@ -15,6 +15,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q -m "not slow"
 
 test-slow: $(STAMP)

@@ -28,10 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yolotrain.data.sources import link_subset
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import COCO128, coco128_subset  # noqa: E402  (the same subset the parity tests use)
-from conftest import YOLOV5N_WEIGHTS as WEIGHTS  # noqa: E402
+SHARED = ROOT.parent / "shared"
+COCO128 = SHARED / "datasets" / "coco128"
+WEIGHTS = SHARED / "weights" / "yolov5n.pt"
 
 
 def import_reference(config_dir: str):
@@ -85,7 +87,7 @@ def main() -> None:
     if not (COCO128.is_dir() and WEIGHTS.is_file()):
         sys.exit(f"needs {COCO128} and {WEIGHTS}")
     tmp = Path(tempfile.mkdtemp(prefix="bench-eval-"))
-    data = coco128_subset(tmp / "data", a.images)
+    data = link_subset(COCO128 / "data.yaml", tmp / "data", a.images)  # the subset the parity tests use
     reference_val = import_reference(str(tmp / "config"))
 
     import cv2

@@ -49,7 +49,7 @@ def _time_epochs(loader, epochs: int, set_epoch=None) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default="/work/shared/datasets/coco128")
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "datasets" / "coco128"))
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loader.json"))
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
         from torch.utils.data import DataLoader
         from yolov5.utils.dataloaders import InfiniteDataLoader, LoadImagesAndLabels, seed_worker
 
-        from yolotrain.data.augment import HYP_SCRATCH_LOW
+        from yolotrain.data.augment import AugmentConfig
         from yolotrain.data.dataset import DetectionDataset
         from yolotrain.data.loaders import make_loader
         from yolotrain.data.sources import list_images
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
                 ref = _time_epochs(ref_loader, a.epochs)
                 row = {"img_size": size, "workers": workers, "reference_img_s": round(ref, 1)}
                 for label, cache_mb in (("yolotrain_img_s", 512), ("yolotrain_nocache_img_s", 0)):
-                    ds = DetectionDataset(index, size, a.batch_size, augment=True, hyp=HYP_SCRATCH_LOW,
+                    ds = DetectionDataset(index, size, a.batch_size, augment=True, hyp=AugmentConfig(),
                                           cache_mb=cache_mb)
                     ours = _time_epochs(make_loader(ds, a.batch_size, True, workers), a.epochs, ds.set_epoch)
                     row[label] = round(ours, 1)

@@ -12,14 +12,14 @@ from yolotrain.data import generate_shapes_dataset
 def main() -> None:
     data = generate_shapes_dataset()
     print(f"Dataset: {data}")
-    config = yolotrain.TrainConfig(project="runs/demo", name="train").resolved()
+    config = yolotrain.resolve_config(project="runs/demo", name="train")
     run = yolotrain.train(config)
     best = run.best.with_suffix(".json")
-    metrics = yolotrain.val(best, data=str(data / "data.yaml"), img_size=config.img_size, batch_size=16)
+    metrics = yolotrain.val(best, data=str(data / "data.yaml"), img_size=config.data.img_size, batch_size=16)
     print(f"\nBest weights: mAP50 {metrics.map50:.3f}, mAP50-95 {metrics.map:.3f}")
     images = sorted((data / "images" / "val").iterdir())[:8]
     out = Path(run.save_dir) / "predictions"
-    results = yolotrain.predict(best, images, img_size=config.img_size, save_dir=out)
+    results = yolotrain.predict(best, images, img_size=config.data.img_size, save_dir=out)
     found = sum(len(r.boxes) for r in results)
     print(f"Predicted {found} objects in {len(results)} images; drawings in {out}")
 

@@ -10,24 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from yolotrain.data.sources import link_subset
+
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 COCO128 = SHARED / "datasets" / "coco128"
 YOLOV5N_WEIGHTS = SHARED / "weights" / "yolov5n.pt"
 
 
-def coco128_subset(root: Path, n: int, coco128: Path = COCO128) -> Path:
+def coco128_subset(root: Path, n: int) -> Path:
     """A dataset of the first ``n`` coco128 images (symlinks) with its YAML, so no tool writes caches
-    into the shared folder. Also used by ``benchmarks/bench_eval.py``."""
-    for kind in ("images", "labels"):
-        (root / kind / "val").mkdir(parents=True)
-    for img in sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:n]:
-        (root / "images" / "val" / img.name).symlink_to(img)
-        label = coco128 / "labels" / "train2017" / f"{img.stem}.txt"
-        if label.exists():
-            (root / "labels" / "val" / label.name).symlink_to(label)
-    names = (coco128 / "data.yaml").read_text().split("names:")[1]
-    (root / "data.yaml").write_text(f"path: {root}\ntrain: images/val\nval: images/val\nnames:{names}")
-    return root / "data.yaml"
+    into the shared folder."""
+    return link_subset(COCO128 / "data.yaml", root, n)
 
 
 @pytest.fixture(scope="session")

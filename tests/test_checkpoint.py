@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from yolotrain import Yolov5
-from yolotrain.checkpoint import CheckpointError, load_checkpoint, load_state, read_checkpoint, save_checkpoint
+from yolotrain.checkpoint import CheckpointError, load_state, read_checkpoint, save_checkpoint
+from yolotrain.interop import load_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import cv2
@@ -14,6 +15,7 @@ from yolotrain.data import augment as A
 from yolotrain.data.dataset import DetectionDataset
 from yolotrain.data.sources import list_images
 from yolotrain.data.verify import verify_split
+from yolotrain.settings import ConfigError
 
 # Pure BGR colours far from the 114 grey padding and from each other.
 COLOURS = np.array([(0, 0, 255), (0, 255, 0), (255, 0, 0), (0, 255, 255)], np.uint8)
@@ -48,7 +50,7 @@ def assert_boxes_on_objects(im: np.ndarray, labels_xyxy: np.ndarray, min_side: f
         assert xs.min() >= x1 - 2 and xs.max() <= x2 + 1 and ys.min() >= y1 - 2 and ys.max() <= y2 + 1
 
 
-SCALE_HYP = {"degrees": 0.0, "translate": 0.1, "scale": 0.5, "shear": 0.0, "perspective": 0.0}
+SCALE_HYP = A.AugmentConfig(degrees=0.0, translate=0.1, scale=0.5, shear=0.0, perspective=0.0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -68,7 +70,7 @@ def test_random_perspective_keeps_boxes_on_objects(seed, w, h, n):
 def test_rotation_boxes_enclose_rotated_objects(seed, degrees):
     rng = np.random.default_rng(seed)
     im, labels = scene(rng, 128, 96, 3)
-    out, new = A.random_perspective(im, labels.copy(), rng, {**SCALE_HYP, "degrees": degrees, "scale": 0.2})
+    out, new = A.random_perspective(im, labels.copy(), rng, dataclasses.replace(SCALE_HYP, degrees=degrees, scale=0.2))
     for c, x1, y1, x2, y2 in new:
         mask = np.abs(out.astype(int) - COLOURS[int(c)]).max(2) < 40
         ys, xs = np.nonzero(mask)
@@ -126,11 +128,13 @@ def test_mixup_blends_and_keeps_all_boxes():
     assert len(labels) == 5 and 60 < im.mean() < 140
 
 
-def test_make_hyp_defaults_and_unknown_key():
-    hyp = A.make_hyp({"mixup": 0.2})
-    assert hyp["mixup"] == 0.2 and hyp["hsv_s"] == 0.7 and hyp["fliplr"] == 0.5 and hyp["mosaic"] == 1.0
-    with pytest.raises(KeyError, match="degree"):
-        A.make_hyp({"degree": 3})
+def test_augment_config_defaults_and_unknown_key():
+    hyp = A.AugmentConfig.coerce({"mixup": 0.2})
+    assert (hyp.mixup, hyp.hsv_s, hyp.fliplr, hyp.mosaic) == (0.2, 0.7, 0.5, 1.0)
+    with pytest.raises(ConfigError, match="unknown setting 'degree'; did you mean 'degrees'"):
+        A.AugmentConfig.coerce({"degree": 3})
+    with pytest.raises(ConfigError, match="fliplr: must be at most 1, got 2"):
+        A.AugmentConfig.coerce({"fliplr": 2})
 
 
 @pytest.fixture(scope="module")

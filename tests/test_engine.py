@@ -9,9 +9,8 @@ from torch import nn
 from yolotrain import Yolov5
 from yolotrain.data.loaders import EpochBatchSampler
 from yolotrain.devices import select_device
-from yolotrain.engine.config import TrainConfig, load_hyp
 from yolotrain.engine.ema import ModelEMA
-from yolotrain.engine.optim import apply_warmup, build_optimizer, lr_lambda, warmup_iterations
+from yolotrain.engine.optim import OptimConfig, apply_warmup, build_optimizer, lr_lambda, warmup_iterations
 from yolotrain.runs import next_run_dir
 
 
@@ -42,7 +41,7 @@ def test_warmup_ramps_learning_rate_and_momentum():
     optimizer = build_optimizer(model, "SGD", lr=0.01, momentum=0.937, weight_decay=0.0)
     for g in optimizer.param_groups:
         g["initial_lr"] = 0.01
-    hyp = load_hyp(None)
+    hyp = OptimConfig()
     assert warmup_iterations(3, 10) == 100 and warmup_iterations(3, 1000) == 3000 and warmup_iterations(0, 5) == 0
     apply_warmup(optimizer, 0, 100, 1.0, hyp)
     assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(0.1), 0.0, 0.0]
@@ -62,24 +61,6 @@ def test_ema_follows_the_reference_formula():
     d = 0.9 * (1 - math.exp(-1))
     torch.testing.assert_close(ema.module.weight, d * before + (1 - d) * model.weight)
     assert not ema.module.weight.requires_grad
-
-
-def test_hyp_overrides_and_typos(tmp_path):
-    assert load_hyp({"lrf": 0.2})["lrf"] == 0.2
-    path = tmp_path / "hyp.yaml"
-    path.write_text("mosaic: 0.0\nfliplr: 0.0\n")
-    hyp = load_hyp(path)
-    assert hyp["mosaic"] == 0.0 and hyp["momentum"] == 0.937
-    with pytest.raises(ValueError, match="unknown hyper-parameters: mosiac"):
-        load_hyp({"mosiac": 0.0})
-
-
-def test_config_defaults_depend_on_data():
-    shapes = TrainConfig().resolved()
-    assert (shapes.img_size, shapes.optimizer, shapes.nominal_batch) == (160, "AdamW", 16)
-    assert TrainConfig(data="x.yaml").resolved().optimizer == "SGD"
-    assert TrainConfig(data="x.yaml").resolved().img_size == 640
-    assert TrainConfig(data="x.yaml", img_size=320).resolved().img_size == 320
 
 
 def test_run_dirs_increment(tmp_path):

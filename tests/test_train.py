@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import YOLOV5N_WEIGHTS
 from safetensors.torch import load_file
 
 from yolotrain import YoloLoss, train
-from yolotrain.checkpoint import load_checkpoint
 from yolotrain.data import generate_shapes_dataset
-from yolotrain.interop import load_model
+from yolotrain.interop import load_checkpoint, load_model
 
 TINY = ["--img", "64", "--batch", "4", "--workers", "0"]
 FIXTURE_COCO = Path(__file__).parent / "fixtures" / "data" / "coco_mini" / "data.yaml"
@@ -93,8 +93,12 @@ def test_empty_dataset_fails_in_one_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
-    args = ["train", "--data", str(tiny_data), "--epochs", "3", *TINY, "--project", "runs", "--no-val"]
+def test_resume_after_kill_keeps_the_runs_settings(tiny_data, tmp_path):
+    """A run started with a hyper-parameter file and --lr0, killed after an epoch and resumed with
+    --resume alone, ends where the uninterrupted run ends: the checkpoint carries the resolved values."""
+    (tmp_path / "hyp.yaml").write_text("lrf: 0.2\nwarmup_bias_lr: 0.02\nbox: 0.08\nmosaic: 0.5\nfliplr: 0.1\n")
+    args = ["train", "--data", str(tiny_data), "--epochs", "3", *TINY, "--project", "runs", "--no-val",
+            "--hyp", "hyp.yaml", "--lr0", "0.004"]
     whole = run_cli(*args, "--name", "whole", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr
 
@@ -110,7 +114,14 @@ def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
     assert last.exists()
     stopped_after = json.loads(last.read_text())["epoch"]
     assert stopped_after < 2, "the run finished before it could be interrupted"
+    saved = json.loads(last.read_text())["train_args"]
+    assert (saved["optim"]["lr0"], saved["optim"]["lrf"], saved["loss"]["box"], saved["augment"]["mosaic"]) == \
+        (0.004, 0.2, 0.08, 0.5)
+    assert "hyp" not in saved  # values, not a path to a file that may change or vanish
+    (tmp_path / "hyp.yaml").unlink()
 
+    refused = run_cli("train", "--resume", str(last), "--epochs", "5", cwd=tmp_path)
+    assert refused.returncode != 0 and "only device and workers may change (got epochs)" in refused.stderr
     resumed = run_cli("train", "--resume", str(last), "--workers", "0", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert f"cut from epoch {stopped_after + 2}/3" in resumed.stdout
@@ -118,9 +129,7 @@ def test_resume_after_kill_equals_uninterrupted(tiny_data, tmp_path):
     assert a.keys() == b.keys()
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-5
     assert json.loads(last.read_text())["epoch"] == 2
-
-    finished = run_cli("train", "--resume", str(last), cwd=tmp_path)
-    assert finished.returncode != 0 and "already finished" in finished.stderr
+    assert yaml.safe_load((tmp_path / "runs" / "cut" / "config.yaml").read_text()) == saved
 
 
 def test_divergence_stops_with_a_message_and_keeps_the_last_checkpoint(tiny_data, tmp_path):

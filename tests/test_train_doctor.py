@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from yolotrain.data import generate_shapes_dataset
-from yolotrain.engine import TrainConfig, Trainer, TrainingError
+from yolotrain.engine import TrainConfig, Trainer, TrainingError, resolve_config
 
 
 @pytest.fixture(scope="module")
@@ -17,8 +17,8 @@ def tiny_data(tmp_path_factory) -> str:
 
 
 def tiny_config(data: str, tmp_path: Path, **overrides) -> TrainConfig:
-    return TrainConfig(data=data, img_size=64, batch_size=4, epochs=1, workers=0, project=str(tmp_path),
-                       val=False, plots=False, **overrides)
+    return resolve_config(data=data, img_size=64, batch_size=4, epochs=1, workers=0, project=str(tmp_path),
+                          val=False, plots=False, **overrides)
 
 
 def sloppy_loss(model, rect_training):

@@ -1,9 +1,11 @@
-"""Box conversions and IoU variants. Boxes are ``(..., 4)`` tensors; pairwise IoU lives in torchvision."""
+"""Box conversions, IoU variants and letterbox geometry. Boxes are ``(..., 4)`` tensors; pairwise IoU
+lives in torchvision."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 
@@ -44,3 +46,34 @@ def complete_iou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> t
     with torch.no_grad():
         alpha = v / (v - iou + (1 + eps))
     return iou - (centre_dist_sq / diagonal_sq + v * alpha)
+
+
+def letterbox_geometry(
+    size_wh: np.ndarray, target_wh: np.ndarray, scaleup: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where images of ``size_wh`` land when letterboxed into ``target_wh``: the one rule used by the
+    data pipeline, prediction and validation.
+
+    The image is scaled by ``r = min(target / size)`` (capped at 1 without ``scaleup``), its sides
+    rounded to whole pixels, and centred; an odd border pixel goes to the bottom/right, as in the
+    reference. Works on ``(2,)`` or ``(n, 2)`` arrays of (w, h).
+
+    Returns:
+        ``r`` (``(..., 1)``), the resized (w, h) in whole pixels and the (left, top) padding, so that
+        ``x_input = x_original * resized / size + pad``.
+    """
+    size = np.asarray(size_wh, dtype=np.float64)
+    target = np.asarray(target_wh, dtype=np.float64)
+    r = (target / size).min(-1, keepdims=True)
+    if not scaleup:  # never enlarge for evaluation: it only blurs and skews the metric
+        r = np.minimum(r, 1.0)
+    resized = np.round(size * r)
+    pad = np.round((target - resized) / 2 - 0.1)
+    return r, resized, pad
+
+
+def check_image_size(size: int, stride: int = 32, name: str = "img_size") -> int:
+    """``size`` when it is a positive multiple of the model's largest ``stride``; else ``ValueError``."""
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0 or size % stride:
+        raise ValueError(f"{name} must be a positive multiple of {stride}, got {size!r}")
+    return size

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from .atomic import write_atomic
+from .names import class_names
 
 FORMAT_NAME = "yolotrain-checkpoint"
 FORMAT_VERSION = 1
@@ -65,28 +66,6 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_atomic(target: Path, write: Callable[[Path], None]) -> None:
-    """Write via ``write(temp_path)`` in the target's folder, fsync, then rename over ``target``."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(handle)
-    temp = Path(temp_name)
-    try:
-        write(temp)
-        with temp.open("rb+") as written:
-            written.flush()
-            os.fsync(written.fileno())
-        os.replace(temp, target)
-    finally:
-        temp.unlink(missing_ok=True)
-    # The rename itself is durable only once the folder entry is on disk.
-    folder = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
-
-
 def _tensors_of(source: nn.Module | Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     state = source.state_dict() if isinstance(source, nn.Module) else source
     return {f"{prefix}.{key}": value.detach().cpu().contiguous() for key, value in state.items()}
@@ -100,15 +79,8 @@ def _architecture(model: nn.Module) -> dict[str, Any]:
             "in_channels": int(model.in_channels)}
 
 
-def _class_names(model: nn.Module, metadata: Mapping[str, Any]) -> list[str]:
-    names = metadata.get("names", getattr(model, "names", None))
-    nc = int(model.head.nc)
-    if names is None:
-        return [str(i) for i in range(nc)]
-    names = [str(names[i]) for i in range(len(names))] if isinstance(names, Mapping) else [str(n) for n in names]
-    if len(names) != nc:
-        raise ValueError(f"{len(names)} class names given for a model with {nc} classes")
-    return names
+def _checkpoint_names(model: nn.Module, metadata: Mapping[str, Any]) -> list[str]:
+    return class_names(metadata.get("names", getattr(model, "names", None)), int(model.head.nc))
 
 
 def save_checkpoint(path_stem: str | Path, model: nn.Module, ema: nn.Module | Mapping[str, torch.Tensor] | None = None,
@@ -125,7 +97,7 @@ def save_checkpoint(path_stem: str | Path, model: nn.Module, ema: nn.Module | Ma
     for key in ARCHITECTURE_KEYS:
         if key in metadata and metadata[key] != architecture[key]:
             raise ValueError(f"metadata {key}={metadata[key]!r} contradicts the model ({architecture[key]!r})")
-    document = {**metadata, **architecture, "names": _class_names(model, metadata),
+    document = {**metadata, **architecture, "names": _checkpoint_names(model, metadata),
                 "format": FORMAT_NAME, "format_version": FORMAT_VERSION}
     try:
         json.dumps(document)
@@ -136,17 +108,17 @@ def save_checkpoint(path_stem: str | Path, model: nn.Module, ema: nn.Module | Ma
     if ema is not None:
         tensors.update(_tensors_of(ema, "ema"))
     from safetensors.torch import save_file
-    _write_atomic(weights_path, lambda temp: save_file(tensors, str(temp), metadata={"format": FORMAT_NAME}))
+    write_atomic(weights_path, lambda temp: save_file(tensors, str(temp), metadata={"format": FORMAT_NAME}))
     files = {"weights": {"name": weights_path.name, "sha256": _file_sha256(weights_path)}}
 
     if state is not None:
-        _write_atomic(state_path, lambda temp: _save_state(dict(state), temp))
+        write_atomic(state_path, lambda temp: _save_state(dict(state), temp))
         files.update(state={"name": state_path.name, "sha256": _file_sha256(state_path)})
     else:
         # A state file left from an earlier save under this name no longer belongs to the set.
         state_path.unlink(missing_ok=True)
     document.update(files=files)
-    _write_atomic(json_path, lambda temp: temp.write_text(json.dumps(document, indent=2) + "\n"))
+    write_atomic(json_path, lambda temp: temp.write_text(json.dumps(document, indent=2) + "\n"))
     return json_path
 
 
@@ -192,20 +164,25 @@ def read_metadata(path: str | Path) -> tuple[dict[str, Any], bool]:
 
 def read_checkpoint(path: str | Path) -> CheckpointContents:
     """Read and verify a checkpoint set given its stem, ``.safetensors`` or ``.json`` path."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     weights_path, _, state_path = checkpoint_paths(path)
     metadata, has_state = read_metadata(path)
-    try:
-        tensors = load_file(str(weights_path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{weights_path}: truncated or corrupt safetensors file ({exc})") from None
+    tensors = read_safetensors(weights_path)
     model_state = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     ema_state = {k.removeprefix("ema."): v for k, v in tensors.items() if k.startswith("ema.")} or None
     if not model_state:
         raise CheckpointError(f"{weights_path}: holds no 'model.*' tensors")
     return CheckpointContents(metadata, model_state, ema_state, state_path if has_state else None)
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a ``.safetensors`` file; a truncated or corrupt one is a one-line :class:`CheckpointError`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({exc})") from None
 
 
 def _verify(path: Path, record: Any, json_path: Path) -> None:
@@ -238,32 +215,3 @@ def state_mismatch(expected: Mapping[str, torch.Tensor], weights: Mapping[str, t
         if value.shape != weights[key].shape:
             return f"{key} has shape {tuple(weights[key].shape)}, expected {tuple(value.shape)}"
     return None
-
-
-def load_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[nn.Module, dict[str, Any]]:
-    """Build a :class:`~yolotrain.Yolov5` from a checkpoint set; returns ``(model, metadata)``.
-
-    The EMA weights are used when present and ``use_ema`` (they are the ones evaluated during
-    training). The model is float32 or whatever dtype was saved, on the CPU, in eval mode, with
-    ``model.names`` set from the metadata.
-    """
-    from .model import Yolov5
-
-    contents = read_checkpoint(path)
-    meta = contents.metadata
-    _, json_path, _ = checkpoint_paths(path)
-    try:
-        model = Yolov5(meta["version"], num_classes=meta["nc"], anchors=meta["anchors"],
-                       in_channels=meta.get("in_channels", 3))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{json_path}: bad architecture entry ({type(exc).__name__}: {exc})") from None
-    weights = contents.ema_state if use_ema and contents.ema_state is not None else contents.model_state
-    mismatch = state_mismatch(model.state_dict(), weights)
-    if mismatch:
-        raise CheckpointError(f"{json_path}: does not match its tensors (yolov5{meta['version']} nc={meta['nc']}: "
-                              f"{mismatch})")
-    # Keep the saved floating dtype so that a save/load round trip is bitwise exact.
-    model = model.to(next(v.dtype for v in weights.values() if v.is_floating_point()))
-    model.load_state_dict(weights, strict=True)
-    model.names = list(meta.get("names") or [str(i) for i in range(model.num_classes)])
-    return model.eval(), meta

@@ -6,46 +6,32 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from .runs import add_run_dir_arguments
-
 # Exceptions that mean "bad input or configuration": printed as one line, no traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, NotADirectoryError, PermissionError,
                                                  ValueError, KeyError)
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a detector (default: yolov5n on the built-in shapes dataset)")
-    p.add_argument("--data", help="dataset YAML or folder (default: the built-in shapes dataset)")
-    p.add_argument("--model", default="yolov5n", help="yolov5n|s|m|l|x, or a checkpoint to fine-tune")
-    p.add_argument("--img", "--img-size", dest="img_size", type=int, help="image size (default 640; 160 on shapes)")
-    p.add_argument("--epochs", type=int, help="epochs (default 100; 30 on shapes)")
-    p.add_argument("--batch", "--batch-size", dest="batch_size", type=int, help="global batch size (default 16)")
-    p.add_argument("--optimizer", choices=("SGD", "Adam", "AdamW"), help="default SGD (AdamW on shapes)")
-    p.add_argument("--lr0", type=float, help="initial learning rate (default 1e-2 SGD, 1e-3 Adam/AdamW; "
-                   "2e-3 on shapes)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: a GPU when present)")
-    p.add_argument("--workers", type=int, help="data loader processes per training process")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rect", action="store_true", help="rectangular batches (no mosaic)")
-    p.add_argument("--close-mosaic", type=int, default=0, help="turn mosaic off for the last N epochs")
-    p.add_argument("--cos-lr", action="store_true", help="cosine learning-rate schedule")
-    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across processes (CUDA)")
-    p.add_argument("--nominal-batch", type=int,
-                   help="accumulate gradients up to this batch size (default 64; 16 on shapes)")
-    p.add_argument("--hyp", dest="hyp_file", help="hyper-parameter YAML overriding the defaults")
+    from .engine.config import TrainConfig
+    from .settings import add_arguments
+
+    p = sub.add_parser("train", help="train a detector (default: yolov5n on the built-in shapes dataset)",
+                       description="Train a detector. Settings not given follow the data: the built-in shapes "
+                       "dataset gets a quick CPU recipe, real datasets the reference YOLOv5 one.")
+    p.add_argument("--config", help="a run's config.yaml (nested settings) to start from")
+    p.add_argument("--hyp", help="hyper-parameter YAML (flat: lr0, mosaic, box ...) over the defaults")
     p.add_argument("--resume", nargs="?", const=True, default=False,
-                   help="continue the latest run, or the run of the given last checkpoint")
-    add_run_dir_arguments(p, "runs/train")
-    p.add_argument("--doctor", action="store_true", help="run the first step under the in-place doctor")
-    p.add_argument("--no-val", dest="val", action="store_false", help="skip validation (saves time)")
+                   help="continue the latest run, or the given run folder or last checkpoint, with its own "
+                   "settings (only --device and --workers may change)")
+    add_arguments(p, TrainConfig)
     p.set_defaults(run=_run_train)
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from .engine import TrainConfig, train
+    from .engine import train
 
-    fields = {k: v for k, v in vars(args).items() if k not in ("command", "run")}
-    train(TrainConfig(**fields))
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "run", "config", "hyp", "resume")}
+    train(args.config, hyp=args.hyp, resume=args.resume, **settings)
     return 0
 
 
@@ -76,7 +62,7 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     check = data_sub.add_parser("check", help="verify a dataset, preview augmented images, plot label statistics")
     check.add_argument("data", help="dataset YAML or folder")
     check.add_argument("--out", default="runs/data", help="folder for the preview and statistics images")
-    check.add_argument("--img", dest="img_size", type=int, default=640)
+    check.add_argument("--img", dest="img_size", type=int, default=640, help="image size of the preview")
     check.set_defaults(run=_run_data_check)
 
 

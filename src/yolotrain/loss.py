@@ -8,7 +8,8 @@ so it cannot cause "modified by an inplace operation" errors in ``backward()``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,9 +17,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from .boxes import complete_iou
+from .settings import from_mapping, setting
 
-# Reference "scratch-low" loss hyper-parameters, before scaling for layers, classes and image size.
-DEFAULT_LOSS_HYP: dict[str, float] = {"box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Loss gains, before scaling for layers, classes and image size; the reference's scratch-low values."""
+
+    box: float = setting(0.05, "box (CIoU) loss gain", min=0)
+    cls: float = setting(0.5, "class loss gain", min=0)
+    obj: float = setting(1.0, "objectness loss gain", min=0)
+    anchor_t: float = setting(4.0, "anchor-multiple threshold for assigning targets", above=1)
+
 # Objectness weight of each level: small objects (P3) dominate the count of cells.
 LEVEL_BALANCE = (4.0, 1.0, 0.4)
 # A target is also assigned to the two neighbouring cells nearest its centre (beyond this fraction).
@@ -64,11 +74,11 @@ class YoloLoss:
     component_names = ("box", "obj", "cls")
 
     def __init__(self, model: nn.Module, rect_training: bool = False, img_size: int | None = None,
-                 hyp: dict[str, float] | None = None) -> None:
+                 hyp: LossConfig | Mapping[str, float] | None = None) -> None:
         head = getattr(model, "module", model).head  # unwrap DistributedDataParallel
         self.rect_training = rect_training
         self.img_size = img_size
-        self.hyp = {**DEFAULT_LOSS_HYP, **(hyp or {})}
+        self.hyp = hyp if isinstance(hyp, LossConfig) else from_mapping(LossConfig, hyp or {})
         self.head = head  # read anchors from it on each call: they follow the model across .to(device)
         self.nc, self.na, self.nl = head.nc, head.na, head.nl
         self.strides = tuple(int(s) for s in head.stride.tolist())
@@ -85,9 +95,9 @@ class YoloLoss:
         self.step += 1
         batch_size = outputs[0].shape[0]
         image_size = max(self._image_size(outputs, pred_size))
-        box_gain = self.hyp["box"] * 3 / self.nl
-        cls_gain = self.hyp["cls"] * self.nc / 80 * 3 / self.nl
-        obj_gain = self.hyp["obj"] * ((self.img_size or image_size) / 640) ** 2 * 3 / self.nl
+        box_gain = self.hyp.box * 3 / self.nl
+        cls_gain = self.hyp.cls * self.nc / 80 * 3 / self.nl
+        obj_gain = self.hyp.obj * ((self.img_size or image_size) / 640) ** 2 * 3 / self.nl
 
         anchors = self.head.anchors.to(device=device, dtype=dtype)
         box_terms, obj_terms, cls_terms = [], [], []
@@ -129,7 +139,7 @@ class YoloLoss:
         grid_gain = torch.tensor([nx, ny, nx, ny], dtype=targets.dtype, device=device)
         boxes = targets[:, 2:6] * grid_gain                                    # [nt, 4] grid units
         ratio = boxes[None, :, 2:4] / anchors[:, None]                         # [na, nt, 2]
-        fits = torch.max(ratio, 1 / ratio).amax(2) < self.hyp["anchor_t"]     # [na, nt]
+        fits = torch.max(ratio, 1 / ratio).amax(2) < self.hyp.anchor_t     # [na, nt]
         anchor_index, target_index = fits.nonzero(as_tuple=True)
         # The reference orders matches anchor-major; keep it so duplicate cells resolve identically.
         gxy = boxes[target_index, :2]

@@ -9,41 +9,40 @@ its seed; nothing here touches global random state. Boxes are ``(n, 5)`` arrays 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
+from ..boxes import letterbox_geometry
+from ..settings import from_mapping, setting
+
 PAD_VALUE = 114
 
-# The reference's "scratch-low" augmentation settings (hyp.scratch-low.yaml).
-HYP_SCRATCH_LOW: dict[str, float] = {
-    "hsv_h": 0.015,
-    "hsv_s": 0.7,
-    "hsv_v": 0.4,
-    "degrees": 0.0,
-    "translate": 0.1,
-    "scale": 0.5,
-    "shear": 0.0,
-    "perspective": 0.0,
-    "flipud": 0.0,
-    "fliplr": 0.5,
-    "mosaic": 1.0,
-    "mixup": 0.0,
-}
+@dataclass(frozen=True)
+class AugmentConfig:
+    """Training augmentations; the defaults are the reference's ``hyp.scratch-low.yaml``."""
 
+    hsv_h: float = setting(0.015, "hue gain (fraction)", min=0, max=1)
+    hsv_s: float = setting(0.7, "saturation gain (fraction)", min=0, max=1)
+    hsv_v: float = setting(0.4, "value (brightness) gain (fraction)", min=0, max=1)
+    degrees: float = setting(0.0, "rotation range (+/- degrees)", min=0, max=180)
+    translate: float = setting(0.1, "translation range (+/- fraction of the image)", min=0, max=0.9)
+    scale: float = setting(0.5, "scale range (+/- gain)", min=0, max=0.95)
+    shear: float = setting(0.0, "shear range (+/- degrees)", min=0, max=89)
+    perspective: float = setting(0.0, "perspective range (+/- fraction; 0..0.001 is sensible)", min=0, max=0.01)
+    flipud: float = setting(0.0, "probability of an up-down flip", min=0, max=1)
+    fliplr: float = setting(0.5, "probability of a left-right flip", min=0, max=1)
+    mosaic: float = setting(1.0, "probability of a 4-image mosaic", min=0, max=1)
+    mixup: float = setting(0.0, "probability of mixing two mosaics", min=0, max=1)
+    close_mosaic: int = setting(0, "turn mosaic off for the last N epochs", min=0)
 
-def make_hyp(overrides: Mapping[str, float] | None = None) -> dict[str, float]:
-    """Scratch-low settings with ``overrides`` applied.
-
-    Raises:
-        KeyError: an override names an unknown setting (catches typos that would silently do nothing).
-    """
-    hyp = dict(HYP_SCRATCH_LOW)
-    for k, v in (overrides or {}).items():
-        if k not in hyp:
-            raise KeyError(f"unknown augmentation setting {k!r}; known: {', '.join(hyp)}")
-        hyp[k] = float(v)
-    return hyp
+    @classmethod
+    def coerce(cls, value: AugmentConfig | Mapping[str, float] | None) -> AugmentConfig:
+        """The settings themselves, or the defaults updated from a mapping (validated: a typo is an error)."""
+        if isinstance(value, cls):
+            return value
+        return from_mapping(cls, value or {})
 
 
 def letterbox(
@@ -52,22 +51,18 @@ def letterbox(
     """Resize keeping aspect ratio and pad (value 114) to ``new_shape`` (h, w), image centred.
 
     Returns the image, the scale ratio and the (left, top) padding in pixels, so that
-    ``x_new = x_old * ratio + pad``.
+    ``x_new = x_old * ratio + pad`` (geometry from :func:`yolotrain.boxes.letterbox_geometry`).
     """
     h0, w0 = im.shape[:2]
     nh, nw = (new_shape, new_shape) if isinstance(new_shape, int) else (int(new_shape[0]), int(new_shape[1]))
-    r = min(nh / h0, nw / w0)
-    if not scaleup:  # never enlarge for evaluation: it only blurs and skews the metric
-        r = min(r, 1.0)
-    uw, uh = round(w0 * r), round(h0 * r)
-    dw, dh = (nw - uw) / 2, (nh - uh) / 2
+    r, resized, pad = letterbox_geometry(np.array([w0, h0]), np.array([nw, nh]), scaleup)
+    uw, uh = (int(v) for v in resized)
+    left, top = (int(v) for v in pad)
     if (uw, uh) != (w0, h0):
         im = cv2.resize(im, (uw, uh), interpolation=cv2.INTER_LINEAR)
-    # Odd padding: the extra pixel goes bottom/right, as in the reference.
-    top, bottom = round(dh - 0.1), round(dh + 0.1)
-    left, right = round(dw - 0.1), round(dw + 0.1)
-    im = cv2.copyMakeBorder(im, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3)
-    return im, r, (float(left), float(top))
+    im = cv2.copyMakeBorder(im, top, nh - uh - top, left, nw - uw - left, cv2.BORDER_CONSTANT,
+                            value=(PAD_VALUE,) * 3)
+    return im, float(r[0]), (float(left), float(top))
 
 
 def box_candidates(
@@ -84,7 +79,7 @@ def box_candidates(
 
 
 def random_perspective(
-    im: np.ndarray, labels: np.ndarray, rng: np.random.Generator, hyp: Mapping[str, float],
+    im: np.ndarray, labels: np.ndarray, rng: np.random.Generator, hyp: AugmentConfig,
     border: tuple[int, int] = (0, 0),
 ) -> tuple[np.ndarray, np.ndarray]:
     """Random rotation, scale, shear, translation and perspective about the image centre.
@@ -97,17 +92,17 @@ def random_perspective(
     C = np.eye(3)
     C[0, 2], C[1, 2] = -im.shape[1] / 2, -im.shape[0] / 2
     P = np.eye(3)
-    P[2, 0], P[2, 1] = rng.uniform(-hyp["perspective"], hyp["perspective"], 2)
+    P[2, 0], P[2, 1] = rng.uniform(-hyp.perspective, hyp.perspective, 2)
     R = np.eye(3)
-    angle = rng.uniform(-hyp["degrees"], hyp["degrees"])
-    s = rng.uniform(1 - hyp["scale"], 1 + hyp["scale"])
+    angle = rng.uniform(-hyp.degrees, hyp.degrees)
+    s = rng.uniform(1 - hyp.scale, 1 + hyp.scale)
     R[:2] = cv2.getRotationMatrix2D(angle=angle, center=(0, 0), scale=s)
     S = np.eye(3)
-    S[0, 1], S[1, 0] = np.tan(np.deg2rad(rng.uniform(-hyp["shear"], hyp["shear"], 2)))
+    S[0, 1], S[1, 0] = np.tan(np.deg2rad(rng.uniform(-hyp.shear, hyp.shear, 2)))
     T = np.eye(3)
-    T[0, 2], T[1, 2] = rng.uniform(0.5 - hyp["translate"], 0.5 + hyp["translate"], 2) * (width, height)
+    T[0, 2], T[1, 2] = rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate, 2) * (width, height)
     M = T @ S @ R @ P @ C  # applied right to left
-    perspective = bool(hyp["perspective"])
+    perspective = bool(hyp.perspective)
     if border != (0, 0) or (M != np.eye(3)).any():
         fill = (PAD_VALUE,) * 3
         if perspective:

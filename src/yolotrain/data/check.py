@@ -14,13 +14,14 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 import numpy as np
+import torch
 
+from ..boxes import xywh_to_xyxy
+from ..draw import draw_detections
+from .augment import AugmentConfig
 from .dataset import DetectionDataset
-from .sources import resolve_source
-from .verify import DataWarning, VerifyReport, verify_split
-
-# Far more than any real dataset: with no class names known, only the label syntax is checked.
-_UNBOUNDED_CLASSES = 1 << 20
+from .loaders import DataConfig, build_loaders
+from .verify import DataWarning, VerifyReport
 
 
 @dataclass
@@ -33,31 +34,16 @@ class CheckResult:
     stats: Path
 
 
-def _palette(n: int) -> np.ndarray:
-    """Distinct BGR colours: hues spread evenly around the colour wheel."""
-    hsv = np.stack([np.arange(n) * 180 // max(n, 1), np.full(n, 220), np.full(n, 255)], 1).astype(np.uint8)
-    return cv2.cvtColor(hsv[None], cv2.COLOR_HSV2BGR)[0]
-
-
-def draw_boxes(img_rgb: np.ndarray, labels: np.ndarray, names: list[str]) -> np.ndarray:
-    """Return a BGR copy of ``img_rgb`` with class + normalised cxcywh ``labels`` drawn and named."""
-    im = cv2.cvtColor(img_rgb, cv2.COLOR_RGB2BGR)
-    h, w = im.shape[:2]
-    colours = _palette(max(len(names), int(labels[:, 0].max()) + 1 if len(labels) else 1))
-    xyxy = np.column_stack([labels[:, 1] - labels[:, 3] / 2, labels[:, 2] - labels[:, 4] / 2,
-                            labels[:, 1] + labels[:, 3] / 2, labels[:, 2] + labels[:, 4] / 2]) * (w, h, w, h)
-    for (c, *_), (x1, y1, x2, y2) in zip(labels, xyxy.round().astype(int)):
-        colour = tuple(int(v) for v in colours[int(c)])
-        cv2.rectangle(im, (x1, y1), (x2, y2), colour, 2)
-        text = names[int(c)] if int(c) < len(names) else str(int(c))
-        cv2.putText(im, text, (x1 + 2, max(y1 - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.4, colour, 1,
-                    cv2.LINE_AA)
-    return im
+def draw_sample(img_rgb: np.ndarray, labels: np.ndarray, names: list[str]) -> np.ndarray:
+    """A BGR copy of a dataset sample with its labels (class + normalised cx, cy, w, h) drawn and named."""
+    h, w = img_rgb.shape[:2]
+    boxes = xywh_to_xyxy(torch.from_numpy(labels[:, 1:5]).double()) * torch.tensor([w, h, w, h])
+    return draw_detections(cv2.cvtColor(img_rgb, cv2.COLOR_RGB2BGR), boxes, labels[:, 0], names)
 
 
 def save_preview(dataset: DetectionDataset, path: Path, n: int = 4) -> Path:
     """Write a grid of the first ``n`` (augmented) samples of ``dataset`` with boxes and names."""
-    tiles = [draw_boxes(*dataset[i % len(dataset)], dataset.names) for i in range(n)]
+    tiles = [draw_sample(*dataset[i % len(dataset)], dataset.names) for i in range(n)]
     size = dataset.img_size
     tiles = [cv2.resize(t, (size, size)) if t.shape[:2] != (size, size) else t for t in tiles]
     cols = int(np.ceil(np.sqrt(n)))
@@ -101,19 +87,17 @@ def check_dataset(
     ``num_classes`` defaults to the number of class names in the dataset; without names, class ids
     are not range-checked.
     """
-    src = resolve_source(data)
-    nc = num_classes or len(src.names) or _UNBOUNDED_CLASSES
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=1, workers=0, cache_mb=0)
     with warnings.catch_warnings():  # the summaries are printed below; no need to repeat them as warnings
         warnings.simplefilter("ignore", DataWarning)
-        train = verify_split(src.train, nc, "train")
-        val = train if src.val == src.train else verify_split(src.val, nc, "val")
+        loaders = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed)
+    train, val = loaders.train_index, loaders.val_index
     print(train.report.summary("train"))
     if val is not train:
         print(val.report.summary("val"))
-    ds = DetectionDataset(train, img_size, batch_size=1, augment=True, seed=seed, names=src.names, cache_mb=0)
-    preview = save_preview(ds, out / "mosaic_preview.png")
-    stats = save_label_stats(train.labels, src.names, out / "label_stats.png")
+    preview = save_preview(loaders.train.dataset, out / "mosaic_preview.png")
+    stats = save_label_stats(train.labels, loaders.names, out / "label_stats.png")
     print(f"wrote {preview} and {stats}")
     return CheckResult(train.report, val.report, preview, stats)

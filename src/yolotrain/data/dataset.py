@@ -8,7 +8,6 @@ processes keep their own copy of the dataset and would not see later changes to 
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -70,7 +69,8 @@ class DetectionDataset(Dataset):
         img_size: training/eval image size (long side, pixels).
         batch_size: batch size, needed to compute rectangular batch shapes.
         augment: apply augmentations (mosaic, affine, HSV, flips, mixup per ``hyp``).
-        hyp: augmentation settings (see :data:`yolotrain.data.augment.HYP_SCRATCH_LOW`).
+        hyp: augmentation settings, an :class:`~yolotrain.data.augment.AugmentConfig` or a mapping of
+            overrides of its defaults.
         rect: sort images by aspect ratio and give each batch its own padded shape (disables mosaic).
         pad: extra stride fraction added to rectangular shapes (reference: 0.0 train, 0.5 val).
         stride: shapes are multiples of this.
@@ -85,7 +85,7 @@ class DetectionDataset(Dataset):
         img_size: int = 640,
         batch_size: int = 16,
         augment: bool = False,
-        hyp: Mapping[str, float] | None = None,
+        hyp: A.AugmentConfig | Mapping[str, float] | None = None,
         rect: bool = False,
         pad: float = 0.0,
         stride: int = 32,
@@ -95,13 +95,13 @@ class DetectionDataset(Dataset):
     ) -> None:
         self.img_size = int(img_size)
         self.augment = augment
-        self.hyp = A.make_hyp(hyp)
+        self.hyp = A.AugmentConfig.coerce(hyp)
         self.rect = rect
         self.stride = stride
         self.seed = int(seed)
         self.names = list(names)
         self.epoch = 0
-        self.mosaic = augment and not rect and self.hyp["mosaic"] > 0
+        self.mosaic = augment and not rect and self.hyp.mosaic > 0
         self.report = index.report
         self._cache = _ImageCache(int(cache_mb * 2**20))
         files, labels, shapes = list(index.files), list(index.labels), np.asarray(index.shapes).reshape(-1, 2)
@@ -145,6 +145,7 @@ class DetectionDataset(Dataset):
         path = self.im_files[index]
         w0, h0 = (int(v) for v in self.shapes[index])
         r = self.img_size / max(h0, w0)
+        size = tuple(int(v) for v in loaded_size(np.array([w0, h0]), self.img_size))
         flag = cv2.IMREAD_COLOR
         # Decoder-side shrinking gives slightly different pixels than decode-then-resize: fine for
         # training, but evaluation keeps the reference's pixels.
@@ -153,7 +154,6 @@ class DetectionDataset(Dataset):
         im = cv2.imread(str(path), flag)
         if im is None:
             raise OSError(f"cannot read image {path}")
-        size = (math.ceil(w0 * r), math.ceil(h0 * r))
         if im.shape[1::-1] != size:
             interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
             im = cv2.resize(im, size, interpolation=interp)
@@ -172,9 +172,9 @@ class DetectionDataset(Dataset):
         index = int(index)
         rng = np.random.default_rng([self.seed, int(epoch), index])
         hyp = self.hyp
-        if mosaic and rng.random() < hyp["mosaic"]:
+        if mosaic and rng.random() < hyp.mosaic:
             img, labels = self._mosaic(index, rng)
-            if rng.random() < hyp["mixup"]:
+            if rng.random() < hyp.mixup:
                 img, labels = A.mixup(img, labels, *self._mosaic(int(rng.integers(len(self))), rng), rng)
         else:
             img = self.load_image(index)
@@ -185,8 +185,8 @@ class DetectionDataset(Dataset):
                 img, labels = A.random_perspective(img, labels, rng, hyp)
         labels = A.xyxy_to_xywhn(labels, img.shape[1], img.shape[0])
         if self.augment:
-            img = A.hsv_to_rgb(img, rng, hyp["hsv_h"], hyp["hsv_s"], hyp["hsv_v"])
-            img, labels = A.random_flips(img, labels, rng, hyp["flipud"], hyp["fliplr"])
+            img = A.hsv_to_rgb(img, rng, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
+            img, labels = A.random_flips(img, labels, rng, hyp.flipud, hyp.fliplr)
         else:
             img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         return img, labels
@@ -218,6 +218,13 @@ class DetectionDataset(Dataset):
         if targets.shape[0]:
             targets[:, 1:] = torch.from_numpy(np.concatenate([b[1] for b in batch]))
         return imgs, targets
+
+
+def loaded_size(size_wh: np.ndarray, img_size: int) -> np.ndarray:
+    """(w, h) of images of ``size_wh`` once loaded: the long side scaled to ``img_size``, sides rounded up
+    (the reference's rule; validation maps boxes back through it)."""
+    size = np.asarray(size_wh, dtype=np.float64)
+    return np.ceil(size * (img_size / size.max(-1, keepdims=True)))
 
 
 def rect_batch_shapes(

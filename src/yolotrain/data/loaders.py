@@ -1,18 +1,133 @@
-"""Build the train and val DataLoaders of a dataset folder or YAML."""
+"""The one path from a dataset on disk to DataLoaders: :func:`build_loaders`, used by training,
+:func:`get_loaders`, validation and ``yolotrain data check`` alike."""
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from .dataset import DEFAULT_CACHE_MB, DetectionDataset, SampleKey
+from ..boxes import check_image_size
+from ..settings import setting
+from .augment import AugmentConfig
+from .dataset import DetectionDataset, SampleKey
 from .sources import resolve_source
-from .verify import DataWarning, verify_split
+from .verify import DataWarning, LabelIndex, verify_split
+
+# The reference pads rectangular val batches by half a stride; training batches get none.
+VAL_RECT_PAD = 0.5
+# With no class names known (``data check`` of a bare folder), only the label syntax is checked.
+UNBOUNDED_CLASSES = 1 << 20
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data a run reads and how it is batched. ``None``: picked from the data (see TrainConfig)."""
+
+    path: str | None = setting(None, "dataset YAML or folder (none: the built-in shapes dataset)",
+                               flags=("--data",), aliases=("data",))
+    img_size: int | None = setting(None, "network input size in pixels, a multiple of 32 (640; 160 on shapes)",
+                                   flags=("--img", "--img-size"), min=32, multiple_of=32)
+    batch_size: int | None = setting(None, "global batch size, all processes together (16)",
+                                     flags=("--batch", "--batch-size"), min=1)
+    workers: int | None = setting(None, "loader processes per training process (min(2, CPUs))", min=0)
+    rect: bool = setting(False, "rectangular training batches in aspect order (no mosaic)")
+    cache_mb: float = setting(512.0, "per-process memory budget (MiB) for decoded images; 0 turns it off", min=0)
+
+
+def default_workers() -> int:
+    """Loader processes when none are asked for: two, or one on a single-core machine."""
+    return min(2, os.cpu_count() or 1)
+
+
+@dataclass
+class Loaders:
+    """What :func:`build_loaders` made: loaders of the requested splits, their verified indexes, the
+    class names and the dataset's root (the generated shapes folder when the config names no data)."""
+
+    names: list[str]
+    root: str
+    train: DataLoader | None = None
+    val: DataLoader | None = None
+    train_index: LabelIndex | None = None
+    val_index: LabelIndex | None = None
+
+
+def build_loaders(
+    config: DataConfig,
+    augment: AugmentConfig | None = None,
+    *,
+    num_classes: int | None = None,
+    splits: Sequence[str] = ("train", "val"),
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    val_rect: bool = True,
+    stride: int = 32,
+    require_names: bool = False,
+) -> Loaders:
+    """Verify the dataset of ``config`` and build the DataLoaders of ``splits``.
+
+    The train loader shuffles and, with ``augment``, augments (mosaic unless ``config.rect``); the
+    val loader never augments and walks the split in the reference's aspect order, in rectangular
+    batches padded by half a stride (``val_rect``) or square letterboxes, decoding at full size.
+    ``batch_size`` is the global batch: with ``world_size > 1`` each process takes its share of the
+    training batches; validation is whole on every process that asks for it.
+
+    Args:
+        num_classes: class ids must be below this; default: the number of class names in the data
+            (only the label syntax is checked when it has none).
+        require_names: refuse a dataset without class names (a model cannot be sized for it).
+    """
+    img_size = check_image_size(config.img_size or 0, stride)
+    batch_size = config.batch_size or 0
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {config.batch_size}")
+    root = config.path
+    if root is None:
+        from .shapes import generate_shapes_dataset
+
+        root = str(generate_shapes_dataset())
+    source = resolve_source(root)
+    names = list(source.names)
+    if require_names and not names:
+        raise ValueError(f"{root}: the dataset defines no class names")
+    nc = num_classes or len(names) or UNBOUNDED_CLASSES
+    workers = default_workers() if config.workers is None else config.workers
+    loaders = Loaders(names, str(root))
+    if "train" in splits:
+        loaders.train_index = verify_split(source.train, nc, "train")
+        train_set = DetectionDataset(loaders.train_index, img_size, batch_size, augment=augment is not None,
+                                     hyp=augment, rect=config.rect, pad=0.0, stride=stride, seed=seed, names=names,
+                                     cache_mb=config.cache_mb)
+        loaders.train = make_loader(train_set, batch_size, True, workers, seed, rank, world_size)
+    if "val" in splits:
+        same = source.val == source.train and loaders.train_index is not None
+        loaders.val_index = loaders.train_index if same else verify_split(source.val, nc, "val")
+        index = reference_rect_order(loaders.val_index) if val_rect else loaders.val_index
+        val_set = DetectionDataset(index, img_size, batch_size, augment=False, rect=val_rect,
+                                   pad=VAL_RECT_PAD if val_rect else 0.0, stride=stride, seed=seed, names=names,
+                                   cache_mb=config.cache_mb)
+        loaders.val = make_loader(val_set, batch_size, False, workers, seed)
+    return loaders
+
+
+def reference_rect_order(index: LabelIndex) -> LabelIndex:
+    """The split sorted by aspect ratio with the reference's own (default-kind) argsort.
+
+    Which of several equal-aspect images lands in which rect batch decides its padded shape and so
+    its detections; ordering them as the reference does makes results comparable image for image.
+    The dataset's own stable sort then keeps this order.
+    """
+    shapes = np.asarray(index.shapes).reshape(-1, 2)
+    order = (shapes[:, 1] / shapes[:, 0]).argsort()
+    return LabelIndex([index.files[i] for i in order], [index.labels[i] for i in order], shapes[order],
+                      index.report)
 
 
 class EpochBatchSampler(Sampler[list[SampleKey]]):
@@ -87,8 +202,8 @@ def get_loaders(
     workers: int | None = None,
     augment: bool = True,
     seed: int = 0,
-    hyp: Mapping[str, float] | None = None,
-    cache_mb: float = DEFAULT_CACHE_MB,
+    hyp: AugmentConfig | Mapping[str, float] | None = None,
+    cache_mb: float = DataConfig.cache_mb,
 ) -> tuple[DataLoader, DataLoader]:
     """Train and val loaders of a YOLO-layout folder or dataset YAML.
 
@@ -96,7 +211,8 @@ def get_loaders(
     and ``[N, 6]`` targets (image index, class, cx, cy, w, h) normalised to the batch image.
     The train loader shuffles and augments (mosaic, affine, HSV, flips per ``hyp``, default
     scratch-low) unless ``rect_training``, which keeps aspect-sorted batches with their own shapes
-    and no mosaic. The val loader never augments and uses rectangular batches.
+    and no mosaic. The val loader never augments and uses rectangular batches. Both are built by
+    :func:`build_loaders`, exactly as training builds them.
 
     Args:
         db_root_dir: folder with ``images/{train,val}`` (or ``train2017``/``val2017``) and ``labels/``,
@@ -108,28 +224,21 @@ def get_loaders(
         workers: loader processes; ``None`` means ``min(2, cpu count)``.
         augment: apply training augmentations.
         seed: seeds shuffling and augmentation; equal seeds give equal batches for any ``workers``.
-        hyp: overrides of the augmentation settings.
-        cache_mb: per-process memory budget (MiB) for decoded training images; 0 disables it.
-            Validation images are read once per epoch and are not kept.
+        hyp: augmentation settings (an ``AugmentConfig``, or overrides of its defaults).
+        cache_mb: per-process memory budget (MiB) for decoded images; 0 disables it.
 
     Raises:
         FileNotFoundError: the dataset, a split folder or its images are missing.
-        ValueError: bad arguments, or most labels use class ids ``>= num_classes``.
+        ValueError: bad arguments (:class:`yolotrain.settings.ConfigError` for augmentation settings),
+            or most labels use class ids ``>= num_classes``.
     """
-    if img_size <= 0 or img_size % 32:
-        raise ValueError(f"img_size must be a positive multiple of 32, got {img_size}")
     if batch_size < 1 or num_classes < 1:
         raise ValueError(f"batch_size and num_classes must be >= 1, got {batch_size} and {num_classes}")
-    workers = min(2, os.cpu_count() or 1) if workers is None else int(workers)
-    src = resolve_source(db_root_dir)
-    if src.names and len(src.names) != num_classes:
-        warnings.warn(f"{db_root_dir}: dataset names {len(src.names)} classes, num_classes is {num_classes}",
+    augmentation = AugmentConfig.coerce(hyp) if augment else None
+    config = DataConfig(path=os.fspath(db_root_dir), img_size=img_size, batch_size=batch_size, workers=workers,
+                        rect=rect_training, cache_mb=cache_mb)
+    loaders = build_loaders(config, augmentation, num_classes=num_classes, seed=seed)
+    if loaders.names and len(loaders.names) != num_classes:
+        warnings.warn(f"{db_root_dir}: dataset names {len(loaders.names)} classes, num_classes is {num_classes}",
                       DataWarning, stacklevel=2)
-    train_index = verify_split(src.train, num_classes, "train")
-    val_index = train_index if src.val == src.train else verify_split(src.val, num_classes, "val")
-    train = DetectionDataset(train_index, img_size, batch_size, augment=augment, hyp=hyp, rect=rect_training,
-                             pad=0.0, seed=seed, names=src.names, cache_mb=cache_mb)
-    val = DetectionDataset(val_index, img_size, batch_size, augment=False, rect=True, pad=0.5, seed=seed,
-                           names=src.names, cache_mb=0)
-    train_loader = make_loader(train, batch_size, True, workers, seed)
-    return train_loader, make_loader(val, batch_size, False, workers, seed)
+    return loaders.train, loaders.val

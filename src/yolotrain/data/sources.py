@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from ..names import class_names
+
 IMG_FORMATS = frozenset({"bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp"})
 
 # Split folder names tried, in order, when the root is a plain folder rather than a YAML file.
@@ -74,10 +76,15 @@ def list_images(spec: str | os.PathLike | list, base: Path | None = None) -> lis
     return files
 
 
-def _names_list(names) -> list[str]:
-    if isinstance(names, dict):
-        return [str(names[k]) for k in sorted(names, key=int)]
-    return [str(n) for n in names or []]
+def _dataset_names(cfg: dict, path: Path) -> list[str]:
+    """The ``names`` of a dataset YAML (checked against its ``nc`` when it has one); none when absent."""
+    names, nc = cfg.get("names"), cfg.get("nc")
+    if names is None:
+        return []
+    try:
+        return class_names(names, int(nc) if isinstance(nc, (int, float)) and not isinstance(nc, bool) else None)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}" + (f" (nc: {nc})" if nc is not None else "")) from None
 
 
 def _from_yaml(path: Path) -> DatasetSource:
@@ -96,7 +103,7 @@ def _from_yaml(path: Path) -> DatasetSource:
     else:
         warnings.warn(f"{path}: no 'val' split, validating on the training images", stacklevel=3)
         val = train
-    return DatasetSource(train=train, val=val, names=_names_list(cfg.get("names")), root=root)
+    return DatasetSource(train=train, val=val, names=_dataset_names(cfg, path), root=root)
 
 
 def _from_folder(root: Path) -> DatasetSource:
@@ -117,7 +124,7 @@ def _from_folder(root: Path) -> DatasetSource:
     names: list[str] = []
     for cfg in (root / "data.yaml", root / "dataset.yaml"):
         if cfg.is_file():
-            names = _names_list((yaml.safe_load(cfg.read_text()) or {}).get("names"))
+            names = _dataset_names(yaml.safe_load(cfg.read_text()) or {}, cfg)
             break
     return DatasetSource(train=train, val=val, names=names, root=root)
 
@@ -137,3 +144,24 @@ def resolve_source(db_root_dir: str | os.PathLike) -> DatasetSource:
     if p.is_dir():
         return _from_folder(p)
     raise ValueError(f"dataset must be a folder or a .yaml file: {p}")
+
+
+def link_subset(data: str | os.PathLike, root: str | os.PathLike, n: int, split: str = "train") -> Path:
+    """A dataset of the first ``n`` images (sorted by name) of a split of ``data``, as symbolic links with
+    their labels under ``root``, used as both train and val; returns its YAML.
+
+    Quick experiments and benchmarks on part of a dataset, without any tool writing caches into the
+    original folder.
+    """
+    source = resolve_source(data)
+    root = Path(root)
+    for kind in ("images", "labels"):
+        (root / kind / "val").mkdir(parents=True, exist_ok=True)
+    for image in sorted(getattr(source, split), key=lambda p: p.name)[:n]:
+        (root / "images" / "val" / image.name).symlink_to(image.resolve())
+        label = img2label_path(image)
+        if label.exists():
+            (root / "labels" / "val" / label.name).symlink_to(label.resolve())
+    config = {"path": str(root.resolve()), "train": "images/val", "val": "images/val", "names": source.names}
+    (root / "data.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return root / "data.yaml"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
+from ..atomic import write_atomic
 from .cachedir import cache_root
 from .sources import img2label_path
 
@@ -228,10 +228,9 @@ def _save(path: Path, index: LabelIndex, fingerprint: str) -> None:
     kinds = [k for k in sorted(r.issues) for _ in r.issues[k]]
     wheres = [w for k in sorted(r.issues) for w in r.issues[k]]
     labels = np.concatenate(index.labels) if index.labels else np.zeros((0, 5), np.float32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+
+    def write(temp: Path) -> None:
+        with temp.open("wb") as f:
             np.savez(
                 f,
                 version=np.array(CACHE_VERSION),
@@ -244,10 +243,8 @@ def _save(path: Path, index: LabelIndex, fingerprint: str) -> None:
                 issue_kinds=np.array(kinds, dtype=str),
                 issue_where=np.array(wheres, dtype=str),
             )
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    write_atomic(path, write, durable=False)  # a lost cache only costs a re-scan
 
 
 def _load(path: Path, fingerprint: str) -> LabelIndex | None:

@@ -1,99 +1,186 @@
-"""Explicit training configuration: every knob of a run in one dataclass, saved with its checkpoints."""
+"""The configuration of a training run: one frozen tree of typed settings, resolved once.
+
+``TrainConfig`` holds the run-level settings and one section per stage, each defined next to the
+code that reads it::
+
+    TrainConfig                      model, epochs, device, seed, project, name ...
+    ├── data:    DataConfig          data/loaders.py   dataset, image size, batch, workers, cache
+    ├── augment: AugmentConfig       data/augment.py   HSV, affine, flips, mosaic, mixup
+    ├── loss:    LossConfig          loss.py           box/obj/cls gains, anchor threshold
+    ├── optim:   OptimConfig         engine/optim.py   optimiser, lr schedule, warm-up, accumulation
+    ├── ema:     EMAConfig           engine/ema.py     decay and its ramp
+    └── eval:    EvalConfig          eval/val.py       per-epoch validation, NMS settings, plots
+
+:func:`resolve_config` turns what the user gave (a saved ``config.yaml``, a flat hyper-parameter
+YAML, command-line options, keyword arguments) into a complete, validated tree, filling the settings
+left at ``None`` from the data: the built-in shapes dataset gets a small-image, CPU-friendly recipe,
+real datasets the reference's. Checkpoints store the resolved tree, so a resumed run continues with
+exactly the values it started with.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..data.augment import HYP_SCRATCH_LOW
-from ..loss import DEFAULT_LOSS_HYP
-
-# The reference "scratch-low" optimisation settings; augmentation and loss settings live with their code.
-OPTIM_HYP: dict[str, float] = {
-    "lrf": 0.01,             # final learning rate = lr0 * lrf
-    "momentum": 0.937,       # SGD momentum / Adam beta1
-    "weight_decay": 0.0005,
-    "warmup_epochs": 3.0,
-    "warmup_momentum": 0.8,
-    "warmup_bias_lr": 0.1,
-}
-
-# Settings for the built-in shapes dataset: small images and an optimiser step every batch, so a CPU
-# trains yolov5n past mAP50 0.5 in a couple of minutes (measured: 0.61 at epoch 15, 0.84 at epoch 22).
-SHAPES_DEFAULTS = {"img_size": 160, "epochs": 30, "batch_size": 16, "optimizer": "AdamW", "lr0": 0.002,
-                   "nominal_batch": 16}
-# The reference's defaults for real datasets.
-DATASET_DEFAULTS = {"img_size": 640, "epochs": 100, "batch_size": 16, "optimizer": "SGD", "nominal_batch": 64}
+from ..data.augment import AugmentConfig
+from ..data.loaders import DataConfig, default_workers
+from ..eval.val import EvalConfig
+from ..loss import LossConfig
+from ..settings import ConfigError, flat_names, from_mapping, merge, nest, setting, to_dict, validate
+from .ema import EMAConfig
+from .optim import DEFAULT_LR0, OptimConfig
 
 
-def default_hyp() -> dict[str, float]:
-    return {**OPTIM_HYP, **HYP_SCRATCH_LOW, **DEFAULT_LOSS_HYP}
-
-
-def load_hyp(overrides: dict[str, float] | str | Path | None) -> dict[str, float]:
-    """Defaults updated from a dict or a hyper-parameter YAML; unknown keys are refused (typos)."""
-    hyp = default_hyp()
-    if overrides is None:
-        return hyp
-    if isinstance(overrides, (str, Path)):
-        path = Path(overrides)
-        if not path.is_file():
-            raise FileNotFoundError(f"hyper-parameter file not found: {path}")
-        overrides = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(overrides, dict):
-            raise ValueError(f"{path}: expected a mapping of hyper-parameters")
-    unknown = sorted(set(overrides) - set(hyp) - {"lr0"})
-    if unknown:
-        raise ValueError(f"unknown hyper-parameters: {', '.join(unknown)}")
-    hyp.update({k: float(v) for k, v in overrides.items() if k != "lr0"})
-    return hyp
-
-
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """One training run. ``None`` sizes pick defaults suited to the data (see SHAPES_DEFAULTS)."""
+    """One training run. Build it with :func:`resolve_config`; sizes left at ``None`` follow the data."""
 
-    data: str | None = None              # dataset YAML or folder; None: the built-in shapes dataset
-    model: str = "yolov5n"               # yolov5n|s|m|l|x, or a checkpoint to fine-tune
-    img_size: int | None = None
-    epochs: int | None = None
-    batch_size: int | None = None        # global batch (all processes together)
-    optimizer: str | None = None         # SGD | Adam | AdamW
-    lr0: float | None = None             # None: 1e-2 for SGD, 1e-3 for Adam/AdamW
-    device: str | None = None            # cpu, cuda, cuda:N; None: cuda:LOCAL_RANK when available
-    workers: int | None = None
-    seed: int = 0
-    rect: bool = False
-    close_mosaic: int = 0                # turn mosaic off for the last N epochs
-    cos_lr: bool = False
-    sync_bn: bool = False
-    nominal_batch: int | None = None     # gradients are accumulated up to this batch size
-    max_grad_norm: float = 10.0
-    hyp: dict[str, float] = field(default_factory=dict)
-    hyp_file: str | None = None
-    project: str = "runs/train"
-    name: str = "exp"
-    exist_ok: bool = False
-    resume: str | bool = False           # True: the latest run's last checkpoint; or a path
-    doctor: bool = False                 # run the first step under the in-place doctor
-    val: bool = True
-    plots: bool = True
-
-    def resolved(self) -> TrainConfig:
-        """Fill settings left at None from the data's defaults."""
-        defaults = dict(SHAPES_DEFAULTS if self.data is None else DATASET_DEFAULTS)
-        if self.optimizer is not None:
-            defaults.pop("lr0", None)  # a learning rate tuned for the default optimiser does not carry over
-        return dataclasses.replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+    model: str = setting("yolov5n", "yolov5n|s|m|l|x (from scratch), or a checkpoint to fine-tune")
+    epochs: int | None = setting(None, "epochs (100; 30 on shapes)", min=1)
+    device: str | None = setting(None, "cpu, cuda or cuda:N (a GPU when present)")
+    seed: int = setting(0, "seed of the weights, the shuffling and the augmentations", min=0)
+    sync_bn: bool = setting(False, "SyncBatchNorm across processes (CUDA)")
+    doctor: bool = setting(False, "run the first step under the in-place doctor")
+    project: str = setting("runs/train", "parent of the run folder")
+    name: str = setting("exp", "run folder name (exp, exp2 ... when taken)")
+    exist_ok: bool = setting(False, "reuse an existing run folder")
+    data: DataConfig = field(default_factory=DataConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The nested plain-value form saved in checkpoints and ``config.yaml``."""
+        return to_dict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """Rebuild (and validate) a configuration from its :meth:`to_dict` form."""
+        return from_mapping(cls, values)
+
+
+# Sections a hyper-parameter file may set (the reference's hyp.*.yaml keys live here).
+HYP_SECTIONS = ("augment", "loss", "optim", "ema")
+
+# The built-in shapes dataset: small images and an optimiser step every batch, so a CPU trains yolov5n
+# past mAP50 0.5 in a couple of minutes (measured: 0.61 at epoch 15, 0.84 at epoch 22).
+SHAPES_DEFAULTS = {"data.img_size": 160, "epochs": 30, "data.batch_size": 16, "optim.optimizer": "AdamW",
+                   "optim.lr0": 0.002, "optim.nominal_batch": 16}
+# The reference's defaults for real datasets (lr0 follows the optimiser: DEFAULT_LR0).
+DATASET_DEFAULTS = {"data.img_size": 640, "epochs": 100, "data.batch_size": 16, "optim.optimizer": "SGD",
+                    "optim.nominal_batch": 64}
+
+
+def read_settings_file(path: str | os.PathLike, what: str) -> dict[str, Any]:
+    """The mapping in a YAML file of settings; one-line errors for a missing or malformed file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(error, 'problem', None) or error})") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, got {type(values).__name__}")
+    return values
+
+
+def hyp_settings(hyp: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
+    """Flat hyper-parameters (``lr0: 0.01``, ``mosaic: 1.0`` ...) from a YAML file or a mapping, nested.
+
+    Only augmentation, loss, optimiser and EMA settings belong in a hyper-parameter file.
+    """
+    where = f"{hyp}: " if isinstance(hyp, (str, os.PathLike)) else "hyp: "
+    flat = read_settings_file(hyp, "hyper-parameter file") if isinstance(hyp, (str, os.PathLike)) else dict(hyp)
+    names = flat_names(TrainConfig)
+    allowed = {name for name, path in names.items() if path.split(".")[0] in HYP_SECTIONS}
+    for key in flat:
+        if key in names and key not in allowed:
+            raise ConfigError(f"{where}{key!r} is a run setting, not a hyper-parameter; set it as an option "
+                              f"(--{names[key].rpartition('.')[2].replace('_', '-')})")
+    try:
+        return nest(TrainConfig, flat)
+    except ConfigError as error:
+        raise ConfigError(f"{where}{error}") from None
+
+
+def resolve_config(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = None, *,
+                   hyp: str | os.PathLike | Mapping[str, Any] | None = None, **settings: Any) -> TrainConfig:
+    """The complete, validated configuration of a run.
+
+    Layers, later winning: the defaults; ``config`` (a :class:`TrainConfig`, its nested mapping or a
+    ``config.yaml`` of a run); ``hyp`` (flat hyper-parameters, a YAML file or a mapping); ``settings``
+    (flat keywords such as ``data="data.yaml"``, ``epochs=50``, ``lr0=0.02``, ``mosaic=0.0``, or whole
+    sections such as ``optim={"lr0": 0.02}``). Settings still ``None`` are then filled from the data
+    (see ``SHAPES_DEFAULTS`` and ``DATASET_DEFAULTS``), the workers from the machine.
+
+    Raises:
+        ConfigError: an unknown setting (with the closest valid name), a wrong type or an out-of-range
+            value, naming the setting.
+    """
+    if isinstance(config, TrainConfig):
+        base = config.to_dict()
+    elif isinstance(config, (str, os.PathLike)):
+        base = read_settings_file(config, "configuration file")
+        where = f"{config}: "
+        try:
+            from_mapping(TrainConfig, base)
+        except ConfigError as error:
+            raise ConfigError(f"{where}{error}") from None
+    else:
+        base = dict(config or {})
+    layered = merge(base, hyp_settings(hyp)) if hyp is not None else base
+    layered = merge(layered, nest(TrainConfig, settings))
+    explicit_optimizer = _get(layered, "optim.optimizer") is not None
+    resolved = from_mapping(TrainConfig, layered)
+    return _fill_from_data(resolved, explicit_optimizer)
+
+
+def _get(tree: Mapping[str, Any], path: str) -> Any:
+    for key in path.split("."):
+        if not isinstance(tree, Mapping) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def _fill_from_data(config: TrainConfig, explicit_optimizer: bool) -> TrainConfig:
+    defaults = dict(SHAPES_DEFAULTS if config.data.path is None else DATASET_DEFAULTS)
+    if explicit_optimizer:
+        defaults.pop("optim.lr0", None)  # a learning rate tuned for the default optimiser does not carry over
+    tree = config.to_dict()
+    for path, value in defaults.items():
+        *parents, leaf = path.split(".")
+        node = tree
+        for parent in parents:
+            node = node[parent]
+        if node[leaf] is None:
+            node[leaf] = value
+    if tree["optim"]["lr0"] is None:
+        tree["optim"]["lr0"] = DEFAULT_LR0[tree["optim"]["optimizer"]]
+    if tree["data"]["workers"] is None:
+        tree["data"]["workers"] = default_workers()
+    filled = TrainConfig.from_dict(tree)
+    validate(filled)
+    return filled
+
+
+def with_runtime(config: TrainConfig, device: str | None = None, workers: int | None = None) -> TrainConfig:
+    """The same run on another machine: only the device and the loader processes may change."""
+    data = dataclasses.replace(config.data, workers=config.data.workers if workers is None else workers)
+    changed = dataclasses.replace(config, device=config.device if device is None else device, data=data)
+    validate(changed)
+    return changed

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from ..settings import setting
+
+
+@dataclass(frozen=True)
+class EMAConfig:
+    """The weight average that is validated and saved (the reference's values)."""
+
+    decay: float = setting(0.9999, "EMA decay once ramped up", flags=("--ema-decay",), above=0, max=1)
+    tau: float = setting(2000.0, "updates over which the decay ramps up", flags=("--ema-tau",), above=0)
 
 
 class ModelEMA:
@@ -16,7 +27,8 @@ class ModelEMA:
     random initialisation.
     """
 
-    def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000, updates: int = 0) -> None:
+    def __init__(self, model: nn.Module, decay: float = EMAConfig.decay, tau: float = EMAConfig.tau,
+                 updates: int = 0) -> None:
         self.module = copy.deepcopy(_unwrap(model)).eval()
         self.decay = decay
         self.tau = tau

@@ -4,14 +4,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
+from ..settings import setting
+
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
 # Reference default initial learning rates ("SGD=1E-2, Adam=1E-3").
 DEFAULT_LR0 = {"SGD": 0.01, "Adam": 0.001, "AdamW": 0.001}
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser, learning-rate schedule and gradient accumulation; scratch-low values by default.
+    ``None``: picked from the data (see TrainConfig)."""
+
+    optimizer: Literal["SGD", "Adam", "AdamW"] | None = setting(None, "optimiser (SGD; AdamW on shapes)")
+    lr0: float | None = setting(None, "initial learning rate (1e-2 SGD, 1e-3 Adam/AdamW; 2e-3 on shapes)", above=0)
+    lrf: float = setting(0.01, "final learning rate as a fraction of lr0", above=0, max=1)
+    momentum: float = setting(0.937, "SGD momentum / Adam beta1", min=0, max=0.9999)
+    weight_decay: float = setting(0.0005, "weight decay at the nominal batch size", min=0)
+    warmup_epochs: float = setting(3.0, "warm-up length in epochs (at least 100 steps when > 0)", min=0)
+    warmup_momentum: float = setting(0.8, "momentum at the start of warm-up", min=0, max=0.9999)
+    warmup_bias_lr: float = setting(0.1, "bias learning rate at the start of warm-up", min=0)
+    cos_lr: bool = setting(False, "cosine learning-rate schedule instead of linear")
+    nominal_batch: int | None = setting(None, "accumulate gradients up to this batch size (64; 16 on shapes)", min=1)
+    max_grad_norm: float = setting(10.0, "gradient-norm clipping bound", above=0)
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float,
@@ -57,14 +79,14 @@ def warmup_iterations(warmup_epochs: float, batches_per_epoch: int) -> int:
 
 
 def apply_warmup(optimizer: torch.optim.Optimizer, iteration: int, warmup_iters: int, epoch_factor: float,
-                 hyp: dict[str, float]) -> None:
+                 hyp: OptimConfig) -> None:
     """Ramp learning rates (the bias group from ``warmup_bias_lr`` down, others from 0 up) and momentum."""
     ramp = [0, warmup_iters]
     for index, group in enumerate(optimizer.param_groups):
-        start = hyp["warmup_bias_lr"] if index == 0 else 0.0
+        start = hyp.warmup_bias_lr if index == 0 else 0.0
         group["lr"] = float(np.interp(iteration, ramp, [start, group["initial_lr"] * epoch_factor]))
         if "momentum" in group:
-            group["momentum"] = float(np.interp(iteration, ramp, [hyp["warmup_momentum"], hyp["momentum"]]))
+            group["momentum"] = float(np.interp(iteration, ramp, [hyp.warmup_momentum, hyp.momentum]))
         if "betas" in group:
-            beta1 = float(np.interp(iteration, ramp, [hyp["warmup_momentum"], hyp["momentum"]]))
+            beta1 = float(np.interp(iteration, ramp, [hyp.warmup_momentum, hyp.momentum]))
             group["betas"] = (beta1, group["betas"][1])

@@ -3,33 +3,31 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import yaml
 from torch import nn
 from tqdm import tqdm
 
-from ..data.augment import HYP_SCRATCH_LOW
-from ..data.dataset import DetectionDataset
-from ..data.loaders import make_loader
-from ..data.sources import resolve_source
-from ..data.verify import verify_split
+from ..atomic import write_atomic
+from ..data.loaders import build_loaders
 from ..devices import select_device
 from ..loss import DivergenceError, YoloLoss
 from ..model import Yolov5, parse_version
 from ..runs import next_run_dir
+from ..settings import ConfigError
 from . import distributed as D
-from .config import TrainConfig, load_hyp
+from .config import TrainConfig, resolve_config, with_runtime
 from .ema import ModelEMA
-from .optim import DEFAULT_LR0, apply_warmup, build_optimizer, lr_lambda, warmup_iterations
+from .optim import apply_warmup, build_optimizer, lr_lambda, warmup_iterations
 
 # Validation columns of results.csv (left empty in epochs that skip validation).
 RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "val_box", "val_obj", "val_cls")
@@ -58,55 +56,35 @@ class Trainer:
     """Runs one :class:`TrainConfig`. Only rank 0 prints, validates and writes files."""
 
     def __init__(self, config: TrainConfig, ctx: D.DistributedContext | None = None,
-                 loss: Callable[[Yolov5, bool], Callable] | None = None) -> None:
+                 loss: Callable[[Yolov5, bool], Callable] | None = None, resume_from: Path | None = None) -> None:
         """``loss(model, rect_training)`` builds a custom training criterion (default: :class:`YoloLoss`
-        with the run's hyper-parameters); it is called as ``criterion(outputs, targets, pred_size=...)``
-        and must return a scalar."""
+        with the run's loss settings); it is called as ``criterion(outputs, targets, pred_size=...)``
+        and must return a scalar. ``resume_from`` continues the run of that ``last`` checkpoint, whose
+        configuration ``config`` must be (see :func:`resume_training`)."""
         self.loss_factory = loss
-        self.config = config.resolved()
+        self.config = resolve_config(config)
+        self.resume_from = resume_from
         self.ctx = ctx or D.context_from_env()
         self.device = select_device(self.config.device, self.ctx.local_rank)
         cfg = self.config
-        if cfg.img_size % 32:
-            raise ValueError(f"image size must be a multiple of 32, got {cfg.img_size}")
-        if cfg.batch_size < 1 or cfg.epochs < 1:
-            raise ValueError(f"batch size and epochs must be at least 1, got {cfg.batch_size} and {cfg.epochs}")
-        if cfg.batch_size % self.ctx.world_size:
-            raise ValueError(f"batch {cfg.batch_size} is not divisible by {self.ctx.world_size} processes")
+        if cfg.data.batch_size % self.ctx.world_size:
+            raise ValueError(f"batch {cfg.data.batch_size} is not divisible by {self.ctx.world_size} processes")
         if not (Path(cfg.model).suffix or Path(cfg.model).exists()):
             parse_version(cfg.model)  # an unknown model name fails now, not after the data scan
-        self.hyp = load_hyp({**(load_hyp(cfg.hyp_file) if cfg.hyp_file else {}), **cfg.hyp})
-        self.lr0 = cfg.lr0 if cfg.lr0 is not None else DEFAULT_LR0.get(cfg.optimizer, 0.01)
 
     # ----------------------------------------------------------------------------------- data
     def _build_data(self) -> None:
         cfg = self.config
-        root = cfg.data
-        if root is None:
-            from ..data.shapes import generate_shapes_dataset
-
-            root = str(generate_shapes_dataset())
-        source = resolve_source(root)
-        self.names = list(source.names)
-        num_classes = len(self.names)
-        if num_classes == 0:
-            raise ValueError(f"{root}: the dataset defines no class names")
-        train_index = verify_split(source.train, num_classes, "train")
-        if len(train_index.files) == 0:
-            raise ValueError(f"{root}: the training split has no usable images")
-        val_index = train_index if source.val == source.train else verify_split(source.val, num_classes, "val")
-        aug = {k: self.hyp[k] for k in HYP_SCRATCH_LOW}
-        self.train_set = DetectionDataset(train_index, cfg.img_size, cfg.batch_size, augment=True, hyp=aug,
-                                          rect=cfg.rect, pad=0.0, seed=cfg.seed, names=self.names)
-        self.val_set = DetectionDataset(val_index, cfg.img_size, cfg.batch_size, augment=False, rect=True,
-                                        pad=0.5, seed=cfg.seed, names=self.names)
-        workers = min(2, os.cpu_count() or 1) if cfg.workers is None else cfg.workers
-        self.train_loader = make_loader(self.train_set, cfg.batch_size, True, workers, cfg.seed,
-                                        self.ctx.rank, self.ctx.world_size)
+        loaders = build_loaders(cfg.data, cfg.augment, seed=cfg.seed, rank=self.ctx.rank,
+                                world_size=self.ctx.world_size, require_names=True)
+        self.names = loaders.names
+        self.train_loader = loaders.train
+        self.train_set = self.train_loader.dataset
         self.train_sampler = self.train_loader.batch_sampler
         # Validation runs on rank 0 alone, over the whole split.
-        self.val_loader = make_loader(self.val_set, cfg.batch_size, False, workers, cfg.seed)
-        self.data_root = root
+        self.val_loader = loaders.val
+        self.val_set = self.val_loader.dataset
+        self.data_root = loaders.root
 
     # ---------------------------------------------------------------------------------- model
     def _build_model(self) -> Yolov5:
@@ -135,34 +113,33 @@ class Trainer:
         self.model = model
         self.ddp = (nn.parallel.DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda"
                                                          else None) if ctx.enabled else model)
-        self.accumulate = max(round(cfg.nominal_batch / cfg.batch_size), 1)
-        weight_decay = self.hyp["weight_decay"] * cfg.batch_size * self.accumulate / cfg.nominal_batch
-        self.optimizer = build_optimizer(model, cfg.optimizer, self.lr0, self.hyp["momentum"], weight_decay)
-        self.lf = lr_lambda(cfg.epochs, self.hyp["lrf"], cfg.cos_lr)
+        optim, batch = cfg.optim, cfg.data.batch_size
+        self.accumulate = max(round(optim.nominal_batch / batch), 1)
+        weight_decay = optim.weight_decay * batch * self.accumulate / optim.nominal_batch
+        self.optimizer = build_optimizer(model, optim.optimizer, optim.lr0, optim.momentum, weight_decay)
+        self.lf = lr_lambda(cfg.epochs, optim.lrf, optim.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
-        self.ema = ModelEMA(model) if ctx.is_main else None
+        self.ema = ModelEMA(model, cfg.ema.decay, cfg.ema.tau) if ctx.is_main else None
         self.amp = self.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
-        loss_hyp = {k: self.hyp[k] for k in ("box", "cls", "obj", "anchor_t")}
-        self.criterion = (self.loss_factory(model, cfg.rect) if self.loss_factory is not None
-                          else YoloLoss(model, rect_training=cfg.rect, img_size=cfg.img_size, hyp=loss_hyp))
-        self.val_criterion = (YoloLoss(self.ema.module, rect_training=True, img_size=cfg.img_size, hyp=loss_hyp)
+        img_size = cfg.data.img_size
+        self.criterion = (self.loss_factory(model, cfg.data.rect) if self.loss_factory is not None
+                          else YoloLoss(model, rect_training=cfg.data.rect, img_size=img_size, hyp=cfg.loss))
+        self.val_criterion = (YoloLoss(self.ema.module, rect_training=True, img_size=img_size, hyp=cfg.loss)
                               if self.ema is not None else None)
         self.start_epoch = 0
         self.best_fitness = -1.0
         self.last_opt_step = -1
-        self.save_dir = next_run_dir(cfg.project, cfg.name, cfg.exist_ok)
+        self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
+                         else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
 
     # ----------------------------------------------------------------------------------- loop
     def fit(self) -> TrainResult:
         """Train for the configured epochs; returns where the weights and results were written."""
-        resume_from = find_resume_checkpoint(self.config) if self.config.resume else None
-        if resume_from is not None:
-            self._adopt_resumed_config(resume_from)
         try:
             self._setup()
-            if resume_from is not None:
-                self._load_resumed_state(resume_from)
+            if self.resume_from is not None:
+                self._load_resumed_state(self.resume_from)
             return self._fit()
         finally:
             D.destroy_process_group()
@@ -170,16 +147,20 @@ class Trainer:
     def _fit(self) -> TrainResult:
         cfg, ctx = self.config, self.ctx
         batches = len(self.train_loader)
-        warmup_iters = warmup_iterations(self.hyp["warmup_epochs"], batches)
+        warmup_iters = warmup_iterations(cfg.optim.warmup_epochs, batches)
+        nominal_ratio = cfg.optim.nominal_batch / cfg.data.batch_size
         if ctx.is_main:
             (self.save_dir / "weights").mkdir(parents=True, exist_ok=True)
+            if self.resume_from is None:
+                write_atomic(self.save_dir / "config.yaml",
+                             lambda temp: temp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False)))
             self._log(f"Training yolov5{self.model.version} on {self.data_root}: "
                       f"{len(self.train_set)} train / {len(self.val_set)} val images, {cfg.epochs} epochs, "
-                      f"batch {cfg.batch_size} on {ctx.world_size} process(es), {self.device}; "
+                      f"batch {cfg.data.batch_size} on {ctx.world_size} process(es), {self.device}; "
                       f"results in {self.save_dir}")
         metrics: dict[str, float] = {}
         for epoch in range(self.start_epoch, cfg.epochs):
-            if cfg.close_mosaic and epoch == cfg.epochs - cfg.close_mosaic:
+            if cfg.augment.close_mosaic and epoch == cfg.epochs - cfg.augment.close_mosaic:
                 self.train_set.close_mosaic()
             self.train_sampler.set_epoch(epoch)
             self.ddp.train()
@@ -193,9 +174,8 @@ class Trainer:
                 imgs = imgs.to(self.device, non_blocking=True)
                 targets = targets.to(self.device)
                 if warmup_iters and step <= warmup_iters:
-                    self.accumulate = max(1, round(float(np.interp(step, [0, warmup_iters],
-                                                                   [1, cfg.nominal_batch / cfg.batch_size]))))
-                    apply_warmup(self.optimizer, step, warmup_iters, self.lf(epoch), self.hyp)
+                    self.accumulate = max(1, round(float(np.interp(step, [0, warmup_iters], [1, nominal_ratio]))))
+                    apply_warmup(self.optimizer, step, warmup_iters, self.lf(epoch), cfg.optim)
                 loss = self._step_forward_backward(imgs, targets, epoch, i, first=step == 0)
                 if step - self.last_opt_step >= self.accumulate:
                     self._optimizer_step(epoch, i)
@@ -240,7 +220,7 @@ class Trainer:
 
     def _optimizer_step(self, epoch: int, batch: int) -> None:
         self.scaler.unscale_(self.optimizer)
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.config.max_grad_norm)
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.config.optim.max_grad_norm)
         if not self.amp and not bool(torch.isfinite(grad_norm)):
             raise TrainingError(self._divergence_message(epoch, batch, f"gradient norm is {grad_norm.item()}"))
         self.scaler.step(self.optimizer)
@@ -251,10 +231,11 @@ class Trainer:
 
     def _divergence_message(self, epoch: int, batch: int, detail: str) -> str:
         lrs = ", ".join(f"{g['lr']:.3g}" for g in self.optimizer.param_groups)
+        optim = self.config.optim
         kept = (f"; the last good checkpoint is {self.save_dir / 'weights' / 'last'}.safetensors"
                 if (self.save_dir / "weights" / "last.json").exists() else "")
         return (f"training diverged at epoch {epoch + 1}, step {batch + 1} (learning rates {lrs}): {detail}. "
-                f"Likely cause: learning rate too high for {self.config.optimizer} (lr0={self.lr0:g}); lower "
+                f"Likely cause: learning rate too high for {optim.optimizer} (lr0={optim.lr0:g}); lower "
                 f"--lr0 or lengthen warm-up{kept}")
 
 
@@ -291,16 +272,18 @@ class Trainer:
         final = epoch + 1 == cfg.epochs
         metrics: dict[str, float] = {}
         score = self.best_fitness
-        if cfg.val or final:
-            result = val(self.ema.module, self.val_loader, criterion=self.val_criterion, verbose=final,
-                         save_dir=self.save_dir if final and cfg.plots else None, plots=final and cfg.plots)
+        plots = cfg.eval.plots
+        if cfg.eval.val or final:
+            result = val(self.ema.module, self.val_loader, conf=cfg.eval.conf, iou=cfg.eval.iou,
+                         max_det=cfg.eval.max_det, criterion=self.val_criterion, verbose=final,
+                         save_dir=self.save_dir if final and plots else None, plots=final and plots)
             metrics = {"precision": result.mp, "recall": result.mr, "mAP50": result.map50, "mAP50-95": result.map}
             metrics.update({f"val_{k}": v for k, v in (result.loss or {}).items()})
             score = result.fitness()
             if not final:
                 self._log(f"{'':>12}val: P {result.mp:.3f}  R {result.mr:.3f}  mAP50 {result.map50:.3f}  "
                           f"mAP50-95 {result.map:.3f}")
-            if final and cfg.plots:
+            if final and plots:
                 self._draw_val_predictions()
         row = {"epoch": epoch + 1, **{f"train_{n}": v for n, v in zip(YoloLoss.component_names, train_loss.tolist())},
                **{k: metrics.get(k, "") for k in RESULT_METRICS},
@@ -309,7 +292,7 @@ class Trainer:
         improved = score > self.best_fitness
         self.best_fitness = max(self.best_fitness, score)
         self._save(epoch, metrics, improved)
-        if cfg.plots:
+        if plots:
             from .plots import plot_results
 
             plot_results(self.save_dir / "results.csv", self.save_dir / "results.png")
@@ -319,7 +302,7 @@ class Trainer:
         """A few validation images with the final EMA model's detections drawn, for a look by eye."""
         from ..eval.predict import predict
 
-        predict(self.ema.module, self.val_set.im_files[:count], img_size=self.config.img_size,
+        predict(self.ema.module, self.val_set.im_files[:count], img_size=self.config.data.img_size,
                 save_dir=self.save_dir / "val_predictions")
 
     def _append_results(self, row: dict[str, float]) -> None:
@@ -338,7 +321,7 @@ class Trainer:
             if tensor.dtype.is_floating_point and not bool(torch.isfinite(tensor).all()):
                 raise TrainingError(f"EMA weight {name} is not finite at epoch {epoch + 1}; not overwriting the "
                                     f"last good checkpoint. Lower --lr0.")
-        metadata = {"names": self.names, "img_size": self.config.img_size, "epoch": epoch,
+        metadata = {"names": self.names, "img_size": self.config.data.img_size, "epoch": epoch,
                     "train_args": self.config.to_dict(), "metrics": metrics, "best_fitness": self.best_fitness,
                     "ema_updates": self.ema.updates}
         weights = self.save_dir / "weights"
@@ -359,20 +342,6 @@ class Trainer:
                     "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
         }
-
-    def _adopt_resumed_config(self, path: Path) -> None:
-        """Continue with the run's own settings; only where it runs (device, workers) may change."""
-        from ..checkpoint import read_metadata
-
-        metadata, has_state = read_metadata(path)
-        if not has_state:
-            raise TrainingError(f"{path}: has no training state to resume from (is it a 'best' checkpoint?)")
-        saved = TrainConfig.from_dict(metadata["train_args"])
-        if metadata["epoch"] + 1 >= saved.epochs:
-            raise TrainingError(f"{path}: that run already finished all {saved.epochs} epochs; nothing to resume")
-        current = self.config
-        self.config = dataclasses.replace(saved, device=current.device, workers=current.workers, resume=str(path))
-        self.resume_dir = path.parent.parent
 
     def _load_resumed_state(self, path: Path) -> None:
         from ..checkpoint import load_state, read_checkpoint
@@ -397,7 +366,6 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.start_epoch = int(contents.metadata["epoch"]) + 1
         self.best_fitness = float(contents.metadata["best_fitness"])
-        self.save_dir = self.resume_dir
         if self.ctx.is_main:
             self._log(f"Resuming {self.save_dir} from epoch {self.start_epoch + 1}/{self.config.epochs}")
 
@@ -420,10 +388,10 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def find_resume_checkpoint(config: TrainConfig) -> Path:
-    """``resume=True``: the newest ``weights/last`` under the project folder; else the given path."""
-    if config.resume is not True and str(config.resume).lower() not in ("true", "1"):
-        path = Path(str(config.resume))
+def find_resume_checkpoint(resume: str | os.PathLike | bool, project: str | os.PathLike = TrainConfig.project) -> Path:
+    """``resume=True``: the newest ``weights/last`` under ``project``; else the given run folder or checkpoint."""
+    if resume is not True and str(resume).lower() not in ("true", "1"):
+        path = Path(resume)
         if path.is_dir():
             path = path / "weights" / "last.json"
         if not path.name.endswith(".json"):
@@ -431,17 +399,54 @@ def find_resume_checkpoint(config: TrainConfig) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint to resume at {path}")
         return path
-    candidates = sorted(Path(config.project).glob("*/weights/last.json"), key=lambda p: p.stat().st_mtime)
+    candidates = sorted(Path(project).glob("*/weights/last.json"), key=lambda p: p.stat().st_mtime)
     if not candidates:
-        raise FileNotFoundError(f"no run to resume: no */weights/last.json under {config.project}")
+        raise FileNotFoundError(f"no run to resume: no */weights/last.json under {project}")
     return candidates[-1]
 
 
-def train(config: TrainConfig | None = None, loss: Callable[[Yolov5, bool], Callable] | None = None,
-          **overrides: Any) -> TrainResult:
-    """Train a detector: ``yolotrain.train(data="data.yaml", model="yolov5s", epochs=50)``.
+def resume_training(path: str | os.PathLike, *, device: str | None = None, workers: int | None = None,
+           loss: Callable[[Yolov5, bool], Callable] | None = None) -> Trainer:
+    """A trainer that continues the run of a ``last`` checkpoint with the configuration saved in it;
+    only where it runs (``device``, ``workers``) may change."""
+    from ..checkpoint import CheckpointError, read_metadata
 
-    ``loss`` optionally builds a custom criterion from ``(model, rect_training)``.
+    path = Path(path)
+    metadata, has_state = read_metadata(path)
+    if not has_state:
+        raise TrainingError(f"{path}: has no training state to resume from (is it a 'best' checkpoint?)")
+    try:
+        saved = TrainConfig.from_dict(metadata.get("train_args"))
+    except ConfigError as error:
+        raise CheckpointError(f"{path}: the saved run settings are not valid ({error})") from None
+    if int(metadata["epoch"]) + 1 >= saved.epochs:
+        raise TrainingError(f"{path}: that run already finished all {saved.epochs} epochs; nothing to resume")
+    return Trainer(with_runtime(saved, device, workers), loss=loss, resume_from=path)
+
+
+# What may accompany ``resume``: where the run goes on, and where to look for it.
+RESUME_SETTINGS = frozenset({"device", "workers", "project"})
+
+
+def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = None,
+          loss: Callable[[Yolov5, bool], Callable] | None = None, *,
+          hyp: str | os.PathLike | Mapping[str, Any] | None = None, resume: str | os.PathLike | bool = False,
+          **settings: Any) -> TrainResult:
+    """Train a detector: ``yolotrain.train(data="data.yaml", model="yolov5s", epochs=50, lr0=0.02)``.
+
+    ``config``, ``hyp`` and the keyword ``settings`` are resolved by
+    :func:`yolotrain.engine.config.resolve_config` (flat names such as ``img_size``, ``mosaic``, ``lr0``,
+    or whole sections). ``resume`` (``True`` for the newest run under ``project``, or a run folder or
+    ``last`` checkpoint) continues a run with its saved configuration; only ``device`` and ``workers``
+    may be given with it. ``loss`` optionally builds a custom criterion from ``(model, rect_training)``.
     """
-    config = dataclasses.replace(config or TrainConfig(), **overrides)
-    return Trainer(config, loss=loss).fit()
+    if resume:
+        extra = sorted(set(settings) - RESUME_SETTINGS) + (["config"] if config is not None else []) + \
+            (["hyp"] if hyp is not None else [])
+        if extra:
+            raise ConfigError(f"resume continues a run with its own saved settings; only device and workers may "
+                              f"change (got {', '.join(extra)})")
+        path = find_resume_checkpoint(resume, settings.get("project", TrainConfig.project))
+        return resume_training(path, device=settings.get("device"), workers=settings.get("workers"),
+                               loss=loss).fit()
+    return Trainer(resolve_config(config, hyp=hyp, **settings), loss=loss).fit()

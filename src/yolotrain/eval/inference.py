@@ -23,16 +23,6 @@ def input_dtype(model: Detector) -> torch.dtype:
     return next(model.parameters()).dtype if isinstance(model, nn.Module) else torch.float32
 
 
-def model_names(model: nn.Module, nc: int) -> list[str]:
-    """Class names stored on the model (``model.names``), else ``"0"``, ``"1"`` ..."""
-    names = getattr(model, "names", None)
-    if isinstance(names, dict):
-        names = [names[k] for k in sorted(names)]
-    if names is None or len(names) != nc:
-        return [str(i) for i in range(nc)]
-    return [str(n) for n in names]
-
-
 def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.device | None = None,
                          fuse: bool = True, half: bool = False) -> tuple[Detector, torch.device]:
     """A detector in eval mode on ``device``: a copy of the given :class:`Yolov5`, or one loaded from a

@@ -1,16 +1,13 @@
-"""Pictures of results: the confusion matrix and P/R/F1/PR curves as PNGs (matplotlib, Agg), and
-detections drawn onto images (OpenCV, no fonts needed)."""
+"""Pictures of results: the confusion matrix and P/R/F1/PR curves as PNGs (matplotlib, Agg). Boxes
+drawn onto images live in :mod:`yolotrain.draw`."""
 
 from __future__ import annotations
 
-import colorsys
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import cv2
 import numpy as np
-import torch
 
 from .metrics import ConfusionMatrix, Metrics
 
@@ -86,35 +83,3 @@ def plot_curves(metrics: Metrics, save_dir: str | os.PathLike) -> list[Path]:
         _curve_plot(c.px, c.precision, names, "all classes", "Confidence", "Precision", save_dir / "P_curve.png"),
         _curve_plot(c.px, c.recall, names, "all classes", "Confidence", "Recall", save_dir / "R_curve.png"),
     ]
-
-
-def class_colour(index: int) -> tuple[int, int, int]:
-    """A stable, saturated BGR colour per class: hues spaced by the golden angle so neighbours differ."""
-    r, g, b = colorsys.hsv_to_rgb((index * 0.618033988749895) % 1.0, 0.85, 0.95)
-    return int(b * 255), int(g * 255), int(r * 255)
-
-
-def draw_detections(image: np.ndarray, boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor,
-                    names: Sequence[str]) -> np.ndarray:
-    """A copy of the BGR ``image`` with each box, its class name and score drawn on it.
-
-    Line width and text size scale with the image; labels sit above the box (inside it at the top
-    edge) on a filled background in the class colour, with black or white text for contrast.
-    """
-    out = np.ascontiguousarray(image).copy()
-    h, w = out.shape[:2]
-    thickness = max(round((h + w) / 2 * 0.003), 2)
-    font_scale = thickness / 3
-    font_thickness = max(thickness - 1, 1)
-    for (x1, y1, x2, y2), s, c in zip(boxes.round().int().tolist(), scores.tolist(), classes.int().tolist()):
-        colour = class_colour(c)
-        cv2.rectangle(out, (x1, y1), (x2, y2), colour, thickness, cv2.LINE_AA)
-        label = f"{names[c] if 0 <= c < len(names) else c} {s:.2f}"
-        (tw, th), baseline = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, font_scale, font_thickness)
-        above = y1 - th - baseline - 3 >= 0
-        top = y1 - th - baseline - 3 if above else y1
-        cv2.rectangle(out, (x1, top), (x1 + tw + 2, top + th + baseline + 3), colour, -1, cv2.LINE_AA)
-        text_colour = (0, 0, 0) if sum(colour) > 382 else (255, 255, 255)
-        cv2.putText(out, label, (x1 + 1, top + th + 1), cv2.FONT_HERSHEY_SIMPLEX, font_scale, text_colour,
-                    font_thickness, cv2.LINE_AA)
-    return out

@@ -16,12 +16,14 @@ import cv2
 import numpy as np
 import torch
 
+from ..boxes import check_image_size, letterbox_geometry
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
+from ..draw import draw_detections
+from ..names import class_names
 from ..runs import add_run_dir_arguments, next_run_dir
-from .inference import ModelOrWeights, input_dtype, load_inference_model, model_names
+from .inference import ModelOrWeights, input_dtype, load_inference_model
 from .nms import non_max_suppression, scale_boxes_to_original
-from .plots import draw_detections
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
 _GLOB_CHARS = frozenset("*?[")
@@ -112,8 +114,8 @@ def prepare_image(image: np.ndarray, img_size: int, stride: int = 32) -> tuple[n
     Returns the RGB input image and the (x, y) gain and (left, top) pad mapping original pixels to it.
     """
     h0, w0 = image.shape[:2]
-    r = min(img_size / h0, img_size / w0)
-    uw, uh = round(w0 * r), round(h0 * r)
+    _, resized, _ = letterbox_geometry(np.array([w0, h0]), np.array([img_size, img_size]))
+    uw, uh = (int(v) for v in resized)
     # Minimal padding: only up to the next stride multiple (the reference's "auto" letterbox).
     shape = (uh + (img_size - uh) % stride, uw + (img_size - uw) % stride)
     boxed, _, pad = letterbox(image, shape, scaleup=True)
@@ -126,14 +128,13 @@ class Predictor:
     def __init__(self, model_or_weights: ModelOrWeights, img_size: int = 640, conf: float = 0.25,
                  iou: float = 0.45, classes: Sequence[int] | None = None, max_det: int = 1000,
                  agnostic: bool = False, device: str | torch.device | None = None, half: bool = False) -> None:
-        if img_size <= 0 or img_size % 32:
-            raise ValueError(f"img_size must be a positive multiple of 32, got {img_size}")
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half)
-        self.names = model_names(self.model, self.model.num_classes)
+        self.stride = int(self.model.stride.max())
+        check_image_size(img_size, self.stride)
+        self.names = class_names(getattr(self.model, "names", None), self.model.num_classes)
         self.dtype = input_dtype(self.model)
         self.img_size, self.conf, self.iou = img_size, conf, iou
         self.classes, self.max_det, self.agnostic = classes, max_det, agnostic
-        self.stride = int(self.model.stride.max())
 
     def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None) -> Result:
         """Detections of one BGR ``uint8`` image."""
@@ -176,8 +177,8 @@ class _Outputs:
     def image(self, name: str, image: np.ndarray, result: Result) -> None:
         if self.save_dir is None:
             return
-        cv2.imwrite(str(self.save_dir / name), draw_detections(image, result.boxes, result.scores,
-                                                                   result.classes, result.names))
+        cv2.imwrite(str(self.save_dir / name), draw_detections(image, result.boxes, result.classes,
+                                                                   result.names, result.scores))
         self.txt(Path(name).stem, result)
 
     def txt(self, stem: str, result: Result) -> None:
@@ -241,7 +242,7 @@ def predict(
                 results.append(result)
                 writer = writer or outputs.video_writer(item.stem, frame, fps)
                 if writer is not None:
-                    writer.write(draw_detections(frame, result.boxes, result.scores, result.classes, result.names))
+                    writer.write(draw_detections(frame, result.boxes, result.classes, result.names, result.scores))
                 outputs.txt(f"{item.stem}_{index}", result)
             if writer is not None:
                 writer.release()

@@ -14,85 +14,43 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..boxes import xywh_to_xyxy
-from ..data.dataset import DetectionDataset
-from ..data.loaders import make_loader
-from ..data.sources import resolve_source
-from ..data.verify import LabelIndex, verify_split
+from ..boxes import letterbox_geometry, xywh_to_xyxy
+from ..data.dataset import loaded_size
+from ..data.loaders import DataConfig, build_loaders
+from ..names import class_names
 from ..runs import add_run_dir_arguments, next_run_dir
+from ..settings import setting
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
-from .inference import ModelOrWeights, input_dtype, load_inference_model, model_names
+from .inference import ModelOrWeights, input_dtype, load_inference_model
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
 from .nms import non_max_suppression, scale_boxes_to_original
 
-# The reference pads rectangular val batches by half a stride.
-VAL_RECT_PAD = 0.5
 
+@dataclass(frozen=True)
+class EvalConfig:
+    """Validation during training; the NMS defaults are the reference's mAP settings."""
 
-class FullDecodeDataset(DetectionDataset):
-    """Val dataset that decodes every image at full size before resizing, as the reference does.
-
-    :class:`DetectionDataset` lets the JPEG decoder shrink large images by 2/4/8 while decoding
-    (fast, but different pixels from decode-then-resize), which moves detections and mAP at small
-    ``img_size``; evaluation needs the reference's pixels.
-    """
-
-    def load_image(self, index: int) -> np.ndarray:
-        cached = self._cache.get(index)
-        if cached is not None:
-            return cached
-        path = self.im_files[index]
-        im = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if im is None:
-            raise OSError(f"cannot read image {path}")
-        h0, w0 = im.shape[:2]
-        r = self.img_size / max(h0, w0)
-        if r != 1:
-            # Area averaging when shrinking (no aliasing), bilinear when enlarging: the reference's choice.
-            interp = cv2.INTER_LINEAR if r > 1 else cv2.INTER_AREA
-            im = cv2.resize(im, (math.ceil(w0 * r), math.ceil(h0 * r)), interpolation=interp)
-        im.flags.writeable = False
-        self._cache.put(index, im)
-        return im
+    val: bool = setting(True, "validate after every epoch (the last epoch always is)")
+    conf: float = setting(0.001, "confidence threshold for mAP", min=0, max=1)
+    iou: float = setting(0.6, "NMS IoU threshold", above=0, max=1)
+    max_det: int = setting(300, "detections kept per image", min=1)
+    plots: bool = setting(True, "write results.png, confusion matrix, curves and prediction pictures")
 
 
 def build_val_loader(data: str | os.PathLike, nc: int, img_size: int = 640, batch_size: int = 32,
-                     rect: bool = True, workers: int | None = None) -> DataLoader:
-    """The val split of a dataset folder or YAML as a non-augmented, ordered DataLoader.
-
-    ``rect`` gives each batch of aspect-sorted images its own padded shape (as the reference);
-    otherwise every image is letterboxed to ``img_size`` square.
-    """
-    if img_size <= 0 or img_size % 32:
-        raise ValueError(f"img_size must be a positive multiple of 32, got {img_size}")
-    src = resolve_source(data)
-    index = verify_split(src.val, nc, "val")
-    if rect:
-        index = reference_rect_order(index)
-    dataset = FullDecodeDataset(index, img_size, batch_size, augment=False, rect=rect,
-                               pad=VAL_RECT_PAD if rect else 0.0, names=src.names)
-    workers = min(2, os.cpu_count() or 1) if workers is None else workers
-    return make_loader(dataset, batch_size, shuffle=False, workers=workers)
-
-
-def reference_rect_order(index: LabelIndex) -> LabelIndex:
-    """The split sorted by aspect ratio with the reference's own (default-kind) argsort.
-
-    Which of several equal-aspect images lands in which rect batch decides its padded shape and so
-    its detections; ordering them as the reference does makes results comparable image for image.
-    The dataset's own stable sort then keeps this order.
-    """
-    shapes = np.asarray(index.shapes).reshape(-1, 2)
-    order = (shapes[:, 1] / shapes[:, 0]).argsort()
-    return LabelIndex([index.files[i] for i in order], [index.labels[i] for i in order], shapes[order],
-                      index.report)
+                     rect: bool = True, workers: int | None = None, stride: int = 32) -> DataLoader:
+    """The val split of a dataset folder or YAML as a non-augmented, ordered DataLoader (see
+    :func:`yolotrain.data.loaders.build_loaders`): rectangular batches in the reference's order with
+    ``rect``, else every image letterboxed to ``img_size`` square."""
+    config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=batch_size, workers=workers)
+    return build_loaders(config, num_classes=nc, splits=("val",), val_rect=rect, stride=stride).val
 
 
 def _check_ordered(loader: DataLoader) -> None:
@@ -108,14 +66,10 @@ def batch_geometry(dataset, start: int, count: int, input_hw: tuple[int, int]) -
     Mirrors the eval-time loading of :class:`~yolotrain.data.DetectionDataset`: resize so the long
     side is ``img_size`` (sides rounded up), then letterbox into ``input_hw`` without enlarging.
     """
-    wh0 = np.asarray(dataset.shapes[start:start + count], dtype=np.float64).reshape(-1, 2)
-    r = dataset.img_size / wh0.max(1, keepdims=True)
-    resized = np.ceil(wh0 * r)
-    target = np.array(input_hw[::-1], dtype=np.float64)  # (w, h)
-    r2 = np.minimum((target / resized).min(1, keepdims=True), 1.0)
-    unpadded = np.round(resized * r2)
-    pad = np.round((target - unpadded) / 2 - 0.1)  # the letterbox puts the odd pixel at the end
-    return unpadded / wh0, pad
+    size = np.asarray(dataset.shapes[start:start + count], dtype=np.float64).reshape(-1, 2)
+    loaded = loaded_size(size, dataset.img_size)
+    _, resized, pad = letterbox_geometry(loaded, np.array(input_hw[::-1]), scaleup=False)
+    return resized / size, pad
 
 
 def _print_speed(speed: dict[str, float], shape: tuple[int, ...]) -> None:
@@ -148,9 +102,9 @@ def val(
     data: str | os.PathLike | DataLoader,
     img_size: int = 640,
     batch_size: int = 32,
-    conf: float = 0.001,
-    iou: float = 0.6,
-    max_det: int = 300,
+    conf: float = EvalConfig.conf,
+    iou: float = EvalConfig.iou,
+    max_det: int = EvalConfig.max_det,
     rect: bool = True,
     device: str | torch.device | None = None,
     workers: int | None = None,
@@ -183,10 +137,12 @@ def val(
     """
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half)
     nc = model.num_classes
-    loader = data if isinstance(data, DataLoader) else build_val_loader(data, nc, img_size, batch_size, rect, workers)
+    loader = data if isinstance(data, DataLoader) else \
+        build_val_loader(data, nc, img_size, batch_size, rect, workers, stride=int(model.stride.max()))
     _check_ordered(loader)
     dataset = loader.dataset
-    names = list(dataset.names) if len(getattr(dataset, "names", ())) == nc else model_names(model, nc)
+    names = list(dataset.names) if len(getattr(dataset, "names", ())) == nc else \
+        class_names(getattr(model, "names", None), nc)
     out_dir = Path(save_dir) if save_dir is not None else None
     if save_json and out_dir is None:
         raise ValueError("save_json needs a save_dir to write the json files into")
@@ -282,9 +238,9 @@ def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--data", required=True, help="dataset folder or YAML (its val split is used)")
     parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=640, help="inference size (px)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--conf", type=float, default=0.001, help="confidence threshold")
-    parser.add_argument("--iou", type=float, default=0.6, help="NMS IoU threshold")
-    parser.add_argument("--max-det", type=int, default=300, help="detections per image")
+    parser.add_argument("--conf", type=float, default=EvalConfig.conf, help="confidence threshold")
+    parser.add_argument("--iou", type=float, default=EvalConfig.iou, help="NMS IoU threshold")
+    parser.add_argument("--max-det", type=int, default=EvalConfig.max_det, help="detections per image")
     parser.add_argument("--no-rect", dest="rect", action="store_false", help="square letterbox, not rect batches")
     parser.add_argument("--device", default=None, help="cpu, cuda, 0 ... (default: GPU if available)")
     parser.add_argument("--workers", type=int, default=None, help="loader processes")

@@ -17,6 +17,7 @@ import torch
 
 from ..checkpoint import CheckpointError
 from ..model import STRIDES, VERSIONS
+from ..names import class_names
 from .unpickler import PickledObject
 
 # Output channels of layer 0 (``width(64)``) for each published size: identifies a bare state dict.
@@ -39,6 +40,7 @@ class DetectorWeights:
     names: list[str]
     state_dict: dict[str, torch.Tensor]
     kind: str  # short description of where the weights came from, for messages
+    in_channels: int = 3
 
 
 def module_state_dict(module: PickledObject, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -55,13 +57,12 @@ def module_state_dict(module: PickledObject, prefix: str = "") -> dict[str, torc
     return state
 
 
-def class_names(names: Any, nc: int) -> list[str]:
-    """Class names from a list or an ``{index: name}`` dict; numbered names when absent."""
-    if isinstance(names, Mapping):
-        names = [names.get(i, names.get(str(i), str(i))) for i in range(nc)]
-    if not isinstance(names, (list, tuple)) or len(names) != nc:
-        return [str(i) for i in range(nc)]
-    return [str(n) for n in names]
+def _checkpoint_names(names: Any, nc: int) -> list[str]:
+    """The checkpoint's class names; numbered names when they are absent or do not fit its ``nc``."""
+    try:
+        return class_names(names, nc)
+    except ValueError:
+        return class_names(None, nc)
 
 
 def _describe_model(model: PickledObject) -> str | None:
@@ -132,7 +133,7 @@ def from_pickled_model(model: PickledObject, source: str) -> DetectorWeights:
         raise UnsupportedCheckpointError(f"{source}: unsupported strides {stride.tolist()} (expected {list(STRIDES)})")
     anchors = state[f"model.{HEAD_INDEX}.anchors"].float() * stride.view(-1, 1, 1)
     kind = f"official YOLOv5{version} checkpoint ({model.pickled_name})"
-    return DetectorWeights(version, nc, anchors, class_names(model.get("names"), nc), state, kind)
+    return DetectorWeights(version, nc, anchors, _checkpoint_names(model.get("names"), nc), state, kind)
 
 
 def from_state_dict(state: Mapping[str, torch.Tensor], source: str) -> DetectorWeights:
@@ -157,7 +158,7 @@ def from_state_dict(state: Mapping[str, torch.Tensor], source: str) -> DetectorW
     nc = int(first_head.shape[0]) // na - 5
     pixels = anchors.float() * torch.tensor(STRIDES, dtype=torch.float32).view(-1, 1, 1)
     version = STEM_WIDTHS[width]
-    return DetectorWeights(version, nc, pixels, class_names(None, nc), state, f"YOLOv5{version} state dict")
+    return DetectorWeights(version, nc, pixels, _checkpoint_names(None, nc), state, f"YOLOv5{version} state dict")
 
 
 def interpret(obj: Any, source: str, use_ema: bool = True) -> DetectorWeights:

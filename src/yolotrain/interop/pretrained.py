@@ -1,37 +1,64 @@
-"""``load_model``: one entry point for every weights file a user may hold."""
+"""Models from weights files: ``load_model``, one entry point for every weights file a user may hold,
+and ``load_checkpoint`` for our own checkpoint sets. Every model is built by :func:`build_detector`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError, checkpoint_paths, load_checkpoint, state_mismatch
+from ..checkpoint import CheckpointError, checkpoint_paths, read_checkpoint, read_safetensors, state_mismatch
 from ..model import Yolov5
+from ..names import class_names
 from .official import DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
 from .unpickler import read_torch_file
 
 
-def build_detector(weights: DetectorWeights, source: str) -> Yolov5:
-    """A float32 :class:`Yolov5` in eval mode holding ``weights`` (with ``model.names`` set)."""
-    model = Yolov5(weights.version, num_classes=weights.nc, anchors=weights.anchors)
-    state = {key: value.float() if value.is_floating_point() else value for key, value in weights.state_dict.items()}
+def build_detector(weights: DetectorWeights, source: str, error: type[Exception] = UnsupportedCheckpointError,
+                   dtype: torch.dtype = torch.float32) -> Yolov5:
+    """A :class:`Yolov5` in eval mode holding ``weights`` in ``dtype`` (with ``model.names`` set).
+
+    Raises:
+        error: the architecture cannot be built, or the tensors do not fit it (the message starts
+            with ``source`` and names the first tensor that does not fit).
+    """
+    try:
+        model = Yolov5(weights.version, num_classes=weights.nc, anchors=weights.anchors,
+                       in_channels=weights.in_channels)
+    except (TypeError, ValueError) as exc:
+        raise error(f"{source}: bad architecture entry ({type(exc).__name__}: {exc})") from None
+    state = {key: value.to(dtype) if value.is_floating_point() else value for key, value in weights.state_dict.items()}
     mismatch = state_mismatch(model.state_dict(), state)
     if mismatch:
-        raise UnsupportedCheckpointError(f"{source}: {weights.kind} does not have the YOLOv5 v6.0+ layout "
-                                         f"({mismatch})")
+        raise error(f"{source}: does not match its tensors ({weights.kind}: {mismatch})")
+    try:
+        model.names = class_names(weights.names, model.num_classes)
+    except ValueError as exc:
+        raise error(f"{source}: {exc}") from None
+    model = model.to(dtype)
     model.load_state_dict(state, strict=True)
-    model.names = weights.names
     return model.eval()
 
 
-def _read_safetensors_state(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({exc})") from None
+def load_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[Yolov5, dict[str, Any]]:
+    """Build a :class:`~yolotrain.Yolov5` from one of our checkpoint sets; returns ``(model, metadata)``.
+
+    The EMA weights are used when present and ``use_ema`` (they are the ones evaluated during
+    training). The model keeps the saved floating dtype (so a save/load round trip is bitwise exact),
+    is on the CPU, in eval mode, with ``model.names`` set from the metadata.
+    """
+    contents = read_checkpoint(path)
+    meta = contents.metadata
+    _, json_path, _ = checkpoint_paths(path)
+    state = contents.ema_state if use_ema and contents.ema_state is not None else contents.model_state
+    if not isinstance(meta, Mapping) or any(key not in meta for key in ("version", "nc", "anchors")):
+        raise CheckpointError(f"{json_path}: bad architecture entry (needs version, nc and anchors)")
+    weights = DetectorWeights(meta["version"], meta["nc"], meta["anchors"], meta.get("names"), state,
+                              f"yolov5{meta['version']} nc={meta['nc']}", meta.get("in_channels", 3))
+    dtype = next(v.dtype for v in state.values() if v.is_floating_point())
+    return build_detector(weights, str(json_path), CheckpointError, dtype), meta
 
 
 def load_model(path: str | Path, *, use_ema: bool = True) -> Yolov5:
@@ -52,5 +79,5 @@ def load_model(path: str | Path, *, use_ema: bool = True) -> Yolov5:
         raise CheckpointError(f"{path}: ONNX files run through yolotrain.interop.OnnxModel, not as a torch model")
     source = str(path)
     if path.suffix == ".safetensors":
-        return build_detector(from_state_dict(_read_safetensors_state(path), source), source)
+        return build_detector(from_state_dict(read_safetensors(path), source), source)
     return build_detector(interpret(read_torch_file(path), source, use_ema=use_ema), source)
