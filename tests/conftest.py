@@ -17,10 +17,10 @@ COCO128 = SHARED / "datasets" / "coco128"
 YOLOV5N_WEIGHTS = SHARED / "weights" / "yolov5n.pt"
 
 
-def coco128_subset(root: Path, n: int) -> Path:
+def coco128_subset(root: Path, n: int, coco128: Path = COCO128) -> Path:
     """A dataset of the first ``n`` coco128 images (symlinks) with its YAML, so no tool writes caches
     into the shared folder."""
-    return link_subset(COCO128 / "data.yaml", root, n)
+    return link_subset(coco128 / "data.yaml", root, n)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import pytest
 import torch
 
 from yolotrain import Yolov5
-from yolotrain.checkpoint import CheckpointError, load_state, read_checkpoint, save_checkpoint
+from yolotrain.checkpoint import CheckpointError, CheckpointWarning, load_state, read_checkpoint, save_checkpoint
 from yolotrain.interop import load_checkpoint
 
 
@@ -73,10 +75,9 @@ def test_unsafe_state_is_refused_before_anything_is_written(tmp_path, models):
     import numpy as np
     with pytest.raises(ValueError, match=r"weights_only=True"):
         save_checkpoint(tmp_path / "bad", models[0], state={"numpy_rng": np.random.get_state()})
-    # The json is written last, so the interrupted set is never seen as complete.
-    assert not (tmp_path / "bad.json").exists()
-    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
-    with pytest.raises(CheckpointError, match="bad.json: missing"):
+    # The new set is written under temporary names first: a refused save leaves no file at all.
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_checkpoint(tmp_path / "bad")
 
 
@@ -103,7 +104,7 @@ def test_missing_truncated_and_mismatched_sets_get_one_line_errors(tmp_path, mod
     # A json edited to claim another class count no longer describes the tensors.
     save_checkpoint(tmp_path / "edited", model)
     document = json.loads((tmp_path / "edited.json").read_text())
-    (tmp_path / "edited.json").write_text(json.dumps({**document, "nc": 7}))
+    (tmp_path / "edited.json").write_text(json.dumps({**document, "nc": 7, "names": list("abcdefg")}))
     one_line_error(tmp_path / "edited", "does not match its tensors (yolov5n nc=7")
 
     (tmp_path / "broken.json").write_text("{")
@@ -137,3 +138,89 @@ def test_half_precision_round_trip_keeps_dtype(tmp_path):
     loaded, _ = load_checkpoint(tmp_path / "h")
     assert loaded.model[0].conv.weight.dtype == torch.float16
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"nc": 1_000_000_000}, "field 'nc' must be an integer from 1 to 10000"),
+    ({"nc": 80, "names": [str(i) for i in range(80)]}, "does not match its tensors (yolov5n nc=80"),
+    ({"format_version": 1e400}, "field 'format_version' must be a positive integer"),
+    ({"format_version": None}, "field 'format_version' must be a positive integer"),
+    ({"files": "x"}, "field 'files' must list the weights file"),
+    ({"files": {"weights": {"name": "../../etc/passwd", "sha256": "0" * 64}}}, "'files.weights.name' must be"),
+    ({"names": 5}, "field 'names' must be a list of 3 class names"),
+    ({"anchors": [[[10, 13]] * 3] * 2 + [[[-1, 2]] * 3]}, "field 'anchors' must be"),
+    ({"anchors": [[[[[[1]]]]]]}, "field 'anchors' must be"),
+    ({"in_channels": 10**9}, "field 'in_channels' must be an integer from 1 to 64"),
+    ({"version": ["n"]}, "field 'version' must be a model size"),
+    ({"epoch": "7"}, "field 'epoch' must be an integer"),
+])
+def test_edited_metadata_is_refused_before_anything_is_built(tmp_path, models, edit, message):
+    save_checkpoint(tmp_path / "last", models[0])
+    document = json.loads((tmp_path / "last.json").read_text())
+    (tmp_path / "last.json").write_text(json.dumps({**document, **edit}))
+    one_line_error(tmp_path / "last", message)
+
+
+def test_deeply_nested_json_is_one_line(tmp_path):
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    one_line_error(tmp_path / "deep.json", "not valid JSON")
+
+
+def test_zip_records_claiming_more_than_the_file_holds_are_refused_unread(tmp_path):
+    from yolotrain.interop import read_torch_file
+
+    path = tmp_path / "claims.pt"
+    torch.save({"model": torch.zeros(1000)}, path)
+    raw = bytearray(path.read_bytes())
+    # Raise the uncompressed size of the tensor record in the central directory to 1.5 GB.
+    record = raw.rfind(b"PK\x01\x02", 0, raw.rfind(b"data/0") + 1)
+    raw[record + 24:record + 28] = (1_500_000_000).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="claims 1500000000 bytes, which this .*-byte file cannot hold"):
+        read_torch_file(path)
+
+
+def test_garbage_training_state_is_one_line(tmp_path, models):
+    save_checkpoint(tmp_path / "last", models[0], state={"epoch": 1})
+    (tmp_path / "last.state.pt").write_bytes(b"not a torch file at all")
+    document = json.loads((tmp_path / "last.json").read_text())
+    document["files"]["state"]["sha256"] = hashlib.sha256(b"not a torch file at all").hexdigest()
+    (tmp_path / "last.json").write_text(json.dumps(document))
+    with pytest.raises(CheckpointError) as info:
+        load_state(tmp_path / "last")
+    message = str(info.value)
+    assert "last.state.pt: not a readable training state" in message and "\n" not in message
+    assert "weights_only=False" not in message
+
+
+def test_an_interrupted_save_falls_back_to_the_previous_set_and_is_repaired(tmp_path, models):
+    model, ema = models
+    save_checkpoint(tmp_path / "last", model, state={"epoch": 1}, metadata={"epoch": 1})
+    old_weights = (tmp_path / "last.safetensors").read_bytes()
+    # The window between setting the old files aside and committing the new json.
+    (tmp_path / "last.safetensors").rename(tmp_path / ".last.safetensors.prev")
+    (tmp_path / "last.safetensors").write_bytes(b"half of a new file")
+    (tmp_path / ".last.json.123.tmp").write_text("{")
+    with pytest.warns(CheckpointWarning, match="an interrupted save replaced it"):
+        contents = read_checkpoint(tmp_path / "last")
+    assert contents.metadata["epoch"] == 1
+    # The next save puts the old set back first, then replaces it whole and leaves nothing behind.
+    save_checkpoint(tmp_path / "last", ema, state={"epoch": 2}, metadata={"epoch": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.json", "last.safetensors", "last.state.pt"]
+    assert read_checkpoint(tmp_path / "last").metadata["epoch"] == 2
+    assert (tmp_path / "last.safetensors").read_bytes() != old_weights
+
+
+def test_a_failed_save_keeps_the_previous_set(tmp_path, models, monkeypatch):
+    model, ema = models
+    save_checkpoint(tmp_path / "last", model, state={"epoch": 1}, metadata={"epoch": 1})
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(tmp_path / "last", ema, state={"epoch": 2}, metadata={"epoch": 2})
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert read_checkpoint(tmp_path / "last").metadata["epoch"] == 1

@@ -87,19 +87,39 @@ def _dataset_names(cfg: dict, path: Path) -> list[str]:
         raise ValueError(f"{path}: {error}" + (f" (nc: {nc})" if nc is not None else "")) from None
 
 
+def read_yaml(path: Path) -> object:
+    """The contents of a YAML file; a syntax error is one line naming the file and the line."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}{where}: not valid YAML ({getattr(error, 'problem', None) or error})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file") from None
+
+
+def _paths_entry(cfg: dict, key: str, path: Path) -> str | list[str]:
+    value = cfg[key]
+    if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+        return value
+    raise ValueError(f"{path}: '{key}' must be a path or a list of paths, got {str(value)[:60]}")
+
+
 def _from_yaml(path: Path) -> DatasetSource:
-    with open(path) as f:
-        cfg = yaml.safe_load(f) or {}
+    cfg = read_yaml(path) or {}
     if not isinstance(cfg, dict) or "train" not in cfg:
         raise ValueError(f"{path}: dataset YAML needs at least a 'train' entry")
+    if cfg.get("path") is not None and not isinstance(cfg["path"], str):
+        raise ValueError(f"{path}: 'path' must be a folder, got {str(cfg['path'])[:60]}")
     root = Path(cfg.get("path") or ".").expanduser()
     if not root.is_absolute():
         root = path.parent / root
     if not root.exists():
         raise FileNotFoundError(f"{path}: dataset root does not exist: {root}")
-    train = list_images(cfg["train"], root)
+    train = list_images(_paths_entry(cfg, "train", path), root)
     if cfg.get("val"):
-        val = list_images(cfg["val"], root)
+        val = list_images(_paths_entry(cfg, "val", path), root)
     else:
         warnings.warn(f"{path}: no 'val' split, validating on the training images", stacklevel=3)
         val = train
@@ -124,7 +144,8 @@ def _from_folder(root: Path) -> DatasetSource:
     names: list[str] = []
     for cfg in (root / "data.yaml", root / "dataset.yaml"):
         if cfg.is_file():
-            names = _dataset_names(yaml.safe_load(cfg.read_text()) or {}, cfg)
+            contents = read_yaml(cfg) or {}
+            names = _dataset_names(contents if isinstance(contents, dict) else {}, cfg)
             break
     return DatasetSource(train=train, val=val, names=names, root=root)
 

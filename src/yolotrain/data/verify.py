@@ -23,10 +23,11 @@ from ..atomic import write_atomic
 from .cachedir import cache_root
 from .sources import img2label_path
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 # Boxes may poke out of the image by this fraction of its size and are clipped; further out they are dropped.
 OUT_OF_BOUNDS_TOL = 0.02
 MIN_IMAGE_SIDE = 10
+DEFAULT_MAX_IMAGE_PIXELS = 100_000_000
 # At least this share of out-of-range class ids of all rows means num_classes itself is wrong.
 MAX_BAD_CLASS_SHARE = 0.5
 
@@ -81,6 +82,29 @@ class _Checked:
     issues: list[tuple[str, str]]
 
 
+def max_image_pixels() -> int:
+    """Images larger than this are skipped before decoding (``YOLOTRAIN_MAX_IMAGE_PIXELS``, default 100 MP):
+    one 20000x20000 image would take 1.2 GB to decode, and OpenCV refuses anything past 2**30 pixels."""
+    return int(os.environ.get("YOLOTRAIN_MAX_IMAGE_PIXELS", DEFAULT_MAX_IMAGE_PIXELS))
+
+
+def _oversize(path: Path) -> str | None:
+    """Why an image is too large to decode, judged from its file header alone; None when it is not."""
+    from PIL import Image
+
+    cap = max_image_pixels()
+    try:
+        with Image.open(path) as im:
+            width, height = im.size
+    except Image.DecompressionBombError:  # past Pillow's own limit, which is above ours by default
+        return f"image has more than {2 * (Image.MAX_IMAGE_PIXELS or 0) / 1e6:.0f} MP"
+    except Exception:  # noqa: BLE001 - Pillow signals unreadable headers with many exception types
+        return None  # OpenCV's decode below says what is wrong with it
+    if width * height > cap:
+        return f"image {width}x{height} has more than {cap / 1e6:g} MP (YOLOTRAIN_MAX_IMAGE_PIXELS)"
+    return None
+
+
 def _check_image(path: Path) -> tuple[tuple[int, int] | None, str | None]:
     """Decode the whole image (the only reliable test); return ((w, h), None) or (None, reason)."""
     try:
@@ -89,7 +113,13 @@ def _check_image(path: Path) -> tuple[tuple[int, int] | None, str | None]:
         return None, f"unreadable ({e.strerror})"
     if data.size == 0:
         return None, "empty file"
-    im = cv2.imdecode(data, cv2.IMREAD_COLOR)
+    too_large = _oversize(path)
+    if too_large:
+        return None, too_large
+    try:
+        im = cv2.imdecode(data, cv2.IMREAD_COLOR)
+    except cv2.error:
+        return None, "not a decodable image"
     if im is None:
         return None, "not a decodable image"
     # A JPEG cut short still decodes (grey bottom); the end-of-image marker tells. Entropy-coded data
@@ -321,4 +351,12 @@ def _scan(files: list[Path], num_classes: int, name: str, workers: int | None) -
                 report.labelled += 1
             else:
                 report.backgrounds += 1
+    sharing: dict[Path, list[Path]] = defaultdict(list)
+    for f in kept:
+        sharing[img2label_path(f)].append(f)
+    for label, images in sharing.items():
+        if len(images) > 1 and label.is_file():
+            report.add("images sharing one label file", f"{label} <- {', '.join(p.name for p in images)}")
+    if kept and not report.labelled:
+        report.add("no boxes in the whole split", f"{len(kept)} images, every one a background")
     return LabelIndex(kept, labels, np.array(shapes, dtype=np.int64).reshape(-1, 2), report)

@@ -129,6 +129,7 @@ class Trainer:
                               if self.ema is not None else None)
         self.start_epoch = 0
         self.best_fitness = -1.0
+        self.history: list[dict[str, Any]] = []
         self.last_opt_step = -1
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
                          else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
@@ -288,10 +289,11 @@ class Trainer:
         row = {"epoch": epoch + 1, **{f"train_{n}": v for n, v in zip(YoloLoss.component_names, train_loss.tolist())},
                **{k: metrics.get(k, "") for k in RESULT_METRICS},
                **{f"lr{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}}
-        self._append_results(row)
+        self.history.append(row)
         improved = score > self.best_fitness
         self.best_fitness = max(self.best_fitness, score)
         self._save(epoch, metrics, improved)
+        self._write_results()
         if plots:
             from .plots import plot_results
 
@@ -305,14 +307,17 @@ class Trainer:
         predict(self.ema.module, self.val_set.im_files[:count], img_size=self.config.data.img_size,
                 save_dir=self.save_dir / "val_predictions")
 
-    def _append_results(self, row: dict[str, float]) -> None:
-        path = self.save_dir / "results.csv"
-        new = not path.exists()
-        with path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row))
-            if new:
+    def _write_results(self) -> None:
+        """results.csv from the run's history, which the last checkpoint holds: after a resume it
+        shows each epoch once, whatever the interrupted run had written."""
+        def write(temp: Path) -> None:
+            with temp.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(self.history[0]))
                 writer.writeheader()
-            writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+                for row in self.history:
+                    writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+
+        write_atomic(self.save_dir / "results.csv", write, durable=False)
 
     def _save(self, epoch: int, metrics: dict[str, float], improved: bool) -> None:
         from ..checkpoint import save_checkpoint
@@ -323,11 +328,19 @@ class Trainer:
                                     f"last good checkpoint. Lower --lr0.")
         metadata = {"names": self.names, "img_size": self.config.data.img_size, "epoch": epoch,
                     "train_args": self.config.to_dict(), "metrics": metrics, "best_fitness": self.best_fitness,
-                    "ema_updates": self.ema.updates}
+                    "ema_updates": self.ema.updates, "history": self.history}
         weights = self.save_dir / "weights"
-        save_checkpoint(weights / "last", self.model, self.ema.module, metadata=metadata, state=self._state())
-        if improved:
-            save_checkpoint(weights / "best", self.model, self.ema.module, metadata=metadata)
+        # best before last: a kill between the two repeats the epoch on resume, and so its best save.
+        targets = [("best", None)] if improved else []
+        targets.append(("last", self._state()))
+        for name, state in targets:
+            try:
+                save_checkpoint(weights / name, self.model, self.ema.module, metadata=metadata, state=state)
+            except OSError as error:
+                kept = " the previous one is intact and loadable;" if (weights / f"{name}.json").exists() else ""
+                raise TrainingError(f"could not save the checkpoint {weights / name} at epoch {epoch + 1} "
+                                    f"({error.strerror or error});{kept} free space or fix permissions, then "
+                                    f"continue with --resume") from None
 
     def _state(self) -> dict[str, Any]:
         """Everything besides weights that an exact resume needs, as weights_only-loadable objects."""
@@ -338,6 +351,9 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "last_opt_step": self.last_opt_step,
             "accumulate": self.accumulate,
+            # Gradients accumulated towards the nominal batch but not yet applied: the first step
+            # after a resume must see them, as the uninterrupted run's does.
+            "grads": [p.grad.detach().cpu() if p.grad is not None else None for p in self.model.parameters()],
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                     "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
@@ -357,6 +373,8 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.last_opt_step = int(state["last_opt_step"])
         self.accumulate = int(state["accumulate"])
+        for param, grad in zip(self.model.parameters(), state["grads"]):
+            param.grad = grad.to(param.device) if grad is not None else None
         rng = state["rng"]
         torch.set_rng_state(rng["torch"])
         random.setstate(_as_tuple(rng["python"]))
@@ -366,6 +384,7 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.start_epoch = int(contents.metadata["epoch"]) + 1
         self.best_fitness = float(contents.metadata["best_fitness"])
+        self.history = list(contents.metadata.get("history") or [])
         if self.ctx.is_main:
             self._log(f"Resuming {self.save_dir} from epoch {self.start_epoch + 1}/{self.config.epochs}")
 

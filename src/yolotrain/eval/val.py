@@ -44,7 +44,7 @@ class EvalConfig:
     plots: bool = setting(True, "write results.png, confusion matrix, curves and prediction pictures")
 
 
-def build_val_loader(data: str | os.PathLike, nc: int, img_size: int = 640, batch_size: int = 32,
+def build_val_loader(data: str | os.PathLike, nc: int | None, img_size: int = 640, batch_size: int = 32,
                      rect: bool = True, workers: int | None = None, stride: int = 32) -> DataLoader:
     """The val split of a dataset folder or YAML as a non-augmented, ordered DataLoader (see
     :func:`yolotrain.data.loaders.build_loaders`): rectangular batches in the reference's order with
@@ -115,6 +115,7 @@ def val(
     verbose: bool = True,
     half: bool = False,
     fuse: bool = True,
+    map_classes: bool = False,
 ) -> Metrics:
     """Evaluate a detector on a labelled split.
 
@@ -134,15 +135,19 @@ def val(
         verbose: print the results table and speeds.
         half: FP16 inference (CUDA only).
         fuse: fold BatchNorm into convolutions for inference (same outputs, faster).
+        map_classes: score a model whose class count differs from the data's (an 80-class COCO model
+            on a 2-class dataset) on the data's classes, matched by name; without it that is an error,
+            since it would report a meaningless mAP.
     """
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half)
-    nc = model.num_classes
-    loader = data if isinstance(data, DataLoader) else \
-        build_val_loader(data, nc, img_size, batch_size, rect, workers, stride=int(model.stride.max()))
+    loader = data if isinstance(data, DataLoader) else build_val_loader(
+        data, None if map_classes else model.num_classes, img_size, batch_size, rect, workers,
+        stride=int(model.stride.max()))
     _check_ordered(loader)
     dataset = loader.dataset
-    names = list(dataset.names) if len(getattr(dataset, "names", ())) == nc else \
-        class_names(getattr(model, "names", None), nc)
+    names, class_map = _class_correspondence(class_names(getattr(model, "names", None), model.num_classes),
+                                             list(getattr(dataset, "names", ())), map_classes)
+    nc = len(names)
     out_dir = Path(save_dir) if save_dir is not None else None
     if save_json and out_dir is None:
         raise ValueError("save_json needs a save_dir to write the json files into")
@@ -188,7 +193,7 @@ def val(
             for i in range(b):
                 w0, h0 = (int(v) for v in dataset.shapes[seen + i])
                 geometry = (tuple(gains[i]), tuple(pads[i]), (h0, w0))
-                det = dets[i]
+                det = dets[i] if class_map is None else _remap(dets[i], class_map.to(dets[i].device))
                 det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:]), 1)
                 gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
                 gt_cls = per_image[i][:, 1]
@@ -223,6 +228,29 @@ def val(
     return metrics
 
 
+def _class_correspondence(model_names: list[str], data_names: list[str],
+                          map_classes: bool) -> tuple[list[str], torch.Tensor | None]:
+    """The class names results are reported under, and (with ``map_classes``) the model-to-data class map."""
+    if not data_names or len(data_names) == len(model_names):
+        return (data_names or model_names), None
+    if not map_classes:
+        raise ValueError(f"the model predicts {len(model_names)} classes but the data has {len(data_names)}: "
+                         "scores would be meaningless; use weights trained on these classes, or map the model's "
+                         "classes to the data's by name (--map-classes)")
+    index = {name: i for i, name in enumerate(data_names)}
+    class_map = torch.tensor([index.get(name, -1) for name in model_names])
+    if not bool((class_map >= 0).any()):
+        raise ValueError(f"none of the data's classes ({', '.join(data_names[:5])} ...) is among the model's")
+    return data_names, class_map
+
+
+def _remap(det: torch.Tensor, class_map: torch.Tensor) -> torch.Tensor:
+    """Detections with model class ids replaced by data class ids; classes the data lacks are dropped."""
+    mapped = class_map[det[:, 5].long()]
+    keep = mapped >= 0
+    return torch.cat((det[keep, :5], mapped[keep, None].to(det.dtype)), 1)
+
+
 def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path) -> list[float]:
     """Write COCO ground truth and detections, evaluate them and return the 12 summary numbers."""
     gt = coco_ground_truth(dataset.im_files, dataset.labels, dataset.shapes, names)
@@ -247,6 +275,8 @@ def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--half", action="store_true", help="FP16 inference on CUDA")
     parser.add_argument("--save-json", action="store_true", help="COCO json + pycocotools evaluation")
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="skip confusion matrix / curves")
+    parser.add_argument("--map-classes", action="store_true",
+                        help="score a model with other classes on the data's classes, matched by name")
     add_run_dir_arguments(parser, "runs/val")
     return parser
 
@@ -256,6 +286,7 @@ def run_val(args: argparse.Namespace) -> int:
     save_dir = next_run_dir(args.project, args.name, args.exist_ok)
     metrics = val(args.weights, args.data, img_size=args.img_size, batch_size=args.batch_size, conf=args.conf,
                   iou=args.iou, max_det=args.max_det, rect=args.rect, device=args.device, workers=args.workers,
-                  save_dir=save_dir, save_json=args.save_json, plots=args.plots, half=args.half)
+                  save_dir=save_dir, save_json=args.save_json, plots=args.plots, half=args.half,
+                  map_classes=args.map_classes)
     print(f"Results saved to {save_dir}")
     return 0 if math.isfinite(metrics.map) else 1

@@ -3,6 +3,7 @@ and ``load_checkpoint`` for our own checkpoint sets. Every model is built by :fu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,24 @@ def load_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[Yolov5, 
         raise CheckpointError(f"{json_path}: bad architecture entry (needs version, nc and anchors)")
     weights = DetectorWeights(meta["version"], meta["nc"], meta["anchors"], meta.get("names"), state,
                               f"yolov5{meta['version']} nc={meta['nc']}", meta.get("in_channels", 3))
+    head_mismatch = _head_mismatch(state, meta["nc"], len(meta["anchors"][0]))
+    if head_mismatch:  # checked before building: a json may claim any class count
+        raise CheckpointError(f"{json_path}: does not match its tensors ({weights.kind}: {head_mismatch})")
     dtype = next(v.dtype for v in state.values() if v.is_floating_point())
     return build_detector(weights, str(json_path), CheckpointError, dtype), meta
+
+
+def _head_mismatch(state: Mapping[str, torch.Tensor], nc: int, na: int) -> str | None:
+    """Why the Detect convolutions in ``state`` cannot predict ``nc`` classes with ``na`` anchors."""
+    heads = [key for key in state if re.fullmatch(r"model\.\d+\.m\.\d+\.weight", key)]
+    if not heads:
+        return "no Detect head tensors"
+    last_layer = max(int(key.split(".")[1]) for key in heads)
+    outputs = {int(state[key].shape[0]) for key in heads if int(key.split(".")[1]) == last_layer}
+    expected = na * (nc + 5)
+    if outputs != {expected}:
+        return f"the head has {sorted(outputs)[0]} outputs per cell, {na} anchors x (5 + nc) = {expected} expected"
+    return None
 
 
 def load_model(path: str | Path, *, use_ema: bool = True) -> Yolov5:

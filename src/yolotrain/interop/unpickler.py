@@ -206,6 +206,17 @@ def _zip_records(archive: zipfile.ZipFile, prefix: str, source: str) -> Callable
     return read
 
 
+def _check_record_sizes(archive: zipfile.ZipFile, source: str, disk_size: int) -> None:
+    """Refuse records whose claimed sizes the file cannot hold, before any of them is read into memory
+    (an edited directory entry must not make us allocate gigabytes for a small file)."""
+    for info in archive.infolist():
+        stored = info.compress_type == zipfile.ZIP_STORED
+        if info.compress_size > disk_size or (stored and info.file_size != info.compress_size) \
+                or info.file_size > max(info.compress_size, 1) * 1100:  # deflate expands at most ~1032:1
+            raise CheckpointError(f"{source}: record {info.filename} claims {info.file_size} bytes, which this "
+                                  f"{disk_size}-byte file cannot hold (a truncated or edited archive)")
+
+
 def read_torch_file(path: str | Path) -> Any:
     """Unpickle a ``torch.save`` file (zip or bare pickle) with :class:`RestrictedUnpickler`.
 
@@ -217,6 +228,7 @@ def read_torch_file(path: str | Path) -> Any:
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
+                _check_record_sizes(archive, source, path.stat().st_size)
                 names = archive.namelist()
                 if any(n.endswith("/constants.pkl") and n.count("/") == 1 for n in names):
                     # Its data.pkl names compiled classes (__torch__.*): say what the file is, not "unsafe".
