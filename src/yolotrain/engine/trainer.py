@@ -63,6 +63,7 @@ class Trainer:
         with the run's hyper-parameters); it is called as ``criterion(outputs, targets, pred_size=...)``
         and must return a scalar."""
         self.loss_factory = loss
+        self.img_size_given = config.img_size is not None
         self.config = config.resolved()
         self.ctx = ctx or D.context_from_env()
         self.device = select_device(self.config.device, self.ctx.local_rank)
@@ -91,15 +92,18 @@ class Trainer:
         num_classes = len(self.names)
         if num_classes == 0:
             raise ValueError(f"{root}: the dataset defines no class names")
+        self.model = self._build_model()
+        cfg = self._fit_img_size(self.model.max_stride)
         train_index = verify_split(source.train, num_classes, "train")
         if len(train_index.files) == 0:
             raise ValueError(f"{root}: the training split has no usable images")
         val_index = train_index if source.val == source.train else verify_split(source.val, num_classes, "val")
         aug = {k: self.hyp[k] for k in HYP_SCRATCH_LOW}
         self.train_set = DetectionDataset(train_index, cfg.img_size, cfg.batch_size, augment=True, hyp=aug,
-                                          rect=cfg.rect, pad=0.0, seed=cfg.seed, names=self.names)
+                                          rect=cfg.rect, pad=0.0, seed=cfg.seed, names=self.names,
+                                          stride=self.model.max_stride)
         self.val_set = DetectionDataset(val_index, cfg.img_size, cfg.batch_size, augment=False, rect=True,
-                                        pad=0.5, seed=cfg.seed, names=self.names)
+                                        pad=0.5, seed=cfg.seed, names=self.names, stride=self.model.max_stride)
         workers = min(2, os.cpu_count() or 1) if cfg.workers is None else cfg.workers
         self.train_loader = make_loader(self.train_set, cfg.batch_size, True, workers, cfg.seed,
                                         self.ctx.rank, self.ctx.world_size)
@@ -109,8 +113,22 @@ class Trainer:
         self.data_root = root
 
     # ---------------------------------------------------------------------------------- model
+    def _fit_img_size(self, stride: int) -> TrainConfig:
+        """Image size for the model's largest stride: by default the size its published weights were trained
+        at (1280 for P6) on a dataset, the shapes default rounded up to the stride; a given size must fit."""
+        cfg = self.config
+        if not (self.img_size_given or cfg.resume):
+            size = self.model.default_img_size if cfg.data is not None else -(-cfg.img_size // stride) * stride
+            self.config = cfg = dataclasses.replace(cfg, img_size=size)
+        elif cfg.img_size % stride:
+            raise ValueError(f"image size must be a multiple of {stride} (the model's largest stride), "
+                             f"got {cfg.img_size}")
+        return cfg
+
     def _build_model(self) -> Yolov5:
         spec = self.config.model
+        if Path(spec).suffix in (".yaml", ".yml"):
+            return Yolov5.from_yaml(spec, num_classes=len(self.names), names=self.names)
         if Path(spec).suffix or Path(spec).exists():
             from ..interop import load_model
 
@@ -127,7 +145,7 @@ class Trainer:
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
         seed_everything(cfg.seed + ctx.rank)
         self._build_data()
-        model = self._build_model().to(self.device)
+        cfg, model = self.config, self.model.to(self.device)  # the image size may now fit the model's stride
         if cfg.sync_bn and ctx.enabled:
             if self.device.type != "cuda":
                 raise ValueError("--sync-bn needs CUDA devices (PyTorch has no SyncBatchNorm on the CPU)")
@@ -408,7 +426,7 @@ class Trainer:
 def _with_new_head(model: Yolov5, num_classes: int) -> Yolov5:
     """Same backbone and neck for another class count; the Detect convolutions start fresh."""
     anchors = model.head.anchors * model.head.stride.view(-1, 1, 1)
-    fresh = Yolov5(model.version, num_classes=num_classes, anchors=anchors, in_channels=model.in_channels)
+    fresh = Yolov5(model.spec, num_classes=num_classes, anchors=anchors, in_channels=model.in_channels)
     head_convs = f"model.{len(model.model) - 1}.m."
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(head_convs)}
     fresh.load_state_dict(state, strict=False)  # same architecture: only the head convolutions are missing

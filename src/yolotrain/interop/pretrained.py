@@ -14,7 +14,7 @@ from .unpickler import read_torch_file
 
 def build_detector(weights: DetectorWeights, source: str) -> Yolov5:
     """A float32 :class:`Yolov5` in eval mode holding ``weights`` (with ``model.names`` set)."""
-    model = Yolov5(weights.version, num_classes=weights.nc, anchors=weights.anchors)
+    model = Yolov5(weights.architecture, num_classes=weights.nc, anchors=weights.anchors)
     state = {key: value.float() if value.is_floating_point() else value for key, value in weights.state_dict.items()}
     mismatch = state_mismatch(model.state_dict(), state)
     if mismatch:
