@@ -26,19 +26,15 @@ def parse_version(version: str) -> str:
     return key
 
 
-def _anchor_tensor(anchors: Sequence[Sequence[float]] | torch.Tensor, levels: int) -> torch.Tensor:
-    """Anchors in pixels as a ``[levels, na, 2]`` tensor; rows of flat (w, h) pairs are accepted."""
+def _anchor_tensor(anchors: Sequence[Sequence[float]] | torch.Tensor) -> torch.Tensor:
+    """Anchors in pixels as a ``[levels, na, 2]`` tensor; rows of flat (w, h) pairs are accepted (the
+    number of levels is checked against the Detect layer when it is built)."""
     table = torch.as_tensor(anchors, dtype=torch.float32)
     if table.ndim == 2 and table.shape[1] % 2 == 0:
         table = table.view(table.shape[0], -1, 2)
-    if table.ndim != 3 or table.shape[0] != levels or table.shape[2] != 2:
-        raise ValueError(f"anchors must give (w, h) pairs for {levels} levels, got shape {tuple(table.shape)}")
+    if table.ndim != 3 or table.shape[2] != 2:
+        raise ValueError(f"anchors must give (w, h) pairs for each level, got shape {tuple(table.shape)}")
     return table
-
-
-def _detect_levels(spec: ModelSpec) -> int:
-    source = spec.layers[-1][0] if spec.layers and isinstance(spec.layers[-1], list) else None
-    return len(source) if isinstance(source, list) else len(spec.anchors)
 
 
 class Yolov5(nn.Module):
@@ -70,7 +66,7 @@ class Yolov5(nn.Module):
         if len(self.names) != self.num_classes:
             raise ValueError(f"{len(self.names)} class names for {self.num_classes} classes")
         self.in_channels = int(self.spec.in_channels if in_channels is None else in_channels)
-        table = _anchor_tensor(self.spec.anchors if anchors is None else anchors, _detect_levels(self.spec))
+        table = _anchor_tensor(self.spec.anchors if anchors is None else anchors)
         built = build_layers(self.spec, self.num_classes, table, self.in_channels)
         self.model = nn.ModuleList(built.modules)
         self.layer_inputs = built.inputs
