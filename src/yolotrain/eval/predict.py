@@ -123,17 +123,20 @@ def prepare_image(image: np.ndarray, img_size: int, stride: int = 32) -> tuple[n
 class Predictor:
     """A loaded detector with fixed settings; call :meth:`predict_image` per image."""
 
-    def __init__(self, model_or_weights: ModelOrWeights, img_size: int = 640, conf: float = 0.25,
+    def __init__(self, model_or_weights: ModelOrWeights, img_size: int | None = None, conf: float = 0.25,
                  iou: float = 0.45, classes: Sequence[int] | None = None, max_det: int = 1000,
                  agnostic: bool = False, device: str | torch.device | None = None, half: bool = False) -> None:
-        if img_size <= 0 or img_size % 32:
+        if img_size is not None and (img_size <= 0 or img_size % 32):
             raise ValueError(f"img_size must be a positive multiple of 32, got {img_size}")
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half)
+        self.stride = max(getattr(self.model, "max_stride", int(self.model.stride.max())), 32)
+        img_size = getattr(self.model, "default_img_size", 640) if img_size is None else img_size
+        if img_size % self.stride:
+            raise ValueError(f"img_size must be a multiple of the model's largest stride {self.stride}, got {img_size}")
         self.names = model_names(self.model, self.model.num_classes)
         self.dtype = input_dtype(self.model)
         self.img_size, self.conf, self.iou = img_size, conf, iou
         self.classes, self.max_det, self.agnostic = classes, max_det, agnostic
-        self.stride = int(self.model.stride.max())
 
     def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None) -> Result:
         """Detections of one BGR ``uint8`` image."""
@@ -199,7 +202,7 @@ class _Outputs:
 def predict(
     model_or_weights: ModelOrWeights,
     source: Source | Sequence[Source],
-    img_size: int = 640,
+    img_size: int | None = None,
     conf: float = 0.25,
     iou: float = 0.45,
     classes: Sequence[int] | None = None,
@@ -215,7 +218,8 @@ def predict(
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy) or a weights path.
         source: an image or video file, a folder, a glob, a BGR ``uint8`` array, or a list of these.
-        img_size: long side of the network input; inputs are padded only to the next multiple of 32.
+        img_size: long side of the network input (default: the model's training size, 640; 1280 for P6
+            models); inputs are padded only to the next multiple of the largest stride (32; 64 for P6).
         conf, iou, classes, max_det, agnostic: NMS settings.
         save_dir: where annotated images (same names), videos (``STEM.mp4``), ``labels/*.txt`` (with
             ``save_txt``; video frames as ``STEM_FRAME.txt``) and ``predictions.json`` go.
@@ -265,7 +269,8 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     """Add the ``yolotrain predict`` options to ``parser``."""
     parser.add_argument("--weights", required=True, help="checkpoint or official YOLOv5 .pt")
     parser.add_argument("--source", required=True, nargs="+", help="image, video, folder or glob (several allowed)")
-    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=640, help="inference size (px)")
+    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
+                        help="inference size (px; default 640, 1280 for P6 models)")
     parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold")
     parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
     parser.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")

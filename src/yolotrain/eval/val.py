@@ -64,20 +64,21 @@ class FullDecodeDataset(DetectionDataset):
 
 
 def build_val_loader(data: str | os.PathLike, nc: int, img_size: int = 640, batch_size: int = 32,
-                     rect: bool = True, workers: int | None = None) -> DataLoader:
+                     rect: bool = True, workers: int | None = None, stride: int = 32) -> DataLoader:
     """The val split of a dataset folder or YAML as a non-augmented, ordered DataLoader.
 
-    ``rect`` gives each batch of aspect-sorted images its own padded shape (as the reference);
-    otherwise every image is letterboxed to ``img_size`` square.
+    ``rect`` gives each batch of aspect-sorted images its own padded shape, a multiple of ``stride``
+    (the model's largest: 64 for P6 models), as the reference; otherwise every image is letterboxed
+    to ``img_size`` square.
     """
-    if img_size <= 0 or img_size % 32:
-        raise ValueError(f"img_size must be a positive multiple of 32, got {img_size}")
+    if img_size <= 0 or img_size % stride:
+        raise ValueError(f"img_size must be a positive multiple of {stride}, got {img_size}")
     src = resolve_source(data)
     index = verify_split(src.val, nc, "val")
     if rect:
         index = reference_rect_order(index)
     dataset = FullDecodeDataset(index, img_size, batch_size, augment=False, rect=rect,
-                               pad=VAL_RECT_PAD if rect else 0.0, names=src.names)
+                               pad=VAL_RECT_PAD if rect else 0.0, names=src.names, stride=stride)
     workers = min(2, os.cpu_count() or 1) if workers is None else workers
     return make_loader(dataset, batch_size, shuffle=False, workers=workers)
 
@@ -146,7 +147,7 @@ class _Timer:
 def val(
     model_or_weights: ModelOrWeights,
     data: str | os.PathLike | DataLoader,
-    img_size: int = 640,
+    img_size: int | None = None,
     batch_size: int = 32,
     conf: float = 0.001,
     iou: float = 0.6,
@@ -170,6 +171,7 @@ def val(
         data: dataset folder or YAML (its ``val`` split), or a val DataLoader from
             :func:`yolotrain.get_loaders` (then ``img_size``, ``batch_size``, ``rect`` and ``workers``
             come from it).
+        img_size: long side of the inputs; by default the model's training size (640; 1280 for P6).
         conf, iou, max_det: NMS settings; the defaults are the reference's mAP settings.
         criterion: a :class:`~yolotrain.YoloLoss` for the model; when given the mean val loss
             components are in ``metrics.loss``. It must accept rectangular batches when ``rect``.
@@ -183,7 +185,12 @@ def val(
     """
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half)
     nc = model.num_classes
-    loader = data if isinstance(data, DataLoader) else build_val_loader(data, nc, img_size, batch_size, rect, workers)
+    loader = data
+    if not isinstance(data, DataLoader):
+        # Rect batch shapes must suit the largest stride (64 on P6 models).
+        stride = max(getattr(model, "max_stride", int(model.stride.max())), 32)
+        size = getattr(model, "default_img_size", 640) if img_size is None else img_size
+        loader = build_val_loader(data, nc, size, batch_size, rect, workers, stride=stride)
     _check_ordered(loader)
     dataset = loader.dataset
     names = list(dataset.names) if len(getattr(dataset, "names", ())) == nc else model_names(model, nc)
@@ -280,7 +287,8 @@ def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     """Add the ``yolotrain val`` options to ``parser``."""
     parser.add_argument("--weights", required=True, help="checkpoint or official YOLOv5 .pt")
     parser.add_argument("--data", required=True, help="dataset folder or YAML (its val split is used)")
-    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=640, help="inference size (px)")
+    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
+                        help="inference size (px; default 640, 1280 for P6 models)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--conf", type=float, default=0.001, help="confidence threshold")
     parser.add_argument("--iou", type=float, default=0.6, help="NMS IoU threshold")
