@@ -150,6 +150,7 @@ def test_official_layout_with_ema_custom_nc_and_mixed_dtypes(fake_checkpoints):
     ("yolov8", "Ultralytics YOLOv8-or-later model (ultralytics.nn.tasks.DetectionModel)"),
     ("classify", "YOLOv5 classification model (models.yolo.ClassificationModel)"),
     ("focus", "YOLOv5 model from before v6.0 (Focus stem layer)"),
+    ("leaky", "a model with torch.nn.modules.activation.LeakyReLU activations (yolotrain's blocks use SiLU)"),
 ])
 def test_unsupported_architectures_are_named(fake_checkpoints, name, expected):
     path = fake_checkpoints / f"{name}.pt"

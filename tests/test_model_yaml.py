@@ -181,6 +181,27 @@ def test_missing_sections_and_autoanchor_counts_are_named(tmp_path):
         Yolov5.from_yaml(tmp_path / "absent.yaml")
 
 
+def test_official_checkpoint_of_a_custom_layout_is_rebuilt_from_its_yaml(reference, tmp_path):
+    """A reference model built from a custom YAML, pickled as the reference does: the pickled model
+    yaml gives the layout (read without running pickled code), the outputs are the reference's."""
+    import numpy as np
+    from test_interop import MAKE_CHECKPOINTS, reference_env, run_python
+
+    from yolotrain.interop import load_model
+
+    write(tmp_path, CUSTOM_YAML, "custom.yaml")
+    inputs = tmp_path / "inputs.npy"
+    np.save(inputs, torch.rand(2, 3, 64, 96, generator=torch.Generator().manual_seed(0)).numpy())
+    run_python([str(MAKE_CHECKPOINTS), "reference", str(tmp_path), str(inputs), "custom.yaml:3:float32:1"],
+               reference_env(tmp_path))
+    model = load_model(tmp_path / "custom.pt")
+    assert (model.version, model.num_classes, model.names) == ("custom", 3, ["class0", "class1", "class2"])
+    assert type(model.model[0]).__name__ == "Focus" and model.stride.tolist() == [16.0, 32.0]
+    with torch.no_grad():
+        ours = model(torch.from_numpy(np.load(inputs))).numpy()
+    np.testing.assert_allclose(ours, np.load(tmp_path / "custom.npy"), rtol=1e-6, atol=1e-4)
+
+
 def test_checkpoint_of_a_yaml_model_is_self_contained(tmp_path):
     path = write(tmp_path, CUSTOM_YAML)
     torch.manual_seed(0)

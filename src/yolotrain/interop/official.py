@@ -27,6 +27,7 @@ STEM_WIDTHS: dict[int, str] = {16: "n", 32: "s", 48: "m", 64: "l", 80: "x"}
 STEM_WEIGHT = "model.0.conv.weight"
 # Index of the Detect head in the published layouts, by number of detection levels (P5, P6).
 HEAD_INDEX: dict[int, int] = {3: 24, 4: 33}
+SILU = "torch.nn.modules.activation.SiLU"
 
 
 class UnsupportedCheckpointError(CheckpointError):
@@ -75,7 +76,7 @@ def class_names(names: Any, nc: int) -> list[str]:
 
 
 def _describe_model(model: PickledObject) -> str | None:
-    """Why this pickled model is not a YOLOv5 v6.0+ P5 detector (None when it is)."""
+    """Why this pickled model is not a YOLOv5 v6.0+ detector built from known blocks (None when it is)."""
     name = model.pickled_name
     qualname = name.rpartition(".")[2]
     if name.startswith("ultralytics."):
@@ -97,9 +98,27 @@ def _describe_model(model: PickledObject) -> str | None:
         return f"a YOLOv5 classification model ({name} with a Classify head)"
     if not head_name.endswith(".Detect"):
         return f"a {name} whose last layer is {head_name}, not a Detect head"
-    if isinstance(first, PickledObject) and first.pickled_name.endswith(".Focus"):
+    if "anchor_grid" in (head.get("_buffers") or {}) or (
+            isinstance(first, PickledObject) and first.pickled_name.endswith(".Focus")
+            and not _has_layer_lists(model.get("yaml"))):
         return "a YOLOv5 model from before v6.0 (Focus stem layer); re-export it with YOLOv5 v6.0 or later"
+    activations = sorted(_activation_names(model) - {SILU})
+    if activations:
+        return f"a model with {', '.join(activations)} activations (yolotrain's blocks use SiLU)"
     return None
+
+
+def _has_layer_lists(yaml: Any) -> bool:
+    return isinstance(yaml, Mapping) and "backbone" in yaml and "head" in yaml
+
+
+def _activation_names(module: PickledObject) -> set[str]:
+    """Class names of every ``act`` submodule in a pickled module tree."""
+    found = set()
+    for name, child in (module.get("_modules") or {}).items():
+        if isinstance(child, PickledObject):
+            found.update({child.pickled_name} if name == "act" else _activation_names(child))
+    return found
 
 
 def _child(module: PickledObject, name: str) -> PickledObject | None:
@@ -111,7 +130,7 @@ def _architecture_from_yaml(yaml: Any, levels: int, layers: int, source: str) ->
     """(version, spec): a published version, or ``'custom'`` and the spec the pickled ``yaml`` describes."""
     if not isinstance(yaml, Mapping):
         raise UnsupportedCheckpointError(f"{source}: the pickled model has no 'yaml' architecture description")
-    if "backbone" in yaml and "head" in yaml:
+    if _has_layer_lists(yaml):
         try:
             spec = ModelSpec.from_mapping(yaml, f"{source} (model yaml)")
         except ValueError as exc:
