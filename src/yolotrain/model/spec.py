@@ -22,16 +22,12 @@ import yaml
 from torch import nn
 
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus
-from .detect import Detect
+from .detect import DEFAULT_ANCHORS, Detect
 
 # Entries are [from, number, module, args]; "nc" and "anchors" in args stand for the spec's values.
 Entry = list[Any]
 
-P5_ANCHORS: tuple[tuple[int, ...], ...] = (
-    (10, 13, 16, 30, 33, 23),  # P3/8
-    (30, 61, 62, 45, 59, 119),  # P4/16
-    (116, 90, 156, 198, 373, 326),  # P5/32
-)
+P5_ANCHORS = DEFAULT_ANCHORS  # P3/8, P4/16, P5/32
 P6_ANCHORS: tuple[tuple[int, ...], ...] = (
     (19, 27, 44, 40, 38, 94),  # P3/8
     (96, 68, 86, 152, 180, 137),  # P4/16
