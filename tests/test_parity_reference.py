@@ -94,9 +94,11 @@ def test_outputs_and_loss_match_reference(reference, version, nc, batch, height,
         torch.testing.assert_close(ours(imgs), ref(imgs)[0], atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("version", [
-    "n6", "s6", pytest.param("m6", marks=pytest.mark.slow), pytest.param("l6", marks=pytest.mark.slow),
-    pytest.param("x6", marks=pytest.mark.slow)])
+# Building the larger reference models takes seconds each: they run with the slow tests.
+P6_SIZES = ["n6", *(pytest.param(v, marks=pytest.mark.slow) for v in ("s6", "m6", "l6", "x6"))]
+
+
+@pytest.mark.parametrize("version", P6_SIZES)
 def test_p6_parameter_counts_and_names_equal_the_reference(reference, version):
     for nc in (2, 80):
         ref, ours = reference_model(reference, version, nc), Yolov5(version, num_classes=nc)
