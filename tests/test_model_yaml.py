@@ -231,3 +231,15 @@ def test_training_builds_the_model_of_a_yaml(tmp_path):
     # The dataset's two classes replace the YAML's nc: 3.
     assert (model.version, model.num_classes, model.names) == ("custom", 2, ["circle", "rectangle"])
     assert meta["cfg"]["head"][-1] == [[12, 9], 1, "Detect", ["nc", "anchors"]]
+
+
+def test_cli_reports_a_bad_model_yaml_in_one_line(tmp_path, capsys):
+    from yolotrain.cli import main
+
+    data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=2, n_val=1, img_size=64) / "data.yaml"
+    text = YOLOV5S_YAML.replace("[-1, 1, SPPF, [1024, 5]]", "[-1, 1, C2f, [1024, 5]]")
+    cfg = write(tmp_path, text, "my.yaml")
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "C2f" in row)
+    assert main(["train", "--data", str(data), "--model", str(cfg), "--project", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"yolotrain train: error: {cfg}:{line}: unknown block 'C2f'") and err.count("\n") == 1
