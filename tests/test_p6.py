@@ -135,3 +135,15 @@ def test_doctor_finds_nothing_in_a_p6_training_step(model):
 
     assert check_step(step) == []
     assert lint_paths([str(MODEL_SOURCES)]) == []
+
+
+def test_bare_p6_state_dict_is_recognised(model, tmp_path):
+    from yolotrain.interop import load_model
+
+    path = tmp_path / "weights.pt"
+    torch.save(model.state_dict(), path)
+    loaded = load_model(path)
+    assert (loaded.version, loaded.num_classes, loaded.stride.tolist()) == ("n6", 2, [8.0, 16.0, 32.0, 64.0])
+    imgs = torch.rand(1, 3, 128, 64)
+    with torch.no_grad():
+        assert torch.equal(loaded(imgs), model(imgs))
