@@ -6,13 +6,19 @@ import torch
 from yolotrain import Yolov5
 from yolotrain.model import Conv
 
-# Parameter counts of the reference implementation (unfused), per version and class count.
+# Parameter counts of the reference implementation (unfused), per version and class count; P6 models
+# built from the reference's models/hub/yolov5*6.yaml (tests/test_parity_reference.py measures them live).
 REFERENCE_PARAMETERS = {
     ("n", 2): 1_766_623, ("n", 80): 1_872_157,
     ("s", 2): 7_025_023, ("s", 80): 7_235_389,
     ("m", 2): 20_875_359, ("m", 80): 21_190_557,
     ("l", 2): 46_143_679, ("l", 80): 46_563_709,
     ("x", 2): 86_224_543, ("x", 80): 86_749_405,
+    ("n6", 2): 3_096_244, ("n6", 80): 3_246_940,
+    ("s6", 2): 12_326_164, ("s6", 80): 12_626_620,
+    ("m6", 2): 35_281_716, ("m6", 80): 35_731_932,
+    ("l6", 2): 76_170_196, ("l6", 80): 76_770_172,
+    ("x6", 2): 140_045_044, ("x6", 80): 140_794_780,
 }
 
 
@@ -28,6 +34,29 @@ def test_train_mode_returns_three_raw_maps(shape):
     h, w = shape
     maps = model(torch.rand(2, 3, h, w))
     assert [tuple(m.shape) for m in maps] == [(2, 3, h // s, w // s, 8) for s in (8, 16, 32)]
+
+
+@pytest.mark.parametrize("shape", [(128, 128), (192, 64)])
+def test_p6_train_mode_returns_four_raw_maps(shape):
+    model = Yolov5("n6", num_classes=3).train()
+    h, w = shape
+    maps = model(torch.rand(2, 3, h, w))
+    assert [tuple(m.shape) for m in maps] == [(2, 3, h // s, w // s, 8) for s in (8, 16, 32, 64)]
+    assert model.stride.tolist() == [8, 16, 32, 64] and model.max_stride == 64
+    # The reference's P6 anchors, in pixels.
+    torch.testing.assert_close(model.head.anchors[3] * 64, torch.tensor([[436.0, 615], [739, 380], [925, 792]]))
+
+
+def test_p6_layout_and_default_image_size():
+    model = Yolov5("yolov5s6", num_classes=2)
+    assert (model.version, len(model.model), type(model.model[11]).__name__) == ("s6", 34, "SPPF")
+    assert model.default_img_size == 1280 and Yolov5("s", num_classes=2).default_img_size == 640
+    with pytest.raises(ValueError, match="multiples of 64, got 96x128"):
+        model(torch.rand(1, 3, 96, 128))
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.rand(1, 3, 128, 64))
+    assert out.shape == (1, 3 * sum((128 // s) * (64 // s) for s in (8, 16, 32, 64)), 7)
 
 
 def test_eval_mode_decodes_boxes_in_pixels():

@@ -9,14 +9,16 @@ from yolotrain import YoloLoss, Yolov5
 
 
 def reference_model(reference, version: str, nc: int):
-    config = Path(reference.__file__).parent / "models" / f"yolov5{version}.yaml"
+    models = Path(reference.__file__).parent / "models"
+    config = (models / "hub" if version.endswith("6") else models) / f"yolov5{version}.yaml"
     return reference.models.yolo.Model(str(config), nc=nc)
 
 
-def reference_hyp(nc: int, img_size: int) -> dict:
-    # What the reference's train.py passes to ComputeLoss after scaling for 3 layers, nc and image size.
-    return {"box": 0.05, "cls": 0.5 * nc / 80, "obj": 1.0 * (img_size / 640) ** 2, "cls_pw": 1.0, "obj_pw": 1.0,
-            "anchor_t": 4.0, "fl_gamma": 0.0}
+def reference_hyp(nc: int, img_size: int, levels: int = 3) -> dict:
+    # What the reference's train.py passes to ComputeLoss after scaling for the layers, nc and image size.
+    gain = 3 / levels
+    return {"box": 0.05 * gain, "cls": 0.5 * nc / 80 * gain, "obj": 1.0 * (img_size / 640) ** 2 * gain,
+            "cls_pw": 1.0, "obj_pw": 1.0, "anchor_t": 4.0, "fl_gamma": 0.0}
 
 
 def targets(n: int, batch: int, nc: int, seed: int) -> torch.Tensor:
@@ -29,13 +31,14 @@ def targets(n: int, batch: int, nc: int, seed: int) -> torch.Tensor:
     ], 1)
 
 
+@pytest.mark.parametrize("version", ["n", "n6"])
 @pytest.mark.parametrize("nc", [2, 80])
-def test_same_seed_builds_identical_weights(reference, nc):
+def test_same_seed_builds_identical_weights(reference, nc, version):
     """Same layer order and initialisation (including the bias priors) as the reference."""
     torch.manual_seed(123)
-    ref = reference_model(reference, "n", nc)
+    ref = reference_model(reference, version, nc)
     torch.manual_seed(123)
-    ours = Yolov5("n", num_classes=nc)
+    ours = Yolov5(version, num_classes=nc)
     assert list(ref.state_dict()) == list(ours.state_dict())
     # Parameters only: the reference's stride probe (a forward pass in train mode) moves BN running stats.
     our_params = dict(ours.named_parameters())
@@ -47,20 +50,23 @@ def test_same_seed_builds_identical_weights(reference, nc):
 
 
 CASES = [
-    # (nc, batch, height, width, number of targets)
-    (2, 2, 128, 128, 0),     # empty targets
-    (2, 2, 128, 128, 7),
-    (80, 2, 128, 128, 7),
-    (80, 3, 96, 160, 120),   # crowded, non-square
-    (2, 2, 160, 96, 60),     # crowded, non-square (portrait)
+    # (version, nc, batch, height, width, number of targets)
+    ("n", 2, 2, 128, 128, 0),     # empty targets
+    ("n", 2, 2, 128, 128, 7),
+    ("n", 80, 2, 128, 128, 7),
+    ("n", 80, 3, 96, 160, 120),   # crowded, non-square
+    ("n", 2, 2, 160, 96, 60),     # crowded, non-square (portrait)
+    ("n6", 2, 2, 128, 128, 0),    # P6: four levels, their own objectness balance
+    ("n6", 2, 2, 128, 128, 9),
+    ("n6", 80, 2, 128, 192, 90),  # crowded, non-square
 ]
 
 
-@pytest.mark.parametrize(("nc", "batch", "height", "width", "n_targets"), CASES)
-def test_outputs_and_loss_match_reference(reference, nc, batch, height, width, n_targets):
+@pytest.mark.parametrize(("version", "nc", "batch", "height", "width", "n_targets"), CASES)
+def test_outputs_and_loss_match_reference(reference, version, nc, batch, height, width, n_targets):
     torch.manual_seed(nc + n_targets)
-    ref = reference_model(reference, "n", nc)
-    ours = Yolov5("n", num_classes=nc)
+    ref = reference_model(reference, version, nc)
+    ours = Yolov5(version, num_classes=nc)
     ours.load_state_dict(ref.state_dict())
     imgs = torch.rand(batch, 3, height, width)
     t = targets(n_targets, batch, nc, seed=n_targets)
@@ -71,7 +77,7 @@ def test_outputs_and_loss_match_reference(reference, nc, batch, height, width, n
         torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
 
     img_size = max(height, width)
-    ref.hyp = reference_hyp(nc, img_size)
+    ref.hyp = reference_hyp(nc, img_size, levels=len(ref_maps))
     ref_loss, ref_parts = reference.utils.loss.ComputeLoss(ref)(ref_maps, t)
     criterion = YoloLoss(ours, rect_training=height != width)
     our_loss = criterion(our_maps, t, pred_size=imgs.shape[2:4])
@@ -86,3 +92,16 @@ def test_outputs_and_loss_match_reference(reference, nc, batch, height, width, n
     ref.eval(), ours.eval()
     with torch.no_grad():
         torch.testing.assert_close(ours(imgs), ref(imgs)[0], atol=1e-4, rtol=1e-5)
+
+
+# Building the larger reference models takes seconds each: they run with the slow tests.
+P6_SIZES = ["n6", *(pytest.param(v, marks=pytest.mark.slow) for v in ("s6", "m6", "l6", "x6"))]
+
+
+@pytest.mark.parametrize("version", P6_SIZES)
+def test_p6_parameter_counts_and_names_equal_the_reference(reference, version):
+    for nc in (2, 80):
+        ref, ours = reference_model(reference, version, nc), Yolov5(version, num_classes=nc)
+        assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in ref.parameters())
+        assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+        assert ours.stride.tolist() == ref.stride.tolist() == [8, 16, 32, 64]

@@ -2,7 +2,9 @@
 
 - ``NAME.safetensors``: tensors ``model.*`` and, when given, ``ema.*`` (exact dtypes, no pickle).
 - ``NAME.state.pt``: optimizer / scheduler / RNG state; must load with ``torch.load(weights_only=True)``.
-- ``NAME.json``: architecture (version, nc, anchors, strides, in_channels), class names, whatever
+- ``NAME.json``: architecture (version, nc, anchors, strides, in_channels; for a model built from a
+  model YAML that is not a published architecture, ``version`` is ``custom`` and ``cfg`` holds the
+  whole layer list in the reference's model-YAML form), class names, whatever
   metadata the caller passes (image size, train args, epoch, metrics ...), the format version and
   the SHA-256 of the other files.
 
@@ -45,7 +47,7 @@ MAX_JSON_BYTES = 64 << 20
 MAX_CLASSES = 10_000
 PREV_SUFFIX = ".prev"
 # Keys of the json that describe the tensors; caller metadata may not contradict them.
-ARCHITECTURE_KEYS = ("version", "nc", "anchors", "strides", "in_channels")
+ARCHITECTURE_KEYS = ("version", "nc", "anchors", "strides", "in_channels", "cfg")
 
 
 class CheckpointError(ValueError):
@@ -108,8 +110,11 @@ def _architecture(model: nn.Module) -> dict[str, Any]:
     head = model.head
     strides = [float(s) for s in head.stride.tolist()]
     anchors = (head.anchors.detach().cpu().double() * head.stride.cpu().double().view(-1, 1, 1)).tolist()
-    return {"version": model.version, "nc": int(head.nc), "anchors": anchors, "strides": strides,
-            "in_channels": int(model.in_channels)}
+    architecture = {"version": model.version, "nc": int(head.nc), "anchors": anchors, "strides": strides,
+                    "in_channels": int(model.in_channels)}
+    if model.version == "custom":  # self-contained: the layers themselves, not a path to their YAML
+        architecture.update(cfg=model.spec.to_dict())
+    return architecture
 
 
 def _checkpoint_names(model: nn.Module, metadata: Mapping[str, Any]) -> list[str]:
@@ -128,8 +133,8 @@ def save_checkpoint(path_stem: str | Path, model: nn.Module, ema: nn.Module | Ma
     metadata = dict(metadata or {})
     architecture = _architecture(model)
     for key in ARCHITECTURE_KEYS:
-        if key in metadata and metadata[key] != architecture[key]:
-            raise ValueError(f"metadata {key}={metadata[key]!r} contradicts the model ({architecture[key]!r})")
+        if key in metadata and metadata[key] != architecture.get(key):
+            raise ValueError(f"metadata {key}={metadata[key]!r} contradicts the model ({architecture.get(key)!r})")
     document = {**metadata, **architecture, "names": _checkpoint_names(model, metadata),
                 "format": FORMAT_NAME, "format_version": FORMAT_VERSION}
     try:

@@ -29,8 +29,10 @@ class LossConfig:
     obj: float = setting(1.0, "objectness loss gain", min=0)
     anchor_t: float = setting(4.0, "anchor-multiple threshold for assigning targets", above=1)
 
-# Objectness weight of each level: small objects (P3) dominate the count of cells.
+# Objectness weight of each level: small objects (P3) dominate the count of cells. The reference uses
+# the first table for three levels (P5 models) and the second for any other count (P6 models: 4).
 LEVEL_BALANCE = (4.0, 1.0, 0.4)
+LEVEL_BALANCE_OTHER = (4.0, 1.0, 0.25, 0.06, 0.02)
 # A target is also assigned to the two neighbouring cells nearest its centre (beyond this fraction).
 NEIGHBOUR_MARGIN = 0.5
 # Head logits beyond this magnitude mean diverged weights. A well-trained head pushes background
@@ -82,6 +84,9 @@ class YoloLoss:
         self.head = head  # read anchors from it on each call: they follow the model across .to(device)
         self.nc, self.na, self.nl = head.nc, head.na, head.nl
         self.strides = tuple(int(s) for s in head.stride.tolist())
+        self.balance = LEVEL_BALANCE if self.nl == 3 else LEVEL_BALANCE_OTHER
+        if self.nl > len(self.balance):
+            raise ValueError(f"the loss weighs at most {len(self.balance)} detection levels, the model has {self.nl}")
         self.components = torch.zeros(3)
         self.step = 0
 
@@ -115,7 +120,7 @@ class YoloLoss:
                 if self.nc > 1:
                     class_target = F.one_hot(target_cls, self.nc).to(dtype)
                     cls_terms.append(F.binary_cross_entropy_with_logits(matched[:, 5:], class_target))
-            obj_terms.append(F.binary_cross_entropy_with_logits(pred[..., 4], target_obj) * LEVEL_BALANCE[level])
+            obj_terms.append(F.binary_cross_entropy_with_logits(pred[..., 4], target_obj) * self.balance[level])
 
         zero = outputs[0].new_zeros(())
         lbox = sum(box_terms, zero) * box_gain

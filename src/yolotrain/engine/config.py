@@ -33,6 +33,7 @@ from ..data.augment import AugmentConfig
 from ..data.loaders import DataConfig, default_workers
 from ..eval.val import EvalConfig
 from ..loss import LossConfig
+from ..model import parse_version
 from ..settings import ConfigError, flat_names, from_mapping, merge, nest, setting, to_dict, validate
 from .ema import EMAConfig
 from .optim import DEFAULT_LR0, OptimConfig
@@ -42,7 +43,7 @@ from .optim import DEFAULT_LR0, OptimConfig
 class TrainConfig:
     """One training run. Build it with :func:`resolve_config`; sizes left at ``None`` follow the data."""
 
-    model: str = setting("yolov5n", "yolov5n|s|m|l|x (from scratch), or a checkpoint to fine-tune")
+    model: str = setting("yolov5n", "yolov5n|s|m|l|x or n6..x6 (from scratch), a model YAML, or a checkpoint")
     epochs: int | None = setting(None, "epochs (100; 30 on shapes)", min=1)
     device: str | None = setting(None, "cpu, cuda or cuda:N (a GPU when present)")
     seed: int = setting(0, "seed of the weights, the shuffling and the augmentations", min=0)
@@ -75,6 +76,8 @@ HYP_SECTIONS = ("augment", "loss", "optim", "ema")
 # past mAP50 0.5 in a couple of minutes (measured: 0.61 at epoch 15, 0.84 at epoch 22).
 SHAPES_DEFAULTS = {"data.img_size": 160, "epochs": 30, "data.batch_size": 16, "optim.optimizer": "AdamW",
                    "optim.lr0": 0.002, "optim.nominal_batch": 16}
+# P6 architectures on real datasets (on shapes: the shapes size rounded up to their stride, 64).
+P6_IMG_SIZE = 1280
 # The reference's defaults for real datasets (lr0 follows the optimiser: DEFAULT_LR0).
 DATASET_DEFAULTS = {"data.img_size": 640, "epochs": 100, "data.batch_size": 16, "optim.optimizer": "SGD",
                     "optim.nominal_batch": 64}
@@ -157,11 +160,23 @@ def _get(tree: Mapping[str, Any], path: str) -> Any:
     return tree
 
 
+def _is_p6(model: str) -> bool:
+    """Whether ``model`` names a P6 architecture (yolov5n6 ...); checkpoints and YAMLs say so only once built."""
+    try:
+        return parse_version(model).endswith("6")
+    except ValueError:
+        return False
+
+
 def _fill_from_data(config: TrainConfig, explicit_optimizer: bool) -> TrainConfig:
     defaults = dict(SHAPES_DEFAULTS if config.data.path is None else DATASET_DEFAULTS)
     if explicit_optimizer:
         defaults.pop("optim.lr0", None)  # a learning rate tuned for the default optimiser does not carry over
     tree = config.to_dict()
+    if tree["data"]["img_size"] is None and _is_p6(config.model):
+        # P6 models need multiples of 64 and were published at 1280 px.
+        tree["data"]["img_size"] = P6_IMG_SIZE if config.data.path is not None else \
+            -(-defaults["data.img_size"] // 64) * 64
     for path, value in defaults.items():
         *parents, leaf = path.split(".")
         node = tree

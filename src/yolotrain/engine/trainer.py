@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import random
 import time
@@ -19,6 +20,7 @@ from tqdm import tqdm
 
 from ..atomic import write_atomic
 from ..data.loaders import build_loaders
+from ..data.sources import resolve_source
 from ..devices import select_device
 from ..loss import DivergenceError, YoloLoss
 from ..model import Yolov5, parse_version
@@ -75,9 +77,23 @@ class Trainer:
     # ----------------------------------------------------------------------------------- data
     def _build_data(self) -> None:
         cfg = self.config
-        loaders = build_loaders(cfg.data, cfg.augment, seed=cfg.seed, rank=self.ctx.rank,
-                                world_size=self.ctx.world_size, require_names=True)
-        self.names = loaders.names
+        root = cfg.data.path
+        if root is None:
+            from ..data.shapes import generate_shapes_dataset
+
+            root = str(generate_shapes_dataset())
+        # The model is sized by the class names, and the batch shapes by the model's largest stride.
+        self.names = resolve_source(root).names
+        if not self.names:
+            raise ValueError(f"{root}: the dataset defines no class names")
+        self.model = self._build_model()
+        stride = self.model.max_stride
+        if cfg.data.img_size % stride:
+            raise ValueError(f"image size must be a multiple of {stride} (the model's largest stride), "
+                             f"got {cfg.data.img_size}")
+        loaders = build_loaders(dataclasses.replace(cfg.data, path=root), cfg.augment, seed=cfg.seed,
+                                rank=self.ctx.rank, world_size=self.ctx.world_size, stride=stride,
+                                require_names=True)
         self.train_loader = loaders.train
         self.train_set = self.train_loader.dataset
         self.train_sampler = self.train_loader.batch_sampler
@@ -89,6 +105,8 @@ class Trainer:
     # ---------------------------------------------------------------------------------- model
     def _build_model(self) -> Yolov5:
         spec = self.config.model
+        if Path(spec).suffix in (".yaml", ".yml"):
+            return Yolov5.from_yaml(spec, num_classes=len(self.names), names=self.names)
         if Path(spec).suffix or Path(spec).exists():
             from ..interop import load_model
 
@@ -105,7 +123,7 @@ class Trainer:
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
         seed_everything(cfg.seed + ctx.rank)
         self._build_data()
-        model = self._build_model().to(self.device)
+        model = self.model.to(self.device)
         if cfg.sync_bn and ctx.enabled:
             if self.device.type != "cuda":
                 raise ValueError("--sync-bn needs CUDA devices (PyTorch has no SyncBatchNorm on the CPU)")
@@ -395,7 +413,7 @@ class Trainer:
 def _with_new_head(model: Yolov5, num_classes: int) -> Yolov5:
     """Same backbone and neck for another class count; the Detect convolutions start fresh."""
     anchors = model.head.anchors * model.head.stride.view(-1, 1, 1)
-    fresh = Yolov5(model.version, num_classes=num_classes, anchors=anchors, in_channels=model.in_channels)
+    fresh = Yolov5(model.spec, num_classes=num_classes, anchors=anchors, in_channels=model.in_channels)
     head_convs = f"model.{len(model.model) - 1}.m."
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(head_convs)}
     fresh.load_state_dict(state, strict=False)  # same architecture: only the head convolutions are missing

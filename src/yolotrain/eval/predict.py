@@ -125,11 +125,12 @@ def prepare_image(image: np.ndarray, img_size: int, stride: int = 32) -> tuple[n
 class Predictor:
     """A loaded detector with fixed settings; call :meth:`predict_image` per image."""
 
-    def __init__(self, model_or_weights: ModelOrWeights, img_size: int = 640, conf: float = 0.25,
+    def __init__(self, model_or_weights: ModelOrWeights, img_size: int | None = None, conf: float = 0.25,
                  iou: float = 0.45, classes: Sequence[int] | None = None, max_det: int = 1000,
                  agnostic: bool = False, device: str | torch.device | None = None, half: bool = False) -> None:
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half)
-        self.stride = int(self.model.stride.max())
+        self.stride = max(getattr(self.model, "max_stride", int(self.model.stride.max())), 32)
+        img_size = getattr(self.model, "default_img_size", 640) if img_size is None else img_size
         check_image_size(img_size, self.stride)
         self.names = class_names(getattr(self.model, "names", None), self.model.num_classes)
         self.dtype = input_dtype(self.model)
@@ -200,7 +201,7 @@ class _Outputs:
 def predict(
     model_or_weights: ModelOrWeights,
     source: Source | Sequence[Source],
-    img_size: int = 640,
+    img_size: int | None = None,
     conf: float = 0.25,
     iou: float = 0.45,
     classes: Sequence[int] | None = None,
@@ -216,7 +217,8 @@ def predict(
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy) or a weights path.
         source: an image or video file, a folder, a glob, a BGR ``uint8`` array, or a list of these.
-        img_size: long side of the network input; inputs are padded only to the next multiple of 32.
+        img_size: long side of the network input (default: the model's training size, 640; 1280 for P6
+            models); inputs are padded only to the next multiple of the largest stride (32; 64 for P6).
         conf, iou, classes, max_det, agnostic: NMS settings.
         save_dir: where annotated images (same names), videos (``STEM.mp4``), ``labels/*.txt`` (with
             ``save_txt``; video frames as ``STEM_FRAME.txt``) and ``predictions.json`` go.
@@ -266,7 +268,8 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     """Add the ``yolotrain predict`` options to ``parser``."""
     parser.add_argument("--weights", required=True, help="checkpoint or official YOLOv5 .pt")
     parser.add_argument("--source", required=True, nargs="+", help="image, video, folder or glob (several allowed)")
-    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=640, help="inference size (px)")
+    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
+                        help="inference size (px; default 640, 1280 for P6 models)")
     parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold")
     parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
     parser.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")

@@ -48,7 +48,8 @@ def build_val_loader(data: str | os.PathLike, nc: int | None, img_size: int = 64
                      rect: bool = True, workers: int | None = None, stride: int = 32) -> DataLoader:
     """The val split of a dataset folder or YAML as a non-augmented, ordered DataLoader (see
     :func:`yolotrain.data.loaders.build_loaders`): rectangular batches in the reference's order with
-    ``rect``, else every image letterboxed to ``img_size`` square."""
+    ``rect``, shaped in multiples of ``stride`` (the model's largest: 64 for P6 models), else every
+    image letterboxed to ``img_size`` square."""
     config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=batch_size, workers=workers)
     return build_loaders(config, num_classes=nc, splits=("val",), val_rect=rect, stride=stride).val
 
@@ -100,7 +101,7 @@ class _Timer:
 def val(
     model_or_weights: ModelOrWeights,
     data: str | os.PathLike | DataLoader,
-    img_size: int = 640,
+    img_size: int | None = None,
     batch_size: int = 32,
     conf: float = EvalConfig.conf,
     iou: float = EvalConfig.iou,
@@ -125,6 +126,7 @@ def val(
         data: dataset folder or YAML (its ``val`` split), or a val DataLoader from
             :func:`yolotrain.get_loaders` (then ``img_size``, ``batch_size``, ``rect`` and ``workers``
             come from it).
+        img_size: long side of the inputs; by default the model's training size (640; 1280 for P6).
         conf, iou, max_det: NMS settings; the defaults are the reference's mAP settings.
         criterion: a :class:`~yolotrain.YoloLoss` for the model; when given the mean val loss
             components are in ``metrics.loss``. It must accept rectangular batches when ``rect``.
@@ -140,9 +142,13 @@ def val(
             since it would report a meaningless mAP.
     """
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half)
-    loader = data if isinstance(data, DataLoader) else build_val_loader(
-        data, None if map_classes else model.num_classes, img_size, batch_size, rect, workers,
-        stride=int(model.stride.max()))
+    loader = data
+    if not isinstance(data, DataLoader):
+        # Rect batch shapes must suit the largest stride (64 on P6 models).
+        stride = max(getattr(model, "max_stride", int(model.stride.max())), 32)
+        size = getattr(model, "default_img_size", 640) if img_size is None else img_size
+        loader = build_val_loader(data, None if map_classes else model.num_classes, size, batch_size, rect,
+                                  workers, stride=stride)
     _check_ordered(loader)
     dataset = loader.dataset
     names, class_map = _class_correspondence(class_names(getattr(model, "names", None), model.num_classes),
@@ -264,7 +270,8 @@ def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     """Add the ``yolotrain val`` options to ``parser``."""
     parser.add_argument("--weights", required=True, help="checkpoint or official YOLOv5 .pt")
     parser.add_argument("--data", required=True, help="dataset folder or YAML (its val split is used)")
-    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=640, help="inference size (px)")
+    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
+                        help="inference size (px; default 640, 1280 for P6 models)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--conf", type=float, default=EvalConfig.conf, help="confidence threshold")
     parser.add_argument("--iou", type=float, default=EvalConfig.iou, help="NMS IoU threshold")

@@ -2,7 +2,7 @@
 
 The exported graph is the fused model (BatchNorm folded into the convolutions) returning either the
 decoded ``[B, N, 5+nc]`` output (cx, cy, w, h in input pixels, sigmoid objectness and class scores;
-no NMS) or, with ``raw=True``, the three raw head maps. ONNX files carry the class names, strides,
+no NMS) or, with ``raw=True``, the raw head maps (one per level). ONNX files carry the class names, strides,
 anchors, image size and class count in ``metadata_props``; TorchScript files in ``config.json``.
 """
 
@@ -28,7 +28,6 @@ from .pretrained import load_model
 
 FORMATS: dict[str, str] = {"onnx": ".onnx", "torchscript": ".torchscript"}
 DEFAULT_OPSET = 17
-RAW_OUTPUTS = ("p3", "p4", "p5")
 DECODED_OUTPUT = "output0"
 EXPORT_PACKAGES_HINT = "pip install 'yolotrain[export]'"
 
@@ -46,12 +45,17 @@ class _ExportGraph(nn.Module):
         return tuple(maps) if self.raw else self.model.head.decode(maps)
 
 
-def _image_size(img_size: int | Sequence[int]) -> tuple[int, int]:
+def raw_output_names(model: Yolov5) -> tuple[str, ...]:
+    """Names of the raw head maps: ``p3``, ``p4``, ``p5`` (and ``p6`` on P6 models), by level stride."""
+    return tuple(f"p{int(s).bit_length() - 1}" for s in model.head.stride.tolist())
+
+
+def _image_size(img_size: int | Sequence[int], stride: int = 32) -> tuple[int, int]:
     size = (int(img_size), int(img_size)) if isinstance(img_size, int) else tuple(int(s) for s in img_size)
     if len(size) == 1:
         size = (size[0], size[0])
-    if len(size) != 2 or any(s <= 0 or s % 32 for s in size):
-        raise ValueError(f"img_size must be one or two positive multiples of 32, got {img_size!r}")
+    if len(size) != 2 or any(s <= 0 or s % stride for s in size):
+        raise ValueError(f"img_size must be one or two positive multiples of {stride}, got {img_size!r}")
     return size
 
 
@@ -89,7 +93,7 @@ def _default_output(weights: Path, fmt: str) -> Path:
 
 
 def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | Path | None = None,
-           img_size: int | Sequence[int] = 640, dynamic_batch: bool = True, dynamic_size: bool = False,
+           img_size: int | Sequence[int] | None = None, dynamic_batch: bool = True, dynamic_size: bool = False,
            simplify: bool = True, raw: bool = False, opset: int = DEFAULT_OPSET) -> Path:
     """Export a checkpoint path or a :class:`Yolov5` to ``fmt`` (``'onnx'`` or ``'torchscript'``).
 
@@ -97,10 +101,11 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     ``opset`` (17 or later), a dynamic batch axis unless ``dynamic_batch=False``, dynamic height
     and width with ``dynamic_size=True``, and are simplified with onnxslim unless
     ``simplify=False``. TorchScript graphs are traced at ``img_size`` (their batch size and image
-    size stay free as far as the traced operations allow). Returns the written path.
+    size stay free as far as the traced operations allow). ``img_size`` defaults to the model's
+    training size (640; 1280 for P6 models). Returns the written path.
     """
     model, out = _prepare(weights_or_model, fmt, out)
-    size = _image_size(img_size)
+    size = _image_size(model.default_img_size if img_size is None else img_size, model.max_stride)
     if opset < DEFAULT_OPSET:
         raise ValueError(f"opset must be {DEFAULT_OPSET} or later, got {opset}")
     graph = _ExportGraph(model, raw).eval()
@@ -117,12 +122,13 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     return out
 
 
-def _dynamic_axes(raw: bool, dynamic_batch: bool, dynamic_size: bool) -> dict[str, dict[int, str]]:
+def _dynamic_axes(raw: tuple[str, ...] | None, dynamic_batch: bool,
+                  dynamic_size: bool) -> dict[str, dict[int, str]]:
     batch = {0: "batch"} if dynamic_batch else {}
     axes = {"images": batch | ({2: "height", 3: "width"} if dynamic_size else {})}
     if raw:
         axes.update({name: batch | ({2: f"grid_height{level}", 3: f"grid_width{level}"} if dynamic_size else {})
-                     for level, name in enumerate(RAW_OUTPUTS)})
+                     for level, name in enumerate(raw)})
     else:
         axes.update({DECODED_OUTPUT: batch | ({1: "predictions"} if dynamic_size else {})})
     return {name: value for name, value in axes.items() if value}
@@ -134,7 +140,8 @@ def _export_onnx(graph: _ExportGraph, example: torch.Tensor, out: Path, metadata
         import onnx
     except ImportError:
         raise ImportError(f"ONNX export needs the 'onnx' package ({EXPORT_PACKAGES_HINT})") from None
-    outputs = list(RAW_OUTPUTS) if graph.raw else [DECODED_OUTPUT]
+    raw_names = raw_output_names(graph.model) if graph.raw else None
+    outputs = list(raw_names) if raw_names else [DECODED_OUTPUT]
     handle, traced_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".onnx")
     os.close(handle)
     traced = Path(traced_name)
@@ -145,7 +152,7 @@ def _export_onnx(graph: _ExportGraph, example: torch.Tensor, out: Path, metadata
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(graph, (example,), str(traced), dynamo=False, opset_version=opset,
                               input_names=["images"], output_names=outputs, do_constant_folding=True,
-                              dynamic_axes=_dynamic_axes(graph.raw, dynamic_batch, dynamic_size))
+                              dynamic_axes=_dynamic_axes(raw_names, dynamic_batch, dynamic_size))
         proto = onnx.load(str(traced))
     finally:
         traced.unlink(missing_ok=True)
@@ -182,13 +189,14 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=sorted(FORMATS), default="onnx", help="export format (default: onnx)")
     parser.add_argument("--output", default=None, help="output file (default: the weights path with the "
                         "format's suffix)")
-    parser.add_argument("--img-size", type=int, nargs="+", default=[640], metavar="N",
-                        help="example image size: one side or height width, multiples of 32 (default: 640)")
+    parser.add_argument("--img-size", type=int, nargs="+", default=None, metavar="N",
+                        help="example image size: one side or height width, multiples of the largest stride "
+                        "(default: 640; 1280 for P6 models)")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default: {DEFAULT_OPSET})")
     parser.add_argument("--static-batch", action="store_true", help="fix the batch size to 1 (ONNX)")
     parser.add_argument("--dynamic-size", action="store_true", help="dynamic image height and width (ONNX)")
     parser.add_argument("--no-simplify", action="store_true", help="skip onnxslim graph simplification")
-    parser.add_argument("--raw", action="store_true", help="output the three raw head maps instead of "
+    parser.add_argument("--raw", action="store_true", help="output the raw head maps (one per level) instead of "
                         "decoded boxes")
 
 

@@ -4,7 +4,9 @@ An official checkpoint is a dict whose ``model`` (or ``ema``) entry is a pickled
 ``models.yolo.Model``/``DetectionModel``; here it arrives as a tree of :class:`PickledObject`
 placeholders whose state is the modules' ``__dict__``. The weights are read off that tree the way
 ``nn.Module.state_dict`` would (``_modules`` / ``_parameters`` / ``_buffers``), and the architecture
-off its attributes (``yaml`` multiples, Detect head ``nc``/``anchors``/``stride``, ``names``).
+off its attributes (the ``yaml`` model description, Detect head ``nc``/``anchors``/``stride``, ``names``).
+P5 (three levels) and P6 (four levels, ``yolov5n6.pt`` ...) models load alike; a model whose
+``yaml`` describes another layout of the blocks :mod:`yolotrain.model.spec` knows is rebuilt from it.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from typing import Any
 import torch
 
 from ..checkpoint import CheckpointError
-from ..model import STRIDES, VERSIONS
+from ..model import ModelSpec
+from ..model.spec import SIZES
 from ..names import class_names
 from .unpickler import PickledObject
 
 # Output channels of layer 0 (``width(64)``) for each published size: identifies a bare state dict.
 STEM_WIDTHS: dict[int, str] = {16: "n", 32: "s", 48: "m", 64: "l", 80: "x"}
 STEM_WEIGHT = "model.0.conv.weight"
-HEAD_INDEX = 24
+# Index of the Detect head in the published layouts, by number of detection levels (P5, P6).
+HEAD_INDEX: dict[int, int] = {3: 24, 4: 33}
+SILU = "torch.nn.modules.activation.SiLU"
 
 
 class UnsupportedCheckpointError(CheckpointError):
@@ -36,11 +41,17 @@ class DetectorWeights:
 
     version: str
     nc: int
-    anchors: torch.Tensor  # [3, na, 2] in pixels
+    anchors: torch.Tensor  # [levels, na, 2] in pixels
     names: list[str]
     state_dict: dict[str, torch.Tensor]
     kind: str  # short description of where the weights came from, for messages
+    spec: ModelSpec | None = None  # the architecture when it is not a published one
     in_channels: int = 3
+
+    @property
+    def architecture(self) -> str | ModelSpec:
+        """What :class:`~yolotrain.Yolov5` takes as its ``version``."""
+        return self.spec if self.spec is not None else self.version
 
 
 def module_state_dict(module: PickledObject, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -66,7 +77,7 @@ def _checkpoint_names(names: Any, nc: int) -> list[str]:
 
 
 def _describe_model(model: PickledObject) -> str | None:
-    """Why this pickled model is not a YOLOv5 v6.0+ P5 detector (None when it is)."""
+    """Why this pickled model is not a YOLOv5 v6.0+ detector built from known blocks (None when it is)."""
     name = model.pickled_name
     qualname = name.rpartition(".")[2]
     if name.startswith("ultralytics."):
@@ -88,14 +99,27 @@ def _describe_model(model: PickledObject) -> str | None:
         return f"a YOLOv5 classification model ({name} with a Classify head)"
     if not head_name.endswith(".Detect"):
         return f"a {name} whose last layer is {head_name}, not a Detect head"
-    if isinstance(first, PickledObject) and first.pickled_name.endswith(".Focus"):
+    if "anchor_grid" in (head.get("_buffers") or {}) or (
+            isinstance(first, PickledObject) and first.pickled_name.endswith(".Focus")
+            and not _has_layer_lists(model.get("yaml"))):
         return "a YOLOv5 model from before v6.0 (Focus stem layer); re-export it with YOLOv5 v6.0 or later"
-    levels = head.get("nl")
-    if levels != len(STRIDES):
-        return f"a YOLOv5 P6 model ({levels} detection levels, e.g. yolov5n6), only P5 models (3 levels) are supported"
-    if len(layers) != HEAD_INDEX + 1:
-        return f"a custom YOLOv5 layout with {len(layers)} layers (the v6.0+ P5 layout has {HEAD_INDEX + 1})"
+    activations = sorted(_activation_names(model) - {SILU})
+    if activations:
+        return f"a model with {', '.join(activations)} activations (yolotrain's blocks use SiLU)"
     return None
+
+
+def _has_layer_lists(yaml: Any) -> bool:
+    return isinstance(yaml, Mapping) and "backbone" in yaml and "head" in yaml
+
+
+def _activation_names(module: PickledObject) -> set[str]:
+    """Class names of every ``act`` submodule in a pickled module tree."""
+    found = set()
+    for name, child in (module.get("_modules") or {}).items():
+        if isinstance(child, PickledObject):
+            found.update({child.pickled_name} if name == "act" else _activation_names(child))
+    return found
 
 
 def _child(module: PickledObject, name: str) -> PickledObject | None:
@@ -103,13 +127,29 @@ def _child(module: PickledObject, name: str) -> PickledObject | None:
     return child if isinstance(child, PickledObject) else None
 
 
-def _version_from_yaml(yaml: Any, source: str) -> str:
+def _architecture_from_yaml(yaml: Any, levels: int, layers: int, source: str) -> tuple[str, ModelSpec | None]:
+    """(version, spec): a published version, or ``'custom'`` and the spec the pickled ``yaml`` describes."""
     if not isinstance(yaml, Mapping):
         raise UnsupportedCheckpointError(f"{source}: the pickled model has no 'yaml' architecture description")
+    if _has_layer_lists(yaml):
+        try:
+            spec = ModelSpec.from_mapping(yaml, f"{source} (model yaml)")
+        except ValueError as exc:
+            raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {exc}") from None
+        from ..model.spec import matching_version
+
+        version = matching_version(spec)
+        return (version, None) if version else ("custom", spec)
+    # Only the multiples recorded: one of the published layouts, told apart by the head.
     multiples = (float(yaml.get("depth_multiple", 0)), float(yaml.get("width_multiple", 0)))
-    for version, known in VERSIONS.items():
+    suffix = {3: "", 4: "6"}.get(levels)
+    if suffix is None or layers != HEAD_INDEX[levels] + 1:
+        raise UnsupportedCheckpointError(
+            f"{source}: unsupported checkpoint: a custom YOLOv5 layout ({layers} layers, {levels} detection levels) "
+            "without its model yaml")
+    for size, known in SIZES.items():
         if all(abs(a - b) < 1e-6 for a, b in zip(multiples, known)):
-            return version
+            return size + suffix, None
     raise UnsupportedCheckpointError(
         f"{source}: custom depth/width multiples {multiples} match none of yolov5n/s/m/l/x")
 
@@ -119,8 +159,9 @@ def from_pickled_model(model: PickledObject, source: str) -> DetectorWeights:
     problem = _describe_model(model)
     if problem:
         raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {problem}")
-    version = _version_from_yaml(model.get("yaml"), source)
-    head = list(_child(model, "model").get("_modules").values())[-1]
+    layers = list(_child(model, "model").get("_modules").values())
+    head = layers[-1]
+    version, spec = _architecture_from_yaml(model.get("yaml"), head.get("nl"), len(layers), source)
     state = module_state_dict(model)
     nc = int(head.get("nc"))
     # The reference keeps ``stride`` as a plain attribute; a non-persistent buffer is accepted as well.
@@ -129,11 +170,13 @@ def from_pickled_model(model: PickledObject, source: str) -> DetectorWeights:
     if stride is None:
         raise UnsupportedCheckpointError(f"{source}: the Detect head records no strides")
     stride = torch.as_tensor(stride, dtype=torch.float32)
-    if stride.tolist() != [float(s) for s in STRIDES]:
-        raise UnsupportedCheckpointError(f"{source}: unsupported strides {stride.tolist()} (expected {list(STRIDES)})")
-    anchors = state[f"model.{HEAD_INDEX}.anchors"].float() * stride.view(-1, 1, 1)
+    anchors = state.get(f"model.{len(layers) - 1}.anchors")
+    if anchors is None or anchors.ndim != 3 or anchors.shape[0] != stride.numel():
+        raise UnsupportedCheckpointError(f"{source}: the Detect head's anchors do not match its {stride.numel()} "
+                                         "strides")
+    anchors = anchors.float() * stride.view(-1, 1, 1)
     kind = f"official YOLOv5{version} checkpoint ({model.pickled_name})"
-    return DetectorWeights(version, nc, anchors, _checkpoint_names(model.get("names"), nc), state, kind)
+    return DetectorWeights(version, nc, anchors, _checkpoint_names(model.get("names"), nc), state, kind, spec)
 
 
 def from_state_dict(state: Mapping[str, torch.Tensor], source: str) -> DetectorWeights:
@@ -143,21 +186,24 @@ def from_state_dict(state: Mapping[str, torch.Tensor], source: str) -> DetectorW
         # Saved from a DistributedDataParallel wrapper.
         state = {key.removeprefix("module."): value for key, value in state.items()}
     stem = state.get(STEM_WEIGHT)
-    anchors = state.get(f"model.{HEAD_INDEX}.anchors")
-    first_head = state.get(f"model.{HEAD_INDEX}.m.0.weight")
+    levels = next((n for n, i in HEAD_INDEX.items() if f"model.{i}.anchors" in state), 3)
+    head_index = HEAD_INDEX[levels]
+    anchors = state.get(f"model.{head_index}.anchors")
+    first_head = state.get(f"model.{head_index}.m.0.weight")
     if stem is None or anchors is None or first_head is None:
         raise UnsupportedCheckpointError(
-            f"{source}: a state dict without the YOLOv5 v6.0+ keys {STEM_WEIGHT}, model.{HEAD_INDEX}.anchors and "
-            f"model.{HEAD_INDEX}.m.0.weight")
+            f"{source}: a state dict without the YOLOv5 v6.0+ keys {STEM_WEIGHT}, model.{head_index}.anchors and "
+            f"model.{head_index}.m.0.weight")
     width = int(stem.shape[0])
     if width not in STEM_WIDTHS:
         raise UnsupportedCheckpointError(f"{source}: stem width {width} matches none of yolov5n/s/m/l/x")
-    if anchors.ndim != 3 or anchors.shape[0] != len(STRIDES):
-        raise UnsupportedCheckpointError(f"{source}: anchors of shape {tuple(anchors.shape)}, expected 3 levels")
+    if anchors.ndim != 3 or anchors.shape[0] != levels:
+        raise UnsupportedCheckpointError(f"{source}: anchors of shape {tuple(anchors.shape)}, expected {levels} levels")
     na = int(anchors.shape[1])
     nc = int(first_head.shape[0]) // na - 5
-    pixels = anchors.float() * torch.tensor(STRIDES, dtype=torch.float32).view(-1, 1, 1)
-    version = STEM_WIDTHS[width]
+    strides = [8.0 * 2 ** level for level in range(levels)]
+    pixels = anchors.float() * torch.tensor(strides, dtype=torch.float32).view(-1, 1, 1)
+    version = STEM_WIDTHS[width] + ("6" if levels == 4 else "")
     return DetectorWeights(version, nc, pixels, _checkpoint_names(None, nc), state, f"YOLOv5{version} state dict")
 
 

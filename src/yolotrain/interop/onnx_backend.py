@@ -44,8 +44,9 @@ class OnnxModel:
         self.input = self.session.get_inputs()[0]
         # Raw exports leave decoding to the caller; Detect owns that maths, so reuse it (its 1-channel
         # convolutions are never run).
-        self._decoder = Detect(self.num_classes, torch.tensor(json.loads(meta["anchors"])), (1, 1, 1)) \
-            if self.raw else None
+        levels = len(self.stride)
+        self._decoder = Detect(self.num_classes, torch.tensor(json.loads(meta["anchors"])), (1,) * levels,
+                               tuple(int(s) for s in self.stride.tolist())) if self.raw else None
 
     def _check(self, imgs: torch.Tensor) -> None:
         expected = self.input.shape  # ints for fixed axes, names for dynamic ones

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import CheckpointError, checkpoint_paths, read_checkpoint, read_safetensors, state_mismatch
-from ..model import Yolov5
+from ..model import ModelSpec, Yolov5
 from ..names import class_names
 from .official import DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
 from .unpickler import read_torch_file
@@ -26,7 +26,7 @@ def build_detector(weights: DetectorWeights, source: str, error: type[Exception]
             with ``source`` and names the first tensor that does not fit).
     """
     try:
-        model = Yolov5(weights.version, num_classes=weights.nc, anchors=weights.anchors,
+        model = Yolov5(weights.architecture, num_classes=weights.nc, anchors=weights.anchors,
                        in_channels=weights.in_channels)
     except (TypeError, ValueError) as exc:
         raise error(f"{source}: bad architecture entry ({type(exc).__name__}: {exc})") from None
@@ -56,8 +56,14 @@ def load_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[Yolov5, 
     state = contents.ema_state if use_ema and contents.ema_state is not None else contents.model_state
     if not isinstance(meta, Mapping) or any(key not in meta for key in ("version", "nc", "anchors")):
         raise CheckpointError(f"{json_path}: bad architecture entry (needs version, nc and anchors)")
+    spec = None
+    if "cfg" in meta:  # a custom layout carries its layers
+        try:
+            spec = ModelSpec.from_mapping(meta["cfg"], f"{json_path} cfg")
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{json_path}: bad architecture entry ({type(exc).__name__}: {exc})") from None
     weights = DetectorWeights(meta["version"], meta["nc"], meta["anchors"], meta.get("names"), state,
-                              f"yolov5{meta['version']} nc={meta['nc']}", meta.get("in_channels", 3))
+                              f"yolov5{meta['version']} nc={meta['nc']}", spec, meta.get("in_channels", 3))
     head_mismatch = _head_mismatch(state, meta["nc"], len(meta["anchors"][0]))
     if head_mismatch:  # checked before building: a json may claim any class count
         raise CheckpointError(f"{json_path}: does not match its tensors ({weights.kind}: {head_mismatch})")

@@ -1,4 +1,5 @@
-"""Building blocks of the YOLOv5 v6/v7 architecture: Conv-BN-SiLU, Bottleneck, C3, SPPF, Concat.
+"""Building blocks of the YOLOv5 v6/v7 architecture: Conv-BN-SiLU, Bottleneck, C3, SPPF, Concat; and the
+SPP and Focus blocks that older model YAMLs use.
 
 Attribute names (``conv``, ``bn``, ``cv1``, ``m`` ...) follow the reference implementation so that
 its ``state_dict`` files load into these modules unchanged.
@@ -86,6 +87,33 @@ class SPPF(nn.Module):
         y1 = self.m(x)
         y2 = self.m(y1)
         return self.cv2(torch.cat((x, y1, y2, self.m(y2)), 1))
+
+
+class SPP(nn.Module):
+    """Spatial pyramid pooling: parallel max-pools of several sizes, concatenated with their input."""
+
+    def __init__(self, c_in: int, c_out: int, kernels: tuple[int, ...] = (5, 9, 13)) -> None:
+        super().__init__()
+        hidden = c_in // 2
+        self.cv1 = Conv(c_in, hidden, 1, 1)
+        self.cv2 = Conv(hidden * (len(kernels) + 1), c_out, 1, 1)
+        self.m = nn.ModuleList(nn.MaxPool2d(kernel_size=k, stride=1, padding=k // 2) for k in kernels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.cv1(x)
+        return self.cv2(torch.cat([x, *(pool(x) for pool in self.m)], 1))
+
+
+class Focus(nn.Module):
+    """Space-to-depth (each 2x2 pixel block becomes 4 channels), then a Conv: the pre-v6.0 stem."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int = 1, stride: int = 1, padding: int | None = None,
+                 groups: int = 1) -> None:
+        super().__init__()
+        self.conv = Conv(c_in * 4, c_out, kernel, stride, padding, groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.cat((x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]), 1))
 
 
 class Concat(nn.Module):
