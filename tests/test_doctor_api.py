@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import io
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -343,3 +344,53 @@ def test_tracking_resumes_after_an_optimizer_step_raises() -> None:
     (report,) = info.value.reports
     assert report.saved_by.line == LINE["output_saved.save"]
     assert [site.line for site in report.modified_by] == [LINE["output_saved.mod"]]
+
+
+def test_engine_entry_is_restored_when_the_last_watch_exits() -> None:
+    from yolotrain.doctor.torch_shim import backward_entry_wrapped
+
+    original = torch.autograd.graph._engine_run_backward
+    assert not backward_entry_wrapped()
+    with watch():
+        assert backward_entry_wrapped()
+        with watch():
+            assert backward_entry_wrapped()
+        assert backward_entry_wrapped()
+    assert torch.autograd.graph._engine_run_backward is original
+    assert torch.autograd._engine_run_backward is original
+
+    # Watches on two threads overlap: the entry stays wrapped until both have exited.
+    entered, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with watch():
+            entered.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    entered.wait(10)
+    with watch():
+        pass
+    assert backward_entry_wrapped()
+    release.set()
+    thread.join()
+    assert torch.autograd.graph._engine_run_backward is original
+
+
+def test_finding_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from yolotrain.doctor import mode
+
+    monkeypatch.setattr(mode, "MAX_FINDINGS", 3)
+
+    def step() -> None:
+        x = torch.randn(4, requires_grad=True)
+        for power in range(6):  # six distinct (save, modify) line pairs: exec'd code, one line each
+            exec(f"aux = (x + {power}).exp()\naux.add_(1)", {"x": x})
+        x.sum().backward()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InplaceWarning)
+        with watch() as tracker:
+            step()
+            assert len(tracker.findings) == 3 and tracker.dropped_findings == 3

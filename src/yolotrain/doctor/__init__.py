@@ -4,18 +4,12 @@
 modifications that do not raise, and ``lint_paths()`` finds the same hazards statically.
 """
 
+from .api import check_step, run_with_report, watch
 from .lint import Finding as LintFinding
 from .lint import lint_paths
+from .messages import InplaceWarning, SavedTensorModifiedError, is_inplace_error
+from .mode import Tracker
 from .report import Report, Site, TensorInfo
-from .tracker import (
-    InplaceWarning,
-    SavedTensorModifiedError,
-    Tracker,
-    check_step,
-    is_inplace_error,
-    run_with_report,
-    watch,
-)
 
 __all__ = [
     "InplaceWarning",

@@ -38,7 +38,10 @@ def _library_roots() -> tuple[str, ...]:
 _LIBRARY_ROOTS = _library_roots()
 _DOCTOR_ROOT = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_OPTIM_ROOT = os.path.join(os.path.dirname(torch.__file__), "optim") + os.sep
+# Classification per code object; cleared when full, since programs that exec generated code
+# create code objects without end.
 _USER_CACHE: dict[CodeType, bool] = {}
+MAX_CACHED_CODES = 16384
 
 
 def _is_user_code(code: CodeType) -> bool:
@@ -52,6 +55,8 @@ def _is_user_code(code: CodeType) -> bool:
             known = True
         else:
             known = not os.path.realpath(name).startswith(_LIBRARY_ROOTS)
+        if len(_USER_CACHE) >= MAX_CACHED_CODES:
+            _USER_CACHE.clear()
         _USER_CACHE[code] = known
     return known
 
