@@ -297,7 +297,7 @@ def test_create_graph_keeps_the_dispatch_mode(monkeypatch: pytest.MonkeyPatch) -
     assert during > 0
 
 
-def test_write_in_backward_hook_still_raises_with_the_saving_line() -> None:
+def test_write_in_backward_hook_is_named_with_both_lines() -> None:
     x = torch.randn(3, requires_grad=True)
     with pytest.raises(SavedTensorModifiedError) as info:
         with watch():
@@ -308,13 +308,74 @@ def test_write_in_backward_hook_still_raises_with_the_saving_line() -> None:
             def bump(grad: torch.Tensor) -> torch.Tensor:
                 with torch.no_grad():
                     h.add_(1)
+                LINE["bump"] = _lineno() - 1
                 return grad
 
             out.register_hook(bump)
             out.sum().backward()
+            assert sys.getprofile() is None
     (report,) = info.value.reports
     assert (report.saved_by.op, report.saved_by.line) == ("aten::exp", saved_line)
-    assert any("inside a backward pass" in note for note in report.notes)
+    (site,) = report.modified_by
+    assert (site.op, site.line, site.in_backward, site.thread) == ("aten::add_", LINE["bump"], True, "MainThread")
+    assert report.observed and report.notes == []
+    assert "(during backward)" in report.format()
+
+
+def test_backward_leaves_no_profiler_behind_and_keeps_one_already_there() -> None:
+    calls: list[str] = []
+
+    def profiler(frame, event, arg):  # noqa: ANN001, ANN202 - sys.setprofile protocol
+        calls.append(event)
+
+    with watch():
+        x = torch.randn(3, requires_grad=True)
+        x.exp().sum().backward()
+        assert sys.getprofile() is None
+        sys.setprofile(profiler)
+        try:
+            x.exp().sum().backward()
+            assert sys.getprofile() is profiler
+        finally:
+            sys.setprofile(None)
+    assert calls
+
+
+def test_write_from_a_thread_started_under_watch_names_the_thread() -> None:
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(SavedTensorModifiedError) as info:
+        with watch():
+            probs = x.sigmoid()
+
+            def shift() -> None:
+                with torch.no_grad():
+                    probs.sub_(0.5)
+                LINE["shift"] = _lineno() - 1
+
+            worker = threading.Thread(target=shift, name="normaliser")
+            worker.start()
+            worker.join()
+            probs.sum().backward()
+    (site,) = info.value.reports[0].modified_by
+    assert (site.line, site.thread, site.in_backward) == (LINE["shift"], "normaliser", False)
+    assert info.value.reports[0].to_dict()["modified_by"][0]["thread"] == "normaliser"
+
+
+def test_threads_outlive_the_watch_untracked() -> None:
+    """A worker started under watch() keeps running after it; its writes are then just executed."""
+    results: list[float] = []
+    go = threading.Event()
+
+    def later() -> None:
+        go.wait(10)
+        results.append(torch.ones(2).mul_(3).sum().item())
+
+    with watch():
+        worker = threading.Thread(target=later)
+        worker.start()
+    go.set()
+    worker.join()
+    assert results == [6.0]
 
 
 class _FailingStep(torch.optim.Optimizer):

@@ -44,7 +44,7 @@ _USER_CACHE: dict[CodeType, bool] = {}
 MAX_CACHED_CODES = 16384
 
 
-def _is_user_code(code: CodeType) -> bool:
+def is_user_code(code: CodeType) -> bool:
     """True when ``code`` belongs to the program being debugged (memoised per code object)."""
     known = _USER_CACHE.get(code)
     if known is None:
@@ -71,7 +71,7 @@ def user_site(depth: int) -> RawSite | None:
     fallback: RawSite | None = None
     while frame is not None:
         code = frame.f_code
-        if _is_user_code(code):
+        if is_user_code(code):
             return code, frame.f_lineno
         if fallback is None and not code.co_filename.startswith(_DOCTOR_ROOT):
             fallback = code, frame.f_lineno
@@ -96,7 +96,7 @@ def call_context(depth: int) -> CallContext:
     optimizer = module = functional = None
     while frame is not None:
         code = frame.f_code
-        if _is_user_code(code):
+        if is_user_code(code):
             local_vars = frame.f_locals
             is_function = code.co_name == "forward" and _is_function_ctx(local_vars.get("ctx"))
             return CallContext((code, frame.f_lineno), optimizer, module, functional, is_function)

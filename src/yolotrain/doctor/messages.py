@@ -34,6 +34,8 @@ def is_inplace_error(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and VERSION_ERROR in str(error)
 
 
+# Threads the doctor starts to read PyTorch's own behaviour; never watched.
+PROBE_THREAD_PREFIX = "inplace-doctor-probe"
 _HINTS: dict[bool, str] = {}
 
 
@@ -59,7 +61,7 @@ def pytorch_hint() -> str:
             except RuntimeError as exc:
                 found.append(str(exc))
 
-        thread = threading.Thread(target=probe)
+        thread = threading.Thread(target=probe, name=PROBE_THREAD_PREFIX)
         thread.start()
         thread.join()
         message = found[0] if found else ""

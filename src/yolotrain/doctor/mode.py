@@ -31,8 +31,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .fixes import Change, suggest_fix
-from .frames import call_context, resolve, user_site
-from .messages import VERSION_ERROR, SavedTensorModifiedError, pytorch_hint
+from .frames import call_context, is_user_code, resolve, user_site
+from .messages import PROBE_THREAD_PREFIX, VERSION_ERROR, SavedTensorModifiedError, pytorch_hint
 from .records import (
     BACKWARD_SUFFIX,
     Finding,
@@ -42,6 +42,7 @@ from .records import (
     SavedRecord,
     SaveInfo,
     is_output,
+    observed_bumps,
     output_ids,
     written_tensors,
 )
@@ -83,11 +84,22 @@ def _backward_outside_tracker(engine_run: Callable[..., Any], args: tuple, kwarg
     """
     create_graph = args[3] if len(args) > 3 else kwargs.get("create_graph", False)
     mode = innermost_mode() if innermost_mode is not None else None
-    if create_graph or not isinstance(mode, Tracker) or not mode.step_aside("backward"):
+    if (
+        create_graph
+        or not isinstance(mode, Tracker)
+        # Nodes of other devices run on the engine's device threads, where only the mode (which the
+        # engine carries over) sees what hooks write; a profiler already installed keeps its place.
+        or not all(t.is_cpu for t in (args[0] if args else ()) if isinstance(t, torch.Tensor))
+        or sys.getprofile() is not None
+        or not mode.step_aside("backward")
+    ):
         return engine_run(*args, **kwargs)
+    sys.setprofile(mode._on_backward_python_event)
     try:
         return engine_run(*args, **kwargs)
     finally:
+        sys.setprofile(None)
+        mode.end_callback()
         mode.step_back()
 
 
@@ -98,6 +110,35 @@ def _passes_closure(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict)
     """
     positional = args[1:] if args and args[0] is optimizer else args
     return any(a is not None for a in positional) or any(v is not None for v in kwargs.values())
+
+
+class ThreadWrites(TorchDispatchMode):
+    """The dispatch mode of a thread started under :func:`watch`: it only looks for writes.
+
+    Saved tensors are recorded on the watching thread; here, writes into their memory are
+    matched and handed to the tracker, with the thread's name. A write is settled (its version
+    bump checked) at this thread's next operator, or by the tracker when it reports.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __init__(self, tracker: Tracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.thread = threading.current_thread()
+        self.unsettled: list[PendingWrite] = []
+        self.lock = threading.Lock()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch protocol
+        info = _OPS.get(func) or _op_info(func)
+        tracker = self.tracker
+        if self.unsettled:
+            tracker.settle_thread(self)
+        if info.writes is None or tracker.closed:
+            return info.call(*args, **kwargs) if kwargs else info.call(*args)
+        return tracker._run_writing(info, args, kwargs or {}, self)
 
 
 class Tracker(TorchDispatchMode):
@@ -126,6 +167,12 @@ class Tracker(TorchDispatchMode):
         self._step_hooks: list[Any] = []
         self._engine_wrapped = False
         self.dropped_findings = 0  # distinct findings beyond MAX_FINDINGS, counted only
+        self.closed = False
+        self._lock = threading.Lock()  # findings are also added from other threads
+        self._callback_frame: Any = None  # the user frame a backward pass called, while it runs
+        # Held strongly: a finished thread's last write is settled only when the tracker reports.
+        self._threads: list[ThreadWrites] = []
+        self._previous_thread_profile: Any = None
 
     # -- activation -------------------------------------------------------------------------
 
@@ -139,6 +186,8 @@ class Tracker(TorchDispatchMode):
             self._release_engine()
             raise
         self._thread = threading.get_ident()
+        self._previous_thread_profile = threading.getprofile()
+        threading.setprofile(self._on_thread_start)
         self._step_hooks = [
             register_optimizer_step_pre_hook(self._before_step),
             register_optimizer_step_post_hook(self._after_step),
@@ -146,6 +195,8 @@ class Tracker(TorchDispatchMode):
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.closed = True
+        threading.setprofile(self._previous_thread_profile)
         for handle in self._step_hooks:
             handle.remove()
         self._step_hooks = []
@@ -159,6 +210,49 @@ class Tracker(TorchDispatchMode):
             self.settle()
             # Saves still waiting for "the next operator" will not see one; drop the references.
             self._forget_neighbours()
+
+    # -- Python code called by a backward pass, and other threads ------------------------------
+
+    def _on_backward_python_event(self, frame: Any, event: str, arg: Any) -> None:
+        """Profile function during backward: put the mode back while the user's code runs.
+
+        The engine's own operators stay outside the mode; hooks, a custom ``backward``, an
+        optimizer step from a post-accumulate-grad hook and checkpoint recomputation are
+        Python frames the engine calls, and their writes are seen like forward writes.
+        """
+        if event == "call":
+            if self._callback_frame is None and is_user_code(frame.f_code):
+                self._callback_frame = frame
+                TorchDispatchMode.__enter__(self)
+        elif event == "return" and frame is self._callback_frame:
+            self.end_callback()
+
+    def end_callback(self) -> None:
+        """Leave the stack again when the user frame a backward pass called returns."""
+        if self._callback_frame is not None:
+            self._callback_frame = None
+            self.settle()
+            TorchDispatchMode.__exit__(self, None, None, None)
+            self._forget_neighbours()
+
+    def _on_thread_start(self, frame: Any, event: str, arg: Any) -> None:
+        """``threading.setprofile`` hook: runs once at the start of every thread started while watching."""
+        sys.setprofile(self._previous_thread_profile)
+        thread = threading.current_thread()
+        if self.closed or thread.name.startswith(PROBE_THREAD_PREFIX):
+            return
+        writes = ThreadWrites(self)
+        with self._lock:
+            if len(self._threads) >= 64:
+                self._threads = [w for w in self._threads if w.unsettled or w.thread.is_alive()]
+            self._threads.append(writes)
+        writes.__enter__()  # for the thread's lifetime; a no-op pass-through once the watch is over
+
+    def settle_thread(self, writes: ThreadWrites) -> None:
+        """Settle the writes another thread made (called there, or here when reporting)."""
+        with writes.lock:
+            pending, writes.unsettled = writes.unsettled, []
+        self._settle(pending)
 
     def _release_engine(self) -> None:
         if self._engine_wrapped:
@@ -232,7 +326,7 @@ class Tracker(TorchDispatchMode):
         self._last = (info, output_ids(out), key)
         return out
 
-    def _run_writing(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+    def _run_writing(self, info: OpInfo, args: tuple, kwargs: dict, thread: ThreadWrites | None = None) -> Any:
         """Run an in-place/out= operator, noting every saved tensor in memory it writes."""
         hits: list[tuple[SavedRecord, torch.Tensor, int]] = []
         written = list(written_tensors(info, args, kwargs))
@@ -250,7 +344,14 @@ class Tracker(TorchDispatchMode):
             restore_foreach_bumps(written, before)
         if hits:
             context = call_context(0)
-            self._unsettled.extend(PendingWrite(rec, t, before, info.name, context) for rec, t, before in hits)
+            name = threading.current_thread().name
+            in_backward = thread is None and self._aside == "backward"
+            writes = [PendingWrite(rec, t, before, info.name, context, name, in_backward) for rec, t, before in hits]
+            if thread is None:
+                self._unsettled.extend(writes)
+            else:
+                with thread.lock:
+                    thread.unsettled.extend(writes)
         return out
 
     def _resolve_pending(self, op: str, key: tuple[int, int]) -> None:
@@ -271,13 +372,17 @@ class Tracker(TorchDispatchMode):
     def _settle_writes(self) -> None:
         """Decide, now that version counters were bumped, which matched writes changed a saved tensor."""
         writes, self._unsettled = self._unsettled, []
+        self._settle(writes)
+
+    def _settle(self, writes: list[PendingWrite]) -> None:
         for write in writes:
             rec = write.record
             after = rec.tensor._version
             bumped = after > write.before
             if not bumped and not overlaps(write.written, rec.tensor):
                 continue
-            self._add_modification(rec, Modification(write.op, write.context, not bumped, write.before, after))
+            with self._lock:
+                self._add_modification(rec, Modification(write, not bumped, after))
 
     def _add_modification(self, rec: SavedRecord, mod: Modification) -> None:
         """Attach ``mod`` to its record and to the (deduplicated) list of findings."""
@@ -303,6 +408,15 @@ class Tracker(TorchDispatchMode):
         """Process writes still waiting for their version bump (call before reading findings)."""
         if self._unsettled:
             self._settle_writes()
+
+    def settle_all(self) -> None:
+        """:meth:`settle`, and other threads' writes too (their operators have returned by now)."""
+        self.settle()
+        with self._lock:
+            threads = list(self._threads)
+        for writes in threads:
+            if writes.unsettled:
+                self.settle_thread(writes)
 
     # -- saved tensor hooks -----------------------------------------------------------------
 
@@ -378,6 +492,7 @@ class Tracker(TorchDispatchMode):
             if node is not None:
                 rec.info.node_name = node.name()
         if rec.tensor._version != rec.version:
+            self.settle_all()
             raise self._version_error(rec)
         return rec.tensor
 
@@ -387,8 +502,9 @@ class Tracker(TorchDispatchMode):
         """PyTorch's exact error for ``rec``, with a report attached and appended as a note."""
         message = self._pytorch_message(rec)
         finding = Finding(rec)
+        for mod in rec.mods or ():
+            finding.add(mod)
         finding.current_version = rec.tensor._version
-        finding.mods = list(rec.mods or [])
         report = self.build_report(finding, "error", message)
         error = SavedTensorModifiedError(message, [report])
         if hasattr(error, "add_note"):
@@ -425,25 +541,27 @@ class Tracker(TorchDispatchMode):
         changes: list[Change] = []
         for mod in finding.mods:
             where = resolve(mod.context.site, self.cwd)
-            sites.append(Site(mod.op, where.file, where.line, where.code))
+            sites.append(Site(mod.op, where.file, where.line, where.code, mod.thread, mod.in_backward))
             changes.append(Change(mod.op, where.code, mod.context, mod.hidden))
         dtype, shape, device, type_name = finding.meta
         tensor = TensorInfo(dtype, shape, device, finding.saved_version, finding.current_version, type_name)
         notes = []
         if any(mod.hidden for mod in finding.mods):
             notes.append("written without a version bump (through .data or an alias), so PyTorch cannot detect it")
-        observed = sum(mod.after - mod.before for mod in finding.mods if not mod.hidden)
-        missing = finding.current_version - finding.saved_version - observed
+        missing = finding.current_version - finding.saved_version - observed_bumps(finding)
+        observed = True
         if missing > 0 and severity == "error":
+            observed = False
             notes.append(
-                f"{missing} version bump(s) came from code the doctor does not watch: outside "
-                "doctor.watch(), or inside a backward pass (hooks, custom backward)"
+                f"{missing} version bump(s) came from code the doctor does not watch: outside doctor.watch(), "
+                "a thread started before it, or a hook the autograd engine ran on a device thread"
             )
-        return Report(error, tensor, saved_by, sites, suggest_fix(changes), severity, notes, finding.count)
+        fix = suggest_fix(changes)
+        return Report(error, tensor, saved_by, sites, fix, severity, notes, finding.count, observed)
 
     def reports(self, start: int = 0) -> list[Report]:
         """Warnings for every finding since index ``start`` of :attr:`findings`."""
-        self.settle()
+        self.settle_all()
         out = []
         for finding in self.findings[start:]:
             hidden = all(mod.hidden for mod in finding.mods)

@@ -15,6 +15,7 @@ from .frames import CallContext, RawSite
 
 _APPLY_RE = re.compile(r"(\w+)\.apply\(")
 BACKWARD_SUFFIX = re.compile(r"Backward\d*$")
+MAX_SPANS = 1024
 
 
 class OpInfo:
@@ -85,14 +86,16 @@ def _normalise(op: str) -> str:
 class Modification:
     """One in-place operator that wrote to a saved tensor after it was saved."""
 
-    __slots__ = ("op", "context", "hidden", "before", "after")
+    __slots__ = ("op", "context", "hidden", "before", "after", "thread", "in_backward")
 
-    def __init__(self, op: str, context: CallContext, hidden: bool, before: int, after: int) -> None:
-        self.op = op
-        self.context = context
+    def __init__(self, write: PendingWrite, hidden: bool, after: int) -> None:
+        self.op = write.op
+        self.context = write.context
         self.hidden = hidden  # wrote the memory without bumping the version (``.data``, inference mode)
-        self.before = before
+        self.before = write.before
         self.after = after
+        self.thread = write.thread
+        self.in_backward = write.in_backward
 
 
 class SavedRecord:
@@ -112,7 +115,7 @@ class SavedRecord:
 class Finding:
     """A saved tensor modified after saving, kept without holding the tensor itself."""
 
-    __slots__ = ("info", "meta", "saved_version", "current_version", "mods", "count")
+    __slots__ = ("info", "meta", "saved_version", "current_version", "mods", "count", "spans")
 
     def __init__(self, record: SavedRecord) -> None:
         t = record.tensor
@@ -122,27 +125,62 @@ class Finding:
         self.current_version = record.version
         self.mods: list[Modification] = []
         self.count = 1
+        self.spans: list[tuple[int, int]] = []  # (before, after] version ranges of the observed writes
 
     def add(self, mod: Modification) -> None:
         """Remember ``mod`` unless the same operator at the same line is already listed."""
         self.current_version = max(self.current_version, mod.after)
+        if not mod.hidden and len(self.spans) < MAX_SPANS:
+            self.spans.append((mod.before, mod.after))
         for known in self.mods:
-            if known.op == mod.op and known.context.site == mod.context.site and known.hidden == mod.hidden:
+            if (
+                known.op == mod.op
+                and known.context.site == mod.context.site
+                and known.hidden == mod.hidden
+                and known.thread == mod.thread
+            ):
                 return
         self.mods.append(mod)
+
+
+def observed_bumps(finding: Finding) -> int:
+    """How many of the finding's version bumps the observed writes account for.
+
+    Writes settled together all see the final version, so their ranges overlap; counting the
+    versions covered once gives the number of bumps explained.
+    """
+    covered = 0
+    reach = finding.saved_version
+    for before, after in sorted(finding.spans):
+        start = max(before, reach)
+        if after > start:
+            covered += after - start
+            reach = after
+    return covered
 
 
 class PendingWrite:
     """A write matched to a saved tensor, checked once the op's version bump has happened."""
 
-    __slots__ = ("record", "written", "before", "op", "context")
+    __slots__ = ("record", "written", "before", "op", "context", "thread", "in_backward")
 
-    def __init__(self, record: SavedRecord, written: torch.Tensor, before: int, op: str, context: CallContext):
+    def __init__(
+        self,
+        record: SavedRecord,
+        written: torch.Tensor,
+        before: int,
+        op: str,
+        context: CallContext,
+        thread: str,
+        in_backward: bool,
+    ) -> None:
         self.record = record
         self.written = written
         self.before = before
         self.op = op
         self.context = context
+        self.thread = thread  # name of the thread that wrote
+        self.in_backward = in_backward  # written by Python code that a backward pass called
 
 
 def output_ids(out: Any) -> int | tuple[int, ...]:
