@@ -82,6 +82,46 @@ def foreach_step() -> None:
     y.backward()
 
 
+def bfloat16_saved() -> None:
+    x = torch.randn(3, requires_grad=True, dtype=torch.bfloat16)
+    y = x.sigmoid()
+    y.add_(1)
+    y.sum().backward()
+
+
+def autocast_saved() -> None:
+    layer = nn.Linear(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(torch.randn(2, 4)).exp()
+    y.mul_(2)
+    y.float().sum().backward()
+
+
+def integer_index_saved() -> None:
+    x = torch.randn(3, 4, requires_grad=True)
+    index = torch.zeros(3, 1, dtype=torch.long)
+    y = x.gather(1, index)
+    index.add_(1)
+    y.sum().backward()
+
+
+def torchscript_saved() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.script(_gated)
+    w = torch.randn(3, requires_grad=True)
+    for _ in range(3):  # the profiling executor builds its differentiable graph after two runs
+        scripted(torch.randn(3, requires_grad=True), w).sum().backward()
+    out = scripted(torch.randn(3, requires_grad=True), w)
+    with torch.no_grad():
+        w.add_(1)
+    out.sum().backward()
+
+
+def _gated(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x * w) * w
+
+
 def _message(fn: Callable[[], None]) -> str:
     with pytest.raises(RuntimeError) as info:
         fn()
@@ -89,7 +129,19 @@ def _message(fn: Callable[[], None]) -> str:
 
 
 @pytest.mark.parametrize(
-    "fn", [output_saved, input_saved_then_rebound, view_saved, leaf_saved, out_argument, foreach_step]
+    "fn",
+    [
+        output_saved,
+        input_saved_then_rebound,
+        view_saved,
+        leaf_saved,
+        out_argument,
+        foreach_step,
+        bfloat16_saved,
+        autocast_saved,
+        integer_index_saved,
+        torchscript_saved,
+    ],
 )
 def test_watch_raises_pytorchs_exact_error(fn: Callable[[], None]) -> None:
     plain = _message(fn)
@@ -97,6 +149,10 @@ def test_watch_raises_pytorchs_exact_error(fn: Callable[[], None]) -> None:
         with watch():
             fn()
     assert str(info.value) == plain
+    if fn is torchscript_saved:
+        assert "which is output 5 of torch::jit::(anonymous namespace)::DifferentiableGraph," in plain
+    if fn in (bfloat16_saved, autocast_saved):
+        assert "[CPUBFloat16Type [" in plain
     assert isinstance(info.value, RuntimeError) and is_inplace_error(info.value)
     assert info.value.reports and info.value.reports[0].modified_by
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Callable
+
+import torch
 
 from .report import Report
 
@@ -39,14 +43,53 @@ PROBE_THREAD_PREFIX = "inplace-doctor-probe"
 _HINTS: dict[bool, str] = {}
 
 
+_TYPE_NAMES: dict[tuple[object, str], str] = {}
+_TYPE_NAME = re.compile(r"inplace operation: \[(\S+) \[")
+
+
+def _run_probe(probe: Callable[[], None]) -> None:
+    """Run ``probe`` on a fresh thread, where no hook or dispatch mode of the doctor is installed."""
+    thread = threading.Thread(target=probe, name=PROBE_THREAD_PREFIX)
+    thread.start()
+    thread.join()
+
+
+def pytorch_type_name(tensor: torch.Tensor) -> str:
+    """The tensor type as PyTorch's version error prints it, read from PyTorch once per dtype and device.
+
+    It is ``torch.FloatTensor`` or ``torch.cuda.HalfTensor`` for most types, but ``CPUBFloat16Type``
+    for bfloat16 on CPU, so rather than guess, a tiny program hits the real error once.
+    """
+    key = (tensor.dtype, str(tensor.device))
+    name = _TYPE_NAMES.get(key)
+    if name is None:
+        found: list[str] = []
+
+        def probe() -> None:
+            x = torch.zeros(1, device=tensor.device, requires_grad=True)
+            saved = torch.zeros(1, dtype=tensor.dtype, device=tensor.device)
+            y = x * saved  # multiplication saves its other operand to compute x's gradient
+            saved.zero_()
+            try:
+                torch.autograd.grad(y, x, torch.ones_like(y))
+            except RuntimeError as exc:
+                found.append(str(exc))
+
+        try:
+            _run_probe(probe)
+        except RuntimeError:
+            found.clear()
+        match = _TYPE_NAME.search(found[0]) if found else None
+        name = _TYPE_NAMES[key] = match.group(1) if match else tensor.type()
+    return name
+
+
 def pytorch_hint() -> str:
     """The hint sentence PyTorch appends to the error, read from PyTorch itself once.
 
     The probe runs in a fresh thread because hooks and dispatch modes are thread-local, so it
     sees PyTorch's own check rather than ours.
     """
-    import torch
-
     if torch.is_anomaly_enabled():
         return ANOMALY_HINT
     if False not in _HINTS:
@@ -61,9 +104,7 @@ def pytorch_hint() -> str:
             except RuntimeError as exc:
                 found.append(str(exc))
 
-        thread = threading.Thread(target=probe, name=PROBE_THREAD_PREFIX)
-        thread.start()
-        thread.join()
+        _run_probe(probe)
         message = found[0] if found else ""
         cut = message.find(" instead.")
         _HINTS[False] = message[cut + len(" instead.") :] if cut >= 0 else ""

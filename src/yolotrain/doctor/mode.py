@@ -32,7 +32,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .fixes import Change, suggest_fix
 from .frames import call_context, is_user_code, resolve, user_site
-from .messages import PROBE_THREAD_PREFIX, VERSION_ERROR, SavedTensorModifiedError, pytorch_hint
+from .messages import (
+    PROBE_THREAD_PREFIX,
+    VERSION_ERROR,
+    SavedTensorModifiedError,
+    pytorch_hint,
+    pytorch_type_name,
+)
 from .records import (
     BACKWARD_SUFFIX,
     Finding,
@@ -63,6 +69,7 @@ MAX_FINDINGS = 256
 # Operator facts are derived once per overload; the cache is cleared if a program keeps registering new ops.
 MAX_CACHED_OPS = 8192
 _OPS: dict[Any, OpInfo] = {}
+_JIT_GRAPH_NODE = "DifferentiableGraphBackward"
 
 
 def _op_info(func: Any) -> OpInfo:
@@ -448,6 +455,12 @@ class Tracker(TorchDispatchMode):
         info = SaveInfo(user_site(1), key, prev_op, output_save)
         if output_save:
             info.output_nr = tensor.output_nr
+        else:
+            grad_fn = tensor.grad_fn
+            if grad_fn is not None and type(grad_fn).__name__ == "CppFunction" and _JIT_GRAPH_NODE in grad_fn.name():
+                # TorchScript saves values as extra outputs of its graph node, through aliases that
+                # are gone by the time backward runs; PyTorch's message names that node and output.
+                info.producer = (grad_fn.name(), tensor.output_nr)
         with disable_torch_dispatch():
             alias = tensor.detach()
         # Holding ``tensor`` itself could form a cycle (output -> grad_fn -> record -> output),
@@ -515,8 +528,10 @@ class Tracker(TorchDispatchMode):
         """Reproduce PyTorch's message, including the ``which is output N of X`` clause."""
         t = rec.tensor
         info = rec.info
-        producer: tuple[str, int] | None = None
-        if info.output_save and info.node_name is not None:
+        producer: tuple[str, int] | None = info.producer
+        if producer is not None:
+            pass
+        elif info.output_save and info.node_name is not None:
             # A saved output names the node that saved it, which is the failing node itself.
             producer = (info.node_name, info.output_nr)
         else:
@@ -529,7 +544,7 @@ class Tracker(TorchDispatchMode):
             clause = f", which is output {producer[1]} of {BACKWARD_SUFFIX.sub('', producer[0])},"
         shape = ", ".join(str(s) for s in t.shape)
         return (
-            f"{VERSION_ERROR}: [{t.type()} [{shape}]]{clause} is at version {t._version}; "
+            f"{VERSION_ERROR}: [{pytorch_type_name(t)} [{shape}]]{clause} is at version {t._version}; "
             f"expected version {rec.version} instead.{pytorch_hint()}"
         )
 

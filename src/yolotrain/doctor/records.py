@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .frames import CallContext, RawSite
+from .messages import pytorch_type_name
 
 _APPLY_RE = re.compile(r"(\w+)\.apply\(")
 BACKWARD_SUFFIX = re.compile(r"Backward\d*$")
@@ -41,7 +42,7 @@ class OpInfo:
 class SaveInfo:
     """Where and by which operator a tensor was saved; shared by records and findings."""
 
-    __slots__ = ("site", "key", "prev_op", "next_op", "next_match", "output_save", "node_name", "output_nr")
+    __slots__ = ("site", "key", "prev_op", "next_op", "next_match", "output_save", "node_name", "output_nr", "producer")
 
     def __init__(self, site: RawSite | None, key: tuple[int, int], prev_op: str | None, output_save: bool):
         self.site = site
@@ -52,6 +53,7 @@ class SaveInfo:
         self.output_save = output_save
         self.node_name: str | None = None
         self.output_nr = 0
+        self.producer: tuple[str, int] | None = None  # (node, output) PyTorch's message names, when known early
 
     def saver(self, code: str) -> str:
         """Name of the forward operator that saved the tensor.
@@ -120,7 +122,7 @@ class Finding:
     def __init__(self, record: SavedRecord) -> None:
         t = record.tensor
         self.info = record.info
-        self.meta = (str(t.dtype), list(t.shape), str(t.device), t.type())
+        self.meta = (str(t.dtype), list(t.shape), str(t.device), pytorch_type_name(t))
         self.saved_version = record.version
         self.current_version = record.version
         self.mods: list[Modification] = []
