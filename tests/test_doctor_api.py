@@ -511,3 +511,38 @@ def test_finding_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         with watch() as tracker:
             step()
             assert len(tracker.findings) == 3 and tracker.dropped_findings == 3
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_model_is_compiled_and_reported_without_recompile_warnings(backend: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    compiled = torch.compile(model, backend=backend)
+
+    def step(size: int, modify: bool) -> None:
+        probs = compiled(torch.randn(size, 4)).sigmoid()
+        if modify:
+            probs.add_(1)
+        probs.sum().backward()
+
+    for size in range(3, 6):  # compiled once per shape, then reused
+        step(size, False)
+    plain = _message(lambda: step(3, True))
+    torch._dynamo.reset()  # compile again, now under watch()
+    torch._dynamo.utils.counters.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(SavedTensorModifiedError) as info:
+            with watch():
+                for size in range(3, 9):
+                    step(size, False)
+                step(3, True)
+    assert str(info.value) == plain
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # compiled, not run eagerly
+    assert not [w for w in caught if "dynamo" in str(w.message).lower() or "recompil" in str(w.message).lower()]
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    for hook in (Tracker.__torch_dispatch__, Tracker._pack, Tracker._unpack):
+        assert _debug_get_cache_entry_list(hook.__code__) == []  # dynamo never compiled the doctor itself
+    (site,) = info.value.reports[0].modified_by
+    assert site.code == "probs.add_(1)"

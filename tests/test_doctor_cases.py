@@ -67,6 +67,13 @@ def _marks(case: Path) -> Marks:
 
 FAILING = sorted(p.name for p in CASES.glob("[a-z]*.py") if not p.name.startswith("clean_"))
 CLEAN = sorted(p.name for p in CASES.glob("clean_*.py"))
+# Correct programs (hooks, checkpointing, threads, compile among them): no report, no output at all.
+CLEAN_COMMANDS = [
+    ("tests/doctor_cases/clean_training.py",),
+    ("--check", "tests/doctor_cases/clean_gan.py"),
+    ("--check", "tests/doctor_cases/clean_backward_features.py"),
+    ("--check", "tests/doctor_cases/clean_compiled.py"),
+]
 
 
 def _run(*args: str, device: str = "cpu") -> subprocess.CompletedProcess[str]:
@@ -93,9 +100,7 @@ def results() -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
     """All subprocess runs, two at a time (each one mostly waits for ``import torch``)."""
     commands = [_case_args(name) for name in FAILING]
     commands += [
-        ("tests/doctor_cases/clean_training.py",),
-        ("--check", "tests/doctor_cases/clean_gan.py"),
-        ("--check", "tests/doctor_cases/clean_backward_features.py"),
+        *CLEAN_COMMANDS,
         ("tests/doctor_cases/clean_exit_code.py", "a", "--json"),
         ("tests/doctor_cases/sigmoid_iadd.py",),
     ]
@@ -185,14 +190,7 @@ def test_text_report_prints_path_line_for_each_site(results: dict) -> None:
     assert "`probs += 1e-6` updates `probs` in place; write `probs = probs + 1e-6`" in proc.stderr
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ("tests/doctor_cases/clean_training.py",),
-        ("--check", "tests/doctor_cases/clean_gan.py"),
-        ("--check", "tests/doctor_cases/clean_backward_features.py"),
-    ],
-)
+@pytest.mark.parametrize("command", CLEAN_COMMANDS)
 def test_clean_programs_produce_no_report(command: tuple[str, ...], results: dict) -> None:
     proc = results[command]
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")

@@ -131,6 +131,10 @@ class ThreadWrites(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         return False
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True  # as for Tracker: compiled code stays compiled
+
     def __init__(self, tracker: Tracker) -> None:
         super().__init__()
         self.tracker = tracker
@@ -155,6 +159,13 @@ class Tracker(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         # The default wraps __torch_dispatch__ in a dynamo-disabling shim that costs ~2 us per op.
         return False
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Let torch.compile compile as it does without the doctor (instead of falling back to
+        # eager), so the program and PyTorch's error stay the same; the mode sees the operators
+        # the compiled code runs.
+        return True
 
     def __init__(self, cwd: str) -> None:
         super().__init__()
@@ -590,3 +601,4 @@ class Tracker(TorchDispatchMode):
                 text = f"tensor saved for backward by {op} was modified in place before backward used it"
             out.append(self.build_report(finding, "warning", text))
         return out
+

@@ -112,3 +112,4 @@ def release_backward_entry() -> None:
 def backward_entry_wrapped() -> bool:
     """Whether the engine entry currently goes through the doctor (for tests and diagnostics)."""
     return getattr(getattr(torch.autograd.graph, "_engine_run_backward", None), "__wrapped_by_doctor__", False)
+
