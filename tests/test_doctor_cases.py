@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import inplace_doctor
 import pytest
 import torch
 
@@ -77,7 +78,9 @@ CLEAN_COMMANDS = [
 
 
 def _run(*args: str, device: str = "cpu") -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONWARNINGS="ignore")
+    # The doctor the tests import, whether installed or on the path, is the one the subprocess runs.
+    path = os.pathsep.join([str(ROOT / "src"), str(Path(inplace_doctor.__file__).parents[1])])
+    env = dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
     if device == "cpu":
         command = ["-m", "yolotrain.doctor", *args]
     else:

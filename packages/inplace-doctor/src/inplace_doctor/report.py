@@ -77,7 +77,7 @@ class Report:
     """Diagnosis of one tensor that was modified in place after autograd saved it.
 
     ``severity`` is ``"error"`` when backward failed on it and ``"warning"`` when it was
-    found proactively (see :func:`yolotrain.doctor.check_step`); ``notes`` carries facts
+    found proactively (see :func:`inplace_doctor.check_step`); ``notes`` carries facts
     that qualify the sites (hidden ``.data`` writes, version bumps not observed).
     """
 
