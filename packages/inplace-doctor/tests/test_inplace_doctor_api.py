@@ -22,10 +22,11 @@ from inplace_doctor import (
     run_with_report,
     watch,
 )
+from inplace_doctor.frames import display_path
 from torch import nn
 
 # Reports show paths relative to the working directory (pytest's), like this file's own.
-THIS_FILE = os.path.relpath(__file__)
+THIS_FILE = display_path(__file__, os.getcwd())
 LINE: dict[str, int] = {}  # filled by the helpers below: name -> line number of interest
 
 
