@@ -526,3 +526,30 @@ def test_compiled_model_is_compiled_and_reported_without_recompile_warnings(back
         assert _debug_get_cache_entry_list(hook.__code__) == []  # dynamo never compiled the doctor itself
     (site,) = info.value.reports[0].modified_by
     assert site.code == "probs.add_(1)"
+
+
+def test_unobserved_write_is_said_so_in_json_and_text() -> None:
+    """A thread started before watch() is not tracked: the report says the bump was not observed."""
+    x = torch.randn(3, requires_grad=True)
+    shared: dict[str, torch.Tensor] = {}
+    ready, go = threading.Event(), threading.Event()
+
+    def early_writer() -> None:
+        ready.set()
+        go.wait(10)
+        with torch.no_grad():
+            shared["y"].add_(1)
+
+    writer = threading.Thread(target=early_writer)
+    writer.start()
+    ready.wait(10)
+    with pytest.raises(SavedTensorModifiedError) as info:
+        with watch():
+            shared["y"] = x.exp()
+            go.set()
+            writer.join()
+            shared["y"].sum().backward()
+    data = info.value.reports[0].to_dict()
+    assert (data["observed"], data["modified_by"], data["severity"]) == (False, [], "error")
+    assert len(data["notes"]) == 1 and "a thread started before it" in data["notes"][0]
+    assert "note:        1 version bump(s)" in info.value.reports[0].format()
