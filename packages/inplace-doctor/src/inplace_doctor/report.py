@@ -37,7 +37,7 @@ class Site:
         return f"{self.file}:{self.line}"
 
     def circumstances(self) -> str:
-        """`` (in backward, thread NAME)`` when the write was not plain forward code on the main thread."""
+        """`` (during backward, in thread NAME)`` when the write was not ordinary code on the main thread."""
         parts = []
         if self.in_backward:
             parts.append("during backward")
