@@ -2,7 +2,10 @@
 
 Each failing case marks its true sites with ``# doctor: saved OP`` and
 ``# doctor: modified OP`` comments (also in files listed by ``# doctor-files:``);
-``# doctor-mode: check`` cases do not raise and are run with ``--check``.
+``# doctor-mode: check`` cases do not raise and are run with ``--check``;
+``# doctor-during: backward`` and ``# doctor-thread: PREFIX`` say that every modification
+happens inside a backward pass, or on a thread whose name starts with PREFIX.
+With a GPU the failing cases also run with CUDA as the default device.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import inplace_doctor
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "tests" / "doctor_cases"
 MARK = re.compile(r"#\s*doctor:\s*(saved|modified)\s+(\S+)")
-MESSAGE = re.compile(r"\[(torch\.\w+) \[([\d, ]*)\]\].*is at version (\d+); expected version (\d+) instead")
+MESSAGE = re.compile(r"\[(torch\.[\w.]+) \[([\d, ]*)\]\].*is at version (\d+); expected version (\d+) instead")
+REPORT_KEYS = {"error", "tensor", "saved_by", "modified_by", "fix", "severity", "observed", "notes", "count"}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,8 @@ class Marks:
     modified: frozenset[tuple[str, int]]
     modified_ops: frozenset[str]
     mode: str
+    during_backward: bool
+    thread_prefix: str | None
 
 
 def _marks(case: Path) -> Marks:
@@ -52,17 +61,33 @@ def _marks(case: Path) -> Marks:
                     ops.add(op)
     assert len(saved) == 1, f"{case.name}: exactly one saved marker expected"
     mode = "check" if "# doctor-mode: check" in text else "error"
-    return Marks(saved[0], frozenset(modified), frozenset(ops), mode)
+    thread = re.search(r"#\s*doctor-thread:\s*(\S+)", text)
+    during_backward = "# doctor-during: backward" in text
+    return Marks(saved[0], frozenset(modified), frozenset(ops), mode, during_backward, thread and thread.group(1))
 
 
 FAILING = sorted(p.name for p in CASES.glob("[a-z]*.py") if not p.name.startswith("clean_"))
 CLEAN = sorted(p.name for p in CASES.glob("clean_*.py"))
+# Correct programs (hooks, checkpointing, threads, compile among them): no report, no output at all.
+CLEAN_COMMANDS = [
+    ("tests/doctor_cases/clean_training.py",),
+    ("--check", "tests/doctor_cases/clean_gan.py"),
+    ("--check", "tests/doctor_cases/clean_backward_features.py"),
+    ("--check", "tests/doctor_cases/clean_compiled.py"),
+]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONWARNINGS="ignore")
+def _run(*args: str, device: str = "cpu") -> subprocess.CompletedProcess[str]:
+    # The doctor the tests import, whether installed or on the path, is the one the subprocess runs.
+    path = os.pathsep.join([str(ROOT / "src"), str(Path(inplace_doctor.__file__).parents[1])])
+    env = dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
+    if device == "cpu":
+        command = ["-m", "yolotrain.doctor", *args]
+    else:
+        start = f"import sys, torch; torch.set_default_device({device!r}); from yolotrain.doctor.cli import main; "
+        command = ["-c", start + "sys.exit(main(sys.argv[1:]))", *args]
     return subprocess.run(
-        [sys.executable, "-m", "yolotrain.doctor", *args],
+        [sys.executable, *command],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
 
@@ -78,8 +103,7 @@ def results() -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
     """All subprocess runs, two at a time (each one mostly waits for ``import torch``)."""
     commands = [_case_args(name) for name in FAILING]
     commands += [
-        ("tests/doctor_cases/clean_training.py",),
-        ("--check", "tests/doctor_cases/clean_gan.py"),
+        *CLEAN_COMMANDS,
         ("tests/doctor_cases/clean_exit_code.py", "a", "--json"),
         ("tests/doctor_cases/sigmoid_iadd.py",),
     ]
@@ -92,14 +116,24 @@ def test_corpus_is_large_enough() -> None:
     assert len({_marks(CASES / n).saved[2] for n in FAILING}) >= 6  # varied saving ops
 
 
+@pytest.fixture(scope="module")
+def cuda_results() -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    """The failing cases with CUDA as the default device."""
+    commands = [_case_args(name) for name in FAILING]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(commands, pool.map(lambda c: _run(*c, device="cuda"), commands)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", FAILING)
-def test_case_report_names_exact_lines(name: str, results: dict) -> None:
+def test_case_report_names_exact_lines(name: str, device: str, request: pytest.FixtureRequest) -> None:
     marks = _marks(CASES / name)
-    proc = results[_case_args(name)]
+    proc = request.getfixturevalue("results" if device == "cpu" else "cuda_results")[_case_args(name)]
     assert proc.returncode == 1, proc.stderr
     data = _trailing_json(proc.stdout)
     report = data if isinstance(data, dict) else _matching(data, marks)
-    assert set(report) == {"error", "tensor", "saved_by", "modified_by", "fix"}
+    assert set(report) == REPORT_KEYS
+    assert report["observed"] is True and report["severity"] == ("error" if marks.mode == "error" else "warning")
     assert set(report["tensor"]) == {"dtype", "shape", "device", "saved_version", "current_version"}
     saved = report["saved_by"]
     assert set(saved) == {"op", "file", "line", "code"}
@@ -110,9 +144,13 @@ def test_case_report_names_exact_lines(name: str, results: dict) -> None:
     assert sites == marks.modified
     assert marks.modified_ops <= {m["op"] for m in report["modified_by"]}
     assert all("doctor: modified" in m["code"] for m in report["modified_by"])
+    assert all(set(m) == {"op", "file", "line", "code", "thread", "in_backward"} for m in report["modified_by"])
+    assert all(m["in_backward"] is marks.during_backward for m in report["modified_by"])
+    prefix = marks.thread_prefix or "MainThread"
+    assert all(m["thread"].startswith(prefix) for m in report["modified_by"])
     assert report["fix"]
     if marks.mode == "error":
-        _assert_tensor_matches_message(report)
+        _assert_tensor_matches_message(report, device)
 
 
 def _trailing_json(stdout: str) -> dict | list:
@@ -135,15 +173,16 @@ def _matching(reports: list[dict], marks: Marks) -> dict:
     raise AssertionError(f"no report for {marks.saved}")
 
 
-def _assert_tensor_matches_message(report: dict) -> None:
+def _assert_tensor_matches_message(report: dict, device: str) -> None:
     match = MESSAGE.search(report["error"])
     assert match, report["error"]
     type_name, shape, current, saved = match.groups()
     tensor = report["tensor"]
     assert tensor["shape"] == [int(s) for s in shape.split(",") if s.strip()]
     assert (tensor["current_version"], tensor["saved_version"]) == (int(current), int(saved))
-    assert type_name == "torch.FloatTensor" and tensor["dtype"] == "torch.float32"
-    assert tensor["device"] == "cpu"
+    expected = "torch.FloatTensor" if device == "cpu" else "torch.cuda.FloatTensor"
+    assert type_name == expected and tensor["dtype"] == "torch.float32"
+    assert tensor["device"].split(":")[0] == device
 
 
 def test_text_report_prints_path_line_for_each_site(results: dict) -> None:
@@ -154,10 +193,7 @@ def test_text_report_prints_path_line_for_each_site(results: dict) -> None:
     assert "`probs += 1e-6` updates `probs` in place; write `probs = probs + 1e-6`" in proc.stderr
 
 
-@pytest.mark.parametrize(
-    "command",
-    [("tests/doctor_cases/clean_training.py",), ("--check", "tests/doctor_cases/clean_gan.py")],
-)
+@pytest.mark.parametrize("command", CLEAN_COMMANDS)
 def test_clean_programs_produce_no_report(command: tuple[str, ...], results: dict) -> None:
     proc = results[command]
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")

@@ -1,18 +1,20 @@
-"""Find the in-place operation behind "modified by an inplace operation" autograd errors.
+"""The in-place autograd doctor, from the stand-alone ``inplace-doctor`` distribution.
 
-``watch()`` tracks saved tensors and in-place operators at runtime, ``check_step()`` reports
-modifications that do not raise, and ``lint_paths()`` finds the same hazards statically.
+Re-exported here so that ``yolotrain.doctor`` and ``yolotrain doctor`` keep working; see
+``docs/doctor.md``.
 """
 
-from .lint import Finding as LintFinding
-from .lint import lint_paths
-from .report import Report, Site, TensorInfo
-from .tracker import (
+from inplace_doctor import (
     InplaceWarning,
+    LintFinding,
+    Report,
     SavedTensorModifiedError,
+    Site,
+    TensorInfo,
     Tracker,
     check_step,
     is_inplace_error,
+    lint_paths,
     run_with_report,
     watch,
 )

@@ -1,62 +1,10 @@
-"""``yolotrain doctor``: run a script and explain in-place autograd errors, or lint sources."""
+"""``yolotrain doctor``: the ``inplace-doctor`` command under yolotrain's name."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-
-from .lint import lint_paths
-from .report import format_reports, reports_to_json
-from .runner import run_script
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="yolotrain doctor",
-        description=(
-            "Run SCRIPT like `python SCRIPT ARGS` and, if backward fails because a tensor saved for "
-            "backward was modified in place, report which operation saved it and which modified it."
-        ),
-    )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="also report modifications of saved tensors that did not raise (exit 1 if any)",
-    )
-    parser.add_argument("--lint", action="store_true", help="statically scan the given files/folders instead")
-    parser.add_argument("target", metavar="SCRIPT|PATH", help="script to run, or path to lint with --lint")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
-    return parser
-
-
-def _lint(paths: list[str], as_json: bool) -> int:
-    findings = lint_paths(paths)
-    if as_json:
-        print(json.dumps([f.to_dict() for f in findings], indent=2))
-    else:
-        for finding in findings:
-            print(finding.format())
-        if findings:
-            print(f"{len(findings)} in-place hazard(s) found", file=sys.stderr)
-    return 1 if findings else 0
+from inplace_doctor.cli import main as doctor_main
 
 
 def main(argv: list[str]) -> int:
     """Entry point for ``yolotrain doctor ARGS...``; returns the process exit code."""
-    options = _parser().parse_args(argv)
-    if options.lint:
-        return _lint([options.target, *options.args], options.json)
-    sys.stdout.flush()
-    result = run_script(options.target, options.args, check=options.check)
-    reports = result.errors + result.warnings
-    if reports:
-        sys.stdout.flush()
-        if options.json:
-            print(reports_to_json(reports))
-        else:
-            print(format_reports(reports), file=sys.stderr)
-    if result.warnings and result.exit_code == 0:
-        return 1
-    return result.exit_code
+    return doctor_main(argv, prog="yolotrain doctor")

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import sys
 import sysconfig
 from dataclasses import dataclass
 from types import CodeType, FrameType
+from typing import NamedTuple
 
 import torch
 
-RawSite = tuple[CodeType, int]
+
+class SourcePlace(NamedTuple):
+    """Stands in for a code object when a site is known only by file name (compiled graphs)."""
+
+    co_filename: str
+
+
+RawSite = tuple[CodeType | SourcePlace, int]
 
 
 def _library_roots() -> tuple[str, ...]:
@@ -38,10 +47,13 @@ def _library_roots() -> tuple[str, ...]:
 _LIBRARY_ROOTS = _library_roots()
 _DOCTOR_ROOT = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _TORCH_OPTIM_ROOT = os.path.join(os.path.dirname(torch.__file__), "optim") + os.sep
+# Classification per code object; cleared when full, since programs that exec generated code
+# create code objects without end.
 _USER_CACHE: dict[CodeType, bool] = {}
+MAX_CACHED_CODES = 16384
 
 
-def _is_user_code(code: CodeType) -> bool:
+def is_user_code(code: CodeType) -> bool:
     """True when ``code`` belongs to the program being debugged (memoised per code object)."""
     known = _USER_CACHE.get(code)
     if known is None:
@@ -52,8 +64,54 @@ def _is_user_code(code: CodeType) -> bool:
             known = True
         else:
             known = not os.path.realpath(name).startswith(_LIBRARY_ROOTS)
+        if len(_USER_CACHE) >= MAX_CACHED_CODES:
+            _USER_CACHE.clear()
         _USER_CACHE[code] = known
     return known
+
+
+_FX_PREFIX = "<eval_with_key>"
+_FX_SITES: dict[CodeType, dict[int, RawSite | None]] = {}
+_STACK_ENTRY = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _fx_site(frame: FrameType) -> RawSite | None:
+    """The user's line behind a line of FX-generated code (``torch.compile``'s graphs).
+
+    Each generated line runs one graph node, whose ``stack_trace`` metadata holds the traceback
+    of the user code it was traced from; its innermost entry is the line to report.
+    """
+    code, line = frame.f_code, frame.f_lineno
+    per_line = _FX_SITES.get(code)
+    if per_line is None:
+        if len(_FX_SITES) >= MAX_CACHED_CODES:
+            _FX_SITES.clear()
+        per_line = _FX_SITES[code] = {}
+    if line in per_line:
+        return per_line[line]
+    site: RawSite | None = None
+    module = frame.f_locals.get("self")
+    lineno_map = getattr(module, "_lineno_map", None)
+    graph = getattr(module, "graph", None)
+    if lineno_map and graph is not None:
+        index = lineno_map.get(line - code.co_firstlineno)
+        if index is not None:
+            nodes = list(graph.nodes)
+            trace = nodes[index].meta.get("stack_trace") if index < len(nodes) else None
+            entries = _STACK_ENTRY.findall(trace or "")
+            if entries:
+                filename, number = entries[-1]
+                site = SourcePlace(filename), int(number)
+    per_line[line] = site
+    return site
+
+
+def _site_of(frame: FrameType) -> RawSite | None:
+    """(code, line) of a user frame; for generated graph code, the user line it came from."""
+    code = frame.f_code
+    if code.co_filename.startswith(_FX_PREFIX):
+        return _fx_site(frame)
+    return code, frame.f_lineno
 
 
 def user_site(depth: int) -> RawSite | None:
@@ -66,8 +124,10 @@ def user_site(depth: int) -> RawSite | None:
     fallback: RawSite | None = None
     while frame is not None:
         code = frame.f_code
-        if _is_user_code(code):
-            return code, frame.f_lineno
+        if is_user_code(code):
+            site = _site_of(frame)
+            if site is not None:
+                return site
         if fallback is None and not code.co_filename.startswith(_DOCTOR_ROOT):
             fallback = code, frame.f_lineno
         frame = frame.f_back
@@ -91,10 +151,11 @@ def call_context(depth: int) -> CallContext:
     optimizer = module = functional = None
     while frame is not None:
         code = frame.f_code
-        if _is_user_code(code):
+        site = _site_of(frame) if is_user_code(code) else None
+        if site is not None:
             local_vars = frame.f_locals
             is_function = code.co_name == "forward" and _is_function_ctx(local_vars.get("ctx"))
-            return CallContext((code, frame.f_lineno), optimizer, module, functional, is_function)
+            return CallContext(site, optimizer, module, functional, is_function)
         owner = frame.f_locals.get("self")
         if optimizer is None and code.co_filename.startswith(_TORCH_OPTIM_ROOT):
             if isinstance(owner, torch.optim.Optimizer):

@@ -6,23 +6,44 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+MAIN_THREAD = "MainThread"
+
 
 @dataclass(frozen=True)
 class Site:
-    """One operator call: the aten op name and the user's source line that ran it."""
+    """One operator call: the aten op name and the user's source line that ran it.
+
+    Modifications also say which thread ran them and whether a backward pass called the code
+    (a hook, a custom ``backward``, checkpoint recomputation); ``None`` for the saving site.
+    """
 
     op: str
     file: str
     line: int
     code: str
+    thread: str | None = None
+    in_backward: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form: ``{"op", "file", "line", "code"}``."""
-        return {"op": self.op, "file": self.file, "line": self.line, "code": self.code}
+        """JSON form: ``{"op", "file", "line", "code"}``, plus ``"thread", "in_backward"`` for modifications."""
+        data: dict[str, Any] = {"op": self.op, "file": self.file, "line": self.line, "code": self.code}
+        if self.thread is not None:
+            data["thread"] = self.thread
+            data["in_backward"] = bool(self.in_backward)
+        return data
 
     def where(self) -> str:
         """``path:LINE``, the form editors and terminals make clickable."""
         return f"{self.file}:{self.line}"
+
+    def circumstances(self) -> str:
+        """`` (during backward, in thread NAME)`` when the write was not ordinary code on the main thread."""
+        parts = []
+        if self.in_backward:
+            parts.append("during backward")
+        if self.thread is not None and self.thread != MAIN_THREAD:
+            parts.append(f"in thread {self.thread}")
+        return f" ({', '.join(parts)})" if parts else ""
 
 
 @dataclass(frozen=True)
@@ -56,7 +77,7 @@ class Report:
     """Diagnosis of one tensor that was modified in place after autograd saved it.
 
     ``severity`` is ``"error"`` when backward failed on it and ``"warning"`` when it was
-    found proactively (see :func:`yolotrain.doctor.check_step`); ``notes`` carries facts
+    found proactively (see :func:`inplace_doctor.check_step`); ``notes`` carries facts
     that qualify the sites (hidden ``.data`` writes, version bumps not observed).
     """
 
@@ -68,15 +89,20 @@ class Report:
     severity: str = "error"
     notes: list[str] = field(default_factory=list)
     count: int = 1
+    observed: bool = True  # every version bump since the save is explained by ``modified_by``
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object documented for ``yolotrain doctor --json``."""
+        """The JSON object documented for ``--json``: everything the text form shows."""
         return {
             "error": self.error,
             "tensor": self.tensor.to_dict(),
             "saved_by": self.saved_by.to_dict(),
             "modified_by": [site.to_dict() for site in self.modified_by],
             "fix": self.fix,
+            "severity": self.severity,
+            "observed": self.observed,
+            "notes": list(self.notes),
+            "count": self.count,
         }
 
     def format(self) -> str:
@@ -94,10 +120,10 @@ class Report:
         if self.modified_by:
             for index, site in enumerate(self.modified_by):
                 label = "modified by:" if index == 0 else "            "
-                lines.append(f"  {label} {site.op} at {site.where()}")
+                lines.append(f"  {label} {site.op} at {site.where()}{site.circumstances()}")
                 lines.append(f"                   {site.code}")
         else:
-            lines.append("  modified by: (not observed; the change happened outside doctor.watch())")
+            lines.append("  modified by: (not observed; see the note)")
         lines.extend(f"  note:        {note}" for note in self.notes)
         lines.append(f"  fix:         {self.fix}")
         return "\n".join(lines)

@@ -9,8 +9,9 @@ import traceback
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from .api import watch
+from .messages import SavedTensorModifiedError
 from .report import Report
-from .tracker import SavedTensorModifiedError, watch
 
 
 @dataclass

@@ -1,0 +1,87 @@
+"""The public entry points: ``watch()``, ``check_step()`` and ``run_with_report()``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .messages import InplaceWarning, SavedTensorModifiedError
+from .mode import Tracker
+from .report import Report, format_reports
+
+T = TypeVar("T")
+
+
+_ACTIVE = threading.local()
+
+
+def active_tracker() -> Tracker | None:
+    """The tracker installed by an enclosing :func:`watch` on this thread, if any."""
+    return getattr(_ACTIVE, "tracker", None)
+
+
+class watch:  # noqa: N801 - used as a context manager, named like one
+    """Track in-place modifications of saved tensors for the code in the ``with`` block.
+
+    When backward fails because a saved tensor was modified, the ``RuntimeError`` PyTorch
+    would raise is raised unchanged in type and message, with ``.reports`` and a note holding
+    the diagnosis. The tracker is returned by ``__enter__``; its :meth:`Tracker.reports`
+    lists modifications that did not (or not yet) raise. Nested ``watch()`` blocks share
+    the outermost tracker.
+    """
+
+    def __init__(self, cwd: str | None = None) -> None:
+        self._cwd = cwd or os.getcwd()
+        self._tracker: Tracker | None = None
+        self._owner = False
+
+    def __enter__(self) -> Tracker:
+        current = active_tracker()
+        if current is not None:
+            self._tracker = current
+            return current
+        self._tracker = Tracker(self._cwd)
+        self._tracker.__enter__()
+        self._owner = True
+        _ACTIVE.tracker = self._tracker
+        return self._tracker
+
+    def __exit__(self, *exc: object) -> None:
+        if self._owner and self._tracker is not None:
+            _ACTIVE.tracker = None
+            self._owner = False
+            self._tracker.__exit__(*exc)
+
+
+def check_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Report]:
+    """Run ``fn(*args, **kwargs)`` once and report saved tensors modified in place.
+
+    Finds modifications even when they do not raise (the backward that needs the tensor
+    never runs, or runs later). Each report is also issued as an :class:`InplaceWarning`.
+    Returns an empty list for clean code; a failing backward still raises.
+    """
+    with watch() as tracker:
+        start = len(tracker.findings)
+        fn(*args, **kwargs)
+        reports = tracker.reports(start)
+    for report in reports:
+        warnings.warn(report.format(), InplaceWarning, stacklevel=2)
+    return reports
+
+
+def run_with_report(fn: Callable[..., T], *args: Any, file: Any = None, **kwargs: Any) -> T:
+    """Run ``fn`` under :func:`watch`; if backward fails on a modified tensor, print the report.
+
+    Meant for rerunning a training step that already failed without the doctor: the error
+    is re-raised after the report is written to ``file`` (default ``sys.stderr``).
+    """
+    try:
+        with watch():
+            return fn(*args, **kwargs)
+    except SavedTensorModifiedError as error:
+        print(format_reports(error.reports), file=file or sys.stderr)
+        raise

@@ -1,0 +1,45 @@
+"""The ``%%doctor`` cell magic for IPython and Jupyter (``%load_ext inplace_doctor``).
+
+The cell runs under :func:`watch` in the notebook's namespace; when backward fails on a
+modified saved tensor, the report is printed (lines are the cell's own) and the error raised.
+``%%doctor --check`` also reports modifications that did not raise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import os
+import sys
+from typing import Any
+
+from .api import watch
+from .messages import SavedTensorModifiedError
+from .report import format_reports
+
+_CELLS = itertools.count(1)
+
+
+def register(ipython: Any) -> None:
+    """Add ``%%doctor`` to an IPython shell."""
+
+    def doctor(line: str, cell: str) -> None:
+        check = line.split() == ["--check"]
+        if line.strip() and not check:
+            print(f"%%doctor: unknown option {line.strip()!r} (only --check)", file=sys.stderr)
+            return
+        name = f"<doctor-cell-{next(_CELLS)}>"
+        # Registered like IPython's own cells, so reports and tracebacks can show the source lines.
+        linecache.cache[name] = (len(cell), None, cell.splitlines(keepends=True), name)
+        code = compile(cell, name, "exec")
+        try:
+            with watch(os.getcwd()) as tracker:
+                exec(code, ipython.user_ns)
+                found = tracker.reports() if check else []
+        except SavedTensorModifiedError as error:
+            print(format_reports(error.reports), file=sys.stderr)
+            raise
+        if found:
+            print(format_reports(found), file=sys.stderr)
+
+    ipython.register_magic_function(doctor, magic_kind="cell", magic_name="doctor")

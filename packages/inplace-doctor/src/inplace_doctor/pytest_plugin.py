@@ -1,0 +1,47 @@
+"""``pytest --inplace-doctor``: run every test under :func:`inplace_doctor.watch`.
+
+A test that fails with PyTorch's in-place modification error gets the doctor's report (the
+lines that saved and modified the tensor) as an "inplace doctor" section of its failure.
+Registered through the ``pytest11`` entry point, so installing the package is enough; torch
+is imported only when the option is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("inplace-doctor")
+    group.addoption(
+        "--inplace-doctor",
+        action="store_true",
+        default=False,
+        help="run each test under inplace_doctor.watch() and attach its report to in-place autograd failures",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
+    if not item.config.getoption("inplace_doctor"):
+        yield
+        return
+    from .api import watch
+
+    with watch(str(item.config.rootpath)):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, None]:
+    outcome = yield
+    if call.excinfo is None or not item.config.getoption("inplace_doctor"):
+        return
+    reports = getattr(call.excinfo.value, "reports", None)
+    if reports:
+        from .report import format_reports
+
+        outcome.get_result().sections.append(("inplace doctor", format_reports(reports)))

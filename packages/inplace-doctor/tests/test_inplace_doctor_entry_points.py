@@ -1,0 +1,98 @@
+"""The ways in: `python -m inplace_doctor`, the `inplace-doctor` script, `pytest --inplace-doctor`, `%%doctor`."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+from contextlib import redirect_stderr
+from pathlib import Path
+
+import inplace_doctor
+import pytest
+
+PACKAGE_PATH = str(Path(inplace_doctor.__file__).parents[1])
+
+FAILING = textwrap.dedent(
+    """
+    import torch
+
+    x = torch.randn(3, requires_grad=True)
+    y = x.sigmoid()
+    y.mul_(2)
+    y.sum().backward()
+    """
+).lstrip()
+
+
+def _env() -> dict[str, str]:
+    """The doctor under test, importable in a subprocess whether installed or not."""
+    paths = [PACKAGE_PATH, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONWARNINGS="ignore")
+
+
+def test_module_and_console_script_report_both_lines(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(FAILING)
+    commands = [[sys.executable, "-m", "inplace_doctor", "train.py"]]
+    console = Path(sys.executable).parent / "inplace-doctor"
+    if console.exists():  # installed (pip install ./packages/inplace-doctor); absent when run from a checkout path
+        commands.append([str(console), "train.py"])
+    for command in commands:
+        proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1, proc.stderr
+        assert "saved by:    aten::sigmoid at train.py:4" in proc.stderr
+        assert "modified by: aten::mul_ at train.py:5" in proc.stderr
+    help_text = subprocess.run(
+        [sys.executable, "-m", "inplace_doctor", "--help"], env=_env(), capture_output=True, text=True, timeout=120
+    ).stdout
+    assert help_text.startswith("usage: inplace-doctor")
+
+
+def _pytest(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_model.py").write_text(
+        "def test_step():\n" + textwrap.indent(FAILING, "    ") + "\n\ndef test_clean():\n    assert True\n"
+    )
+    # The plugin is named explicitly, and its entry point blocked, so the run is the same installed or not.
+    command = [sys.executable, "-m", "pytest", "-p", "no:inplace_doctor", "-p", "inplace_doctor.pytest_plugin"]
+    command += ["-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path), *options, "test_model.py"]
+    return subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_pytest_plugin_attaches_the_report_to_the_failure(tmp_path: Path) -> None:
+    proc = _pytest(tmp_path, "--inplace-doctor")
+    assert proc.returncode == 1, proc.stdout
+    assert "1 failed, 1 passed" in proc.stdout
+    assert "inplace doctor" in proc.stdout
+    assert "saved by:    aten::sigmoid at test_model.py:5" in proc.stdout
+    assert "modified by: aten::mul_ at test_model.py:6" in proc.stdout
+    plain = _pytest(tmp_path)
+    assert "1 failed, 1 passed" in plain.stdout and "modified by:" not in plain.stdout
+
+
+def test_ipython_cell_magic_reports_lines_of_the_cell() -> None:
+    pytest.importorskip("IPython", reason="IPython not installed (pip install 'inplace-doctor[ipython]')")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "inplace_doctor")
+        shell.user_ns["torch"] = __import__("torch")
+        stream = io.StringIO()
+        with redirect_stderr(stream), pytest.raises(inplace_doctor.SavedTensorModifiedError) as info:
+            shell.run_cell_magic("doctor", "", FAILING)
+        (report,) = info.value.reports
+        assert (report.saved_by.line, report.saved_by.code) == (4, "y = x.sigmoid()")
+        assert [(site.line, site.code) for site in report.modified_by] == [(5, "y.mul_(2)")]
+        assert report.saved_by.file.startswith("<doctor-cell-")
+        assert "modified by: aten::mul_ at <doctor-cell-" in stream.getvalue()
+
+        silent = "x = torch.randn(3, requires_grad=True)\naux = x.exp()\naux.add_(1)\n(x * 2).sum().backward()\n"
+        stream = io.StringIO()
+        with redirect_stderr(stream):
+            shell.run_cell_magic("doctor", "--check", silent)
+        assert "modified in place before backward used it" in stream.getvalue()
+    finally:
+        InteractiveShell.clear_instance()
