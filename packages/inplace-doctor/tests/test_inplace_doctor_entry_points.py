@@ -51,6 +51,17 @@ def test_module_and_console_script_report_both_lines(tmp_path: Path) -> None:
     assert help_text.startswith("usage: inplace-doctor")
 
 
+def test_a_missing_or_broken_script_fails_as_python_would(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("x = (\n")
+    for script, code in (("missing.py", 2), ("broken.py", 1)):
+        doctor = subprocess.run([sys.executable, "-m", "inplace_doctor", script], cwd=tmp_path, env=_env(),
+                                capture_output=True, text=True, timeout=120)
+        python = subprocess.run([sys.executable, script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert doctor.returncode == python.returncode == code
+        assert "inplace_doctor" not in doctor.stderr and "Traceback" not in doctor.stderr
+        assert doctor.stderr.strip().splitlines()[-1] == python.stderr.strip().splitlines()[-1]
+
+
 def _pytest(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_model.py").write_text(
         "def test_step():\n" + textwrap.indent(FAILING, "    ") + "\n\ndef test_clean():\n    assert True\n"

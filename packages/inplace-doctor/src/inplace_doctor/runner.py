@@ -55,6 +55,18 @@ def run_script(script: str, args: list[str], check: bool = False) -> RunResult:
     ``check``, modifications that did not raise become ``warnings``. Other exceptions are
     printed as Python would print them and give exit code 1.
     """
+    try:
+        with open(script, "rb") as handle:
+            source = handle.read()
+    except OSError as error:  # the interpreter's own one line and exit code
+        print(f"{getattr(sys, 'orig_argv', [sys.executable])[0]}: can't open file {os.path.abspath(script)!r}: "
+              f"[Errno {error.errno}] {error.strerror}", file=sys.stderr)
+        return RunResult(2)
+    try:
+        compile(source, script, "exec")
+    except (SyntaxError, ValueError) as error:  # shown as python shows it, without the doctor's frames
+        traceback.print_exception(type(error), error, None)
+        return RunResult(1)
     saved_argv, saved_path0 = sys.argv, sys.path[0]
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
