@@ -122,3 +122,27 @@ def test_random_kills_lose_nothing(data, uninterrupted, tmp_path):
         finished += 1
     print(f"\nrandom kills: {kills}, resumes: {resumed_runs}, runs finished: {finished}, all bit-equal, "
           "no checkpoint lost or unreadable")
+
+
+def test_a_failed_save_stops_training_in_one_line_and_keeps_the_last_checkpoint(data, tmp_path, monkeypatch):
+    from yolotrain.checkpoint import read_checkpoint as read
+    from yolotrain.engine import Trainer, TrainingError, resolve_config
+
+    config = resolve_config(data=data, img_size=64, batch_size=4, epochs=3, workers=0, val=False, plots=False,
+                            project=str(tmp_path))
+    trainer = Trainer(config)
+    real_save, saves = torch.save, []
+
+    def disk_full_on_second_save(obj, f, *args, **kwargs):
+        saves.append(f)
+        if len(saves) == 2:
+            raise OSError(28, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_full_on_second_save)
+    with pytest.raises(TrainingError) as caught:
+        trainer.fit()
+    message = str(caught.value)
+    assert "could not save the checkpoint" in message and "at epoch 2 (No space left on device)" in message
+    assert "the previous one is intact and loadable" in message and "\n" not in message
+    assert read(tmp_path / "exp" / "weights" / "last").metadata["epoch"] == 0
