@@ -104,6 +104,9 @@ class Trainer:
         D.init_process_group(ctx, self.device)
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
         seed_everything(cfg.seed + ctx.rank)
+        if ctx.is_main and not (Path(cfg.model).suffix or Path(cfg.model).exists()):
+            self._log(f"Model {cfg.model}: random initial weights (training from scratch); "
+                      f"--model {cfg.model}.pt starts from the official COCO weights")
         self._build_data()
         model = self._build_model().to(self.device)
         if cfg.sync_bn and ctx.enabled:
