@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,18 @@ DATASET_DEFAULTS = {"data.img_size": 640, "epochs": 100, "data.batch_size": 16, 
                     "optim.nominal_batch": 64}
 
 
+# Keys of the reference's hyper-parameter files that yolotrain accepts but does not use, and why.
+IGNORED_HYP_KEYS = {
+    "iou_t": "the reference does not use it either (its target assignment has no IoU threshold)",
+    "copy_paste": "copy-paste needs segmentation polygons, which detection labels do not have",
+    "anchors": "new anchor counts are not supported; the 3 anchors per level are fitted by AutoAnchor",
+}
+
+
+class IgnoredSettingWarning(UserWarning):
+    """A setting of a reference hyper-parameter file that yolotrain accepts but does not use."""
+
+
 def read_settings_file(path: str | os.PathLike, what: str) -> dict[str, Any]:
     """The mapping in a YAML file of settings; one-line errors for a missing or malformed file."""
     path = Path(path)
@@ -101,10 +114,14 @@ def read_settings_file(path: str | os.PathLike, what: str) -> dict[str, Any]:
 def hyp_settings(hyp: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
     """Flat hyper-parameters (``lr0: 0.01``, ``mosaic: 1.0`` ...) from a YAML file or a mapping, nested.
 
-    Only augmentation, loss, optimiser and EMA settings belong in a hyper-parameter file.
+    Only augmentation, loss, optimiser and EMA settings belong in a hyper-parameter file. Keys of the
+    reference's files that are not used here (:data:`IGNORED_HYP_KEYS`) get one warning each.
     """
     where = f"{hyp}: " if isinstance(hyp, (str, os.PathLike)) else "hyp: "
     flat = read_settings_file(hyp, "hyper-parameter file") if isinstance(hyp, (str, os.PathLike)) else dict(hyp)
+    for key in [k for k in flat if k in IGNORED_HYP_KEYS]:
+        warnings.warn(f"{where}{key!r} ({flat.pop(key)!r}) is ignored: {IGNORED_HYP_KEYS[key]}",
+                      IgnoredSettingWarning, stacklevel=2)
     names = flat_names(TrainConfig)
     allowed = {name for name, path in names.items() if path.split(".")[0] in HYP_SECTIONS}
     for key in flat:
