@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 
 def setting(default: Any, help: str, *, flags: tuple[str, ...] = (), aliases: tuple[str, ...] = (),
             min: float | None = None, max: float | None = None, above: float | None = None,
-            multiple_of: int | None = None) -> Any:
+            multiple_of: int | None = None, off_flags: tuple[str, ...] = ()) -> Any:
     """A configuration field: its default, one line of help, and what makes a value valid.
 
     Args:
@@ -40,9 +40,10 @@ def setting(default: Any, help: str, *, flags: tuple[str, ...] = (), aliases: tu
         flags: command-line spellings (default ``--field-name``).
         aliases: other keyword names accepted for it (e.g. ``data`` for ``DataConfig.path``).
         min, max: inclusive bounds; above: exclusive lower bound; multiple_of: for sizes.
+        off_flags: extra spellings that turn a true/false setting off (the reference's ``--noautoanchor``).
     """
     meta = {"help": help, "flags": flags, "aliases": aliases, "min": min, "max": max, "above": above,
-            "multiple_of": multiple_of}
+            "multiple_of": multiple_of, "off_flags": off_flags}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -246,6 +247,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         base = _base_type(tp)
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+            for off in f.metadata.get("off_flags", ()):  # hidden: --help shows the --no-NAME form
+                group.add_argument(off, dest=f.name, action="store_false", default=argparse.SUPPRESS,
+                                   help=argparse.SUPPRESS)
         elif typing.get_origin(base) is Literal:
             kwargs["choices"] = typing.get_args(base)
         else:

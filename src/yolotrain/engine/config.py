@@ -52,6 +52,8 @@ class TrainConfig:
     project: str = setting("runs/train", "parent of the run folder")
     name: str = setting("exp", "run folder name (exp, exp2 ... when taken)")
     exist_ok: bool = setting(False, "reuse an existing run folder")
+    autoanchor: bool = setting(True, "check the anchors against the training labels before training; refit "
+                               "them when the best possible recall is below 0.98", off_flags=("--noautoanchor",))
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     loss: LossConfig = field(default_factory=LossConfig)

@@ -109,6 +109,8 @@ class Trainer:
                       f"--model {cfg.model}.pt starts from the official COCO weights")
         self._build_data()
         model = self._build_model().to(self.device)
+        if cfg.autoanchor and self.resume_from is None:
+            self._check_anchors(model)
         if cfg.sync_bn and ctx.enabled:
             if self.device.type != "cuda":
                 raise ValueError("--sync-bn needs CUDA devices (PyTorch has no SyncBatchNorm on the CPU)")
@@ -135,6 +137,16 @@ class Trainer:
         self.last_opt_step = -1
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
                          else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
+
+    def _check_anchors(self, model: Yolov5) -> None:
+        """AutoAnchor on the training labels; every process computes the same anchors from the seed."""
+        from ..model.anchors import check_anchors
+
+        cfg = self.config
+        report = check_anchors(model, self.train_set.shapes, self.train_set.labels, cfg.data.img_size,
+                               cfg.loss.anchor_t, seed=cfg.seed)
+        if self.ctx.is_main:
+            self._log(report.summary())
 
     # ----------------------------------------------------------------------------------- loop
     def fit(self) -> TrainResult:
