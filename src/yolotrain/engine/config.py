@@ -52,6 +52,10 @@ class TrainConfig:
     project: str = setting("runs/train", "parent of the run folder")
     name: str = setting("exp", "run folder name (exp, exp2 ... when taken)")
     exist_ok: bool = setting(False, "reuse an existing run folder")
+    patience: int = setting(100, "stop after this many epochs without a fitness gain (0: never stop early)", min=0)
+    save_period: int = setting(-1, "also keep weights/epochN every N epochs (N = 0-based epoch; -1: off)", min=-1)
+    freeze: tuple[int, ...] = setting((0,), "freeze layers: one N = the first N (backbone = 10), several = "
+                                      "those layer indices", min=0)
     autoanchor: bool = setting(True, "check the anchors against the training labels before training; refit "
                                "them when the best possible recall is below 0.98", off_flags=("--noautoanchor",))
     data: DataConfig = field(default_factory=DataConfig)
