@@ -56,6 +56,7 @@ class TrainConfig:
     save_period: int = setting(-1, "also keep weights/epochN every N epochs (N = 0-based epoch; -1: off)", min=-1)
     freeze: tuple[int, ...] = setting((0,), "freeze layers: one N = the first N (backbone = 10), several = "
                                       "those layer indices", min=0)
+    tensorboard: bool = setting(True, "TensorBoard event files in the run folder (when tensorboard is installed)")
     autoanchor: bool = setting(True, "check the anchors against the training labels before training; refit "
                                "them when the best possible recall is below 0.98", off_flags=("--noautoanchor",))
     data: DataConfig = field(default_factory=DataConfig)

@@ -29,6 +29,7 @@ from ..settings import ConfigError
 from . import distributed as D
 from .config import TrainConfig, resolve_config, with_runtime
 from .ema import ModelEMA
+from .loggers import RunLoggers
 from .optim import apply_warmup, build_optimizer, lr_lambda, warmup_iterations
 
 # Validation columns of results.csv (left empty in epochs that skip validation).
@@ -226,6 +227,7 @@ class Trainer:
                       f"{len(self.train_set)} train / {len(self.val_set)} val images, {cfg.epochs} epochs, "
                       f"batch {cfg.data.batch_size} on {ctx.world_size} process(es), {self.device}; "
                       f"results in {self.save_dir}")
+            self.loggers = RunLoggers(self.save_dir, cfg.tensorboard, self._log)
         metrics: dict[str, float] = {}
         epochs_run = 0
         self.best_epoch = self.start_epoch  # a resumed run counts its patience from where it resumes
@@ -270,6 +272,9 @@ class Trainer:
                 best_before = self.best_fitness
                 metrics = self._end_epoch(epoch, mean_loss)
                 self._save_period(epoch)
+                self.loggers.log_epoch(self.save_dir / "results.csv")
+                if epoch + 1 == cfg.epochs and (self.save_dir / "val_predictions").is_dir():
+                    self.loggers.log_images(self.save_dir / "val_predictions", "val/predictions", epoch + 1)
                 stop = self._no_longer_improving(epoch, bool(metrics), self.best_fitness > best_before)
             D.barrier(ctx)
             if _agree(ctx, stop):
@@ -277,6 +282,7 @@ class Trainer:
         result = TrainResult(self.save_dir, self.save_dir / "weights" / "last",
                              self.save_dir / "weights" / "best", epochs_run, metrics)
         if ctx.is_main:
+            self.loggers.close()
             self._log(f"Done: {result.epochs_run} epoch(s). Weights: {result.last}.safetensors, "
                       f"{result.best}.safetensors; results: {self.save_dir / 'results.csv'}")
         return result
