@@ -175,3 +175,34 @@ def test_ram_cache_holds_every_image_before_training(tiny_data, tmp_path):
         p.unlink()  # decoded already: nothing is read from disk any more
     after = next(iter(loaders.val))
     assert torch.equal(before[0], after[0])
+
+
+def test_a_reference_train_command_line_resolves(tmp_path):
+    """The options of the reference's train.py that yolotrain has, spelled as the reference spells them."""
+    from yolotrain.cli import build_parser
+    from yolotrain.engine.config import resolve_config
+
+    hyp = tmp_path / "hyp.yaml"
+    hyp.write_text("lr0: 0.02\nfl_gamma: 1.5\n")
+    argv = ["--weights", "yolov5s.pt", "--data", "data.yaml", "--hyp", str(hyp), "--epochs", "3", "--batch-size", "8",
+            "--imgsz", "320", "--rect", "--noval", "--noautoanchor", "--noplots", "--cache", "--device", "cpu",
+            "--multi-scale", "--single-cls", "--optimizer", "AdamW", "--sync-bn", "--workers", "1", "--project", "p",
+            "--name", "n", "--exist-ok", "--cos-lr", "--label-smoothing", "0.1", "--patience", "7", "--freeze", "0",
+            "1", "2", "--save-period", "2", "--seed", "3"]
+    args = build_parser().parse_args(["train", *argv])
+    settings = {k: v for k, v in vars(args).items() if k not in ("command", "run", "config", "hyp", "resume")}
+    c = resolve_config(args.config, hyp=args.hyp, **settings)
+    assert (c.model, c.data.path, c.epochs, c.data.batch_size, c.data.img_size, c.data.rect) == \
+        ("yolov5s.pt", "data.yaml", 3, 8, 320, True)
+    assert (c.eval.val, c.autoanchor, c.eval.plots, c.data.cache, c.data.multi_scale, c.data.single_cls) == \
+        (False, False, False, "ram", True, True)
+    assert (c.optim.optimizer, c.sync_bn, c.data.workers, c.project, c.name, c.exist_ok, c.optim.cos_lr) == \
+        ("AdamW", True, 1, "p", "n", True, True)
+    assert (c.loss.label_smoothing, c.patience, c.freeze, c.save_period, c.seed) == (0.1, 7, (0, 1, 2), 2, 3)
+    assert (c.optim.lr0, c.loss.fl_gamma) == (0.02, 1.5)
+
+
+def test_a_bare_architecture_says_it_starts_from_scratch(tiny_data, tmp_path, capsys):
+    train(data=str(tiny_data), model="yolov5n", epochs=1, val=False, project=str(tmp_path), **QUICK)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "yolov5n: random initial weights (training from scratch)" in first and "yolov5n.pt" in first

@@ -33,7 +33,7 @@ class DataConfig:
     path: str | None = setting(None, "dataset YAML or folder (none: the built-in shapes dataset)",
                                flags=("--data",), aliases=("data",))
     img_size: int | None = setting(None, "network input size in pixels, a multiple of 32 (640; 160 on shapes)",
-                                   flags=("--img", "--img-size"), min=32, multiple_of=32)
+                                   flags=("--img", "--img-size", "--imgsz"), min=32, multiple_of=32)
     batch_size: int | None = setting(None, "global batch size, all processes together (16)",
                                      flags=("--batch", "--batch-size"), min=1)
     workers: int | None = setting(None, "loader processes per training process (min(2, CPUs))", min=0)

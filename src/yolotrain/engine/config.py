@@ -43,7 +43,8 @@ from .optim import DEFAULT_LR0, OptimConfig
 class TrainConfig:
     """One training run. Build it with :func:`resolve_config`; sizes left at ``None`` follow the data."""
 
-    model: str = setting("yolov5n", "yolov5n|s|m|l|x (from scratch), or a checkpoint to fine-tune")
+    model: str = setting("yolov5n", "yolov5n|s|m|l|x (from scratch), or weights to fine-tune (yolov5s.pt: the "
+                         "official COCO weights, downloaded once)", flags=("--model", "--weights"))
     epochs: int | None = setting(None, "epochs (100; 30 on shapes)", min=1)
     device: str | None = setting(None, "cpu, cuda or cuda:N (a GPU when present)")
     seed: int = setting(0, "seed of the weights, the shuffling and the augmentations", min=0)
