@@ -12,7 +12,7 @@ import pytest
 from conftest import YOLOV5N_WEIGHTS
 
 from yolotrain.cli import main
-from yolotrain.interop import hub, load_model
+from yolotrain.interop import hub, load_checkpoint, load_model
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -142,3 +142,16 @@ def test_default_folder_is_under_the_user_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("YOLOTRAIN_WEIGHTS", raising=False)
     monkeypatch.setenv("YOLOTRAIN_CACHE", str(tmp_path / "cache"))
     assert hub.weights_dir() == tmp_path / "cache" / "weights"
+
+
+def test_training_fine_tunes_from_weights_fetched_by_name(server, weights_home, monkeypatch, tmp_path):
+    from yolotrain import train
+    from yolotrain.data import generate_shapes_dataset
+
+    data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=4, n_val=2, img_size=64) / "data.yaml"
+    monkeypatch.setenv("YOLOTRAIN_WEIGHTS_URL", f"{server}/good")
+    run = train(data=str(data), model="yolov5n.pt", epochs=1, img_size=64, batch_size=4, workers=0, val=False,
+                plots=False, autoanchor=False, project=str(tmp_path / "runs"))
+    assert (weights_home / "yolov5n.pt").is_file()
+    model, _ = load_checkpoint(run.last)
+    assert model.num_classes == 2  # the official backbone with a new head for the dataset's classes
