@@ -158,7 +158,9 @@ def start_of_training(**config) -> tuple[dict[str, torch.Tensor], Path]:
         started.update({k: v.detach().clone() for k, v in model.state_dict().items()})
         return YoloLoss(model, rect_training)
 
-    result = train(loss=criterion, img_size=64, batch_size=4, epochs=1, workers=0, val=False, plots=False, **config)
+    # AutoAnchor would refit the anchors of these tiny images; here the checkpoint's must be kept.
+    result = train(loss=criterion, img_size=64, batch_size=4, epochs=1, workers=0, val=False, plots=False,
+                   autoanchor=False, **config)
     return started, result.last
 
 

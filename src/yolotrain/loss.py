@@ -28,6 +28,10 @@ class LossConfig:
     cls: float = setting(0.5, "class loss gain", min=0)
     obj: float = setting(1.0, "objectness loss gain", min=0)
     anchor_t: float = setting(4.0, "anchor-multiple threshold for assigning targets", above=1)
+    cls_pw: float = setting(1.0, "class BCE weight of positive targets", above=0)
+    obj_pw: float = setting(1.0, "objectness BCE weight of positive targets", above=0)
+    fl_gamma: float = setting(0.0, "focal loss gamma for class and objectness (0: plain BCE)", min=0)
+    label_smoothing: float = setting(0.0, "class label smoothing: targets 1-eps/2 and eps/2", min=0, max=1)
 
 # Objectness weight of each level: small objects (P3) dominate the count of cells. The reference uses
 # the first table for three levels (P5 models) and the second for any other count (P6 models: 4).
@@ -39,6 +43,8 @@ NEIGHBOUR_MARGIN = 0.5
 # objectness and unused class logits to about -100 (float32 sigmoid gradients vanish past ~-104), so
 # the bound sits an order of magnitude above anything training produces on its own.
 SATURATED_LOGIT = 1000.0
+# Focal loss weight of positive targets (negatives get 1 - alpha), the reference's fixed value.
+FOCAL_ALPHA = 0.25
 _CELL_OFFSETS = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32) * NEIGHBOUR_MARGIN
 
 TargetsLike = torch.Tensor | np.ndarray | Sequence[torch.Tensor | np.ndarray]
@@ -118,9 +124,11 @@ class YoloLoss:
                 # Objectness target: how well the box fits (IoU, detached), not just "an object is here".
                 target_obj = target_obj.index_put((image, anchor, gy, gx), iou.detach().clamp(min=0).to(dtype))
                 if self.nc > 1:
-                    class_target = F.one_hot(target_cls, self.nc).to(dtype)
-                    cls_terms.append(F.binary_cross_entropy_with_logits(matched[:, 5:], class_target))
-            obj_terms.append(F.binary_cross_entropy_with_logits(pred[..., 4], target_obj) * self.balance[level])
+                    # Label smoothing: positives aim at 1 - eps/2, negatives at eps/2.
+                    eps = self.hyp.label_smoothing
+                    class_target = F.one_hot(target_cls, self.nc).to(dtype) * (1 - eps) + eps / 2
+                    cls_terms.append(self._bce(matched[:, 5:], class_target, self.hyp.cls_pw))
+            obj_terms.append(self._bce(pred[..., 4], target_obj, self.hyp.obj_pw) * self.balance[level])
 
         zero = outputs[0].new_zeros(())
         lbox = sum(box_terms, zero) * box_gain
@@ -131,6 +139,19 @@ class YoloLoss:
         if torch.is_grad_enabled():  # a training step; validation only reports its loss
             self._check_diverged(total, outputs)
         return total
+
+    def _bce(self, logits: torch.Tensor, target: torch.Tensor, pos_weight: float) -> torch.Tensor:
+        """Mean BCE with positive weight ``pos_weight``; with ``fl_gamma > 0`` the focal loss
+        (each element weighted by alpha_t (1 - p_t)^gamma) around it, as the reference wraps it."""
+        weight = None if pos_weight == 1 else logits.new_tensor([pos_weight], dtype=torch.float32)
+        gamma = self.hyp.fl_gamma
+        if gamma == 0:
+            return F.binary_cross_entropy_with_logits(logits, target, pos_weight=weight)
+        loss = F.binary_cross_entropy_with_logits(logits, target, pos_weight=weight, reduction="none")
+        prob = logits.sigmoid()
+        p_t = target * prob + (1 - target) * (1 - prob)
+        alpha_t = target * FOCAL_ALPHA + (1 - target) * (1 - FOCAL_ALPHA)
+        return (loss * alpha_t * (1.0 - p_t) ** gamma).mean()
 
     def _assign(self, level: int, shape: torch.Size, targets: torch.Tensor,
                 anchors: torch.Tensor) -> tuple[torch.Tensor, ...]:

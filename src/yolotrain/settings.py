@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 
 def setting(default: Any, help: str, *, flags: tuple[str, ...] = (), aliases: tuple[str, ...] = (),
             min: float | None = None, max: float | None = None, above: float | None = None,
-            multiple_of: int | None = None) -> Any:
+            multiple_of: int | None = None, off_flags: tuple[str, ...] = (), const: Any = None) -> Any:
     """A configuration field: its default, one line of help, and what makes a value valid.
 
     Args:
@@ -40,9 +40,11 @@ def setting(default: Any, help: str, *, flags: tuple[str, ...] = (), aliases: tu
         flags: command-line spellings (default ``--field-name``).
         aliases: other keyword names accepted for it (e.g. ``data`` for ``DataConfig.path``).
         min, max: inclusive bounds; above: exclusive lower bound; multiple_of: for sizes.
+        off_flags: extra spellings that turn a true/false setting off (the reference's ``--noautoanchor``).
+        const: the value of the option given without one (``--cache`` alone means ``ram``).
     """
     meta = {"help": help, "flags": flags, "aliases": aliases, "min": min, "max": max, "above": above,
-            "multiple_of": multiple_of}
+            "multiple_of": multiple_of, "off_flags": off_flags, "const": const}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -91,6 +93,8 @@ def _describe(tp: Any) -> str:
         return "one of " + ", ".join(repr(v) for v in typing.get_args(tp))
     if origin in (Union, types.UnionType):
         return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"a list of {_describe(typing.get_args(tp)[0])}s"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
             type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
 
@@ -109,6 +113,9 @@ def _coerce(value: Any, tp: Any) -> Any:
         if value in typing.get_args(tp):
             return value
         raise TypeError
+    if origin is tuple:  # tuple[X, ...]: a list in YAML/JSON, one or more values on the command line
+        items = value if isinstance(value, (list, tuple)) else [value]
+        return tuple(_coerce(item, typing.get_args(tp)[0]) for item in items)
     if tp is type(None):
         if value is None:
             return None
@@ -142,6 +149,12 @@ def check_value(path: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
         value = _coerce(value, tp)
     except TypeError:
         raise ConfigError(f"{path}: expected {_describe(tp)}, got {value!r}") from None
+    for number in value if isinstance(value, tuple) else (value,):
+        _check_bounds(path, f, number)
+    return value
+
+
+def _check_bounds(path: str, f: dataclasses.Field, value: Any) -> None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         meta = f.metadata
         if meta.get("min") is not None and value < meta["min"]:
@@ -152,7 +165,6 @@ def check_value(path: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
             raise ConfigError(f"{path}: must be greater than {meta['above']:g}, got {value:g}")
         if meta.get("multiple_of") and value % meta["multiple_of"]:
             raise ConfigError(f"{path}: must be a positive multiple of {meta['multiple_of']}, got {value:g}")
-    return value
 
 
 def from_mapping(cls: type[T], values: Mapping[str, Any], path: str = "") -> T:
@@ -191,8 +203,9 @@ def validate(config: Any, path: str = "") -> None:
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """Nested plain-value form (JSON and YAML ready)."""
-    return dataclasses.asdict(config)
+    """Nested plain-value form (JSON and YAML ready: tuples become lists)."""
+    return dataclasses.asdict(config, dict_factory=lambda items: {k: list(v) if isinstance(v, tuple) else v
+                                                                  for k, v in items})
 
 
 def nest(cls: type, flat: Mapping[str, Any], where: str = "") -> dict[str, Any]:
@@ -246,11 +259,18 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         base = _base_type(tp)
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+            for off in f.metadata.get("off_flags", ()):  # hidden: --help shows the --no-NAME form
+                group.add_argument(off, dest=f.name, action="store_false", default=argparse.SUPPRESS,
+                                   help=argparse.SUPPRESS)
         elif typing.get_origin(base) is Literal:
             kwargs["choices"] = typing.get_args(base)
+        elif typing.get_origin(base) is tuple:
+            kwargs.update(nargs="+", type=typing.get_args(base)[0], metavar="N")
         else:
             kwargs["type"] = base
             kwargs["metavar"] = {int: "N", float: "X", str: "TEXT"}.get(base, None)
+        if f.metadata.get("const") is not None:
+            kwargs.update(nargs="?", const=f.metadata["const"])
         group.add_argument(*flags, **kwargs)
 
 

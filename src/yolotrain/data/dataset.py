@@ -16,6 +16,7 @@ import cv2
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
+from tqdm import tqdm
 
 from . import augment as A
 from .verify import LabelIndex
@@ -77,6 +78,9 @@ class DetectionDataset(Dataset):
         seed: base seed of all sample randomness.
         names: class names.
         cache_mb: per-process budget (MiB) for keeping decoded images in memory; 0 disables it.
+        cache: ``ram`` decodes every image now and keeps them all (worker processes share the copy),
+            ``disk`` reads images from decoded ``.npy`` arrays (see :mod:`.imagecache`), ``off`` only
+            the ``cache_mb`` budget.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class DetectionDataset(Dataset):
         seed: int = 0,
         names: Sequence[str] = (),
         cache_mb: float = DEFAULT_CACHE_MB,
+        cache: str = "off",
     ) -> None:
         self.img_size = int(img_size)
         self.augment = augment
@@ -114,6 +119,17 @@ class DetectionDataset(Dataset):
         self.im_files: list[Path] = files
         self.labels: list[np.ndarray] = labels
         self.shapes: np.ndarray = shapes  # original (w, h)
+        self._arrays: list[Path] | None = None
+        if cache == "disk":
+            from .imagecache import disk_cache
+
+            self._arrays = disk_cache(files)
+        elif cache == "ram":
+            self._cache = _ImageCache(1 << 62)
+            for i in tqdm(range(n), desc="Caching decoded images in memory", leave=False, disable=n < 2):
+                self.load_image(i)
+        elif cache != "off":
+            raise ValueError(f"cache must be 'ram', 'disk' or 'off', got {cache!r}")
 
     def __len__(self) -> int:
         return len(self.im_files)
@@ -146,14 +162,17 @@ class DetectionDataset(Dataset):
         w0, h0 = (int(v) for v in self.shapes[index])
         r = self.img_size / max(h0, w0)
         size = tuple(int(v) for v in loaded_size(np.array([w0, h0]), self.img_size))
-        flag = cv2.IMREAD_COLOR
-        # Decoder-side shrinking gives slightly different pixels than decode-then-resize: fine for
-        # training, but evaluation keeps the reference's pixels.
-        if self.augment and path.suffix.lower() in _JPEG_SUFFIXES:
-            flag = next((f for k, f in _REDUCED_FLAGS if r * k <= 1), flag)
-        im = cv2.imread(str(path), flag)
-        if im is None:
-            raise OSError(f"cannot read image {path}")
+        if self._arrays is not None:
+            im = np.load(self._arrays[index])
+        else:
+            flag = cv2.IMREAD_COLOR
+            # Decoder-side shrinking gives slightly different pixels than decode-then-resize: fine for
+            # training, but evaluation keeps the reference's pixels.
+            if self.augment and path.suffix.lower() in _JPEG_SUFFIXES:
+                flag = next((f for k, f in _REDUCED_FLAGS if r * k <= 1), flag)
+            im = cv2.imread(str(path), flag)
+            if im is None:
+                raise OSError(f"cannot read image {path}")
         if im.shape[1::-1] != size:
             interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
             im = cv2.resize(im, size, interpolation=interp)

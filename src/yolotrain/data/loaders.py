@@ -7,6 +7,7 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
@@ -32,12 +33,17 @@ class DataConfig:
     path: str | None = setting(None, "dataset YAML or folder (none: the built-in shapes dataset)",
                                flags=("--data",), aliases=("data",))
     img_size: int | None = setting(None, "network input size in pixels, a multiple of 32 (640; 160 on shapes)",
-                                   flags=("--img", "--img-size"), min=32, multiple_of=32)
+                                   flags=("--img", "--img-size", "--imgsz"), min=32, multiple_of=32)
     batch_size: int | None = setting(None, "global batch size, all processes together (16)",
                                      flags=("--batch", "--batch-size"), min=1)
     workers: int | None = setting(None, "loader processes per training process (min(2, CPUs))", min=0)
     rect: bool = setting(False, "rectangular training batches in aspect order (no mosaic)")
     cache_mb: float = setting(512.0, "per-process memory budget (MiB) for decoded images; 0 turns it off", min=0)
+    cache: Literal["ram", "disk", "off"] = setting(
+        "off", "keep decoded images: ram (all, before training), disk (.npy beside the images, or under the "
+        "cache folder when read-only), off (only the memory budget above)", const="ram")
+    single_cls: bool = setting(False, "train and validate as one class ('item' unless the data has one name)")
+    multi_scale: bool = setting(False, "each training batch resized to a random 0.5-1.5x image size (multiple of 32)")
 
 
 def default_workers() -> int:
@@ -99,22 +105,39 @@ def build_loaders(
         raise ValueError(f"{root}: the dataset defines no class names")
     nc = num_classes or len(names) or UNBOUNDED_CLASSES
     workers = default_workers() if config.workers is None else config.workers
+    names = run_class_names(names, config)
     loaders = Loaders(names, str(root))
     if "train" in splits:
         loaders.train_index = verify_split(source.train, nc, "train")
-        train_set = DetectionDataset(loaders.train_index, img_size, batch_size, augment=augment is not None,
-                                     hyp=augment, rect=config.rect, pad=0.0, stride=stride, seed=seed, names=names,
-                                     cache_mb=config.cache_mb)
+        train_set = DetectionDataset(_classes(loaders.train_index, config), img_size, batch_size,
+                                     augment=augment is not None, hyp=augment, rect=config.rect, pad=0.0,
+                                     stride=stride, seed=seed, names=names, cache_mb=config.cache_mb,
+                                     cache=config.cache)
         loaders.train = make_loader(train_set, batch_size, True, workers, seed, rank, world_size)
     if "val" in splits:
         same = source.val == source.train and loaders.train_index is not None
         loaders.val_index = loaders.train_index if same else verify_split(source.val, nc, "val")
         index = reference_rect_order(loaders.val_index) if val_rect else loaders.val_index
-        val_set = DetectionDataset(index, img_size, batch_size, augment=False, rect=val_rect,
+        val_set = DetectionDataset(_classes(index, config), img_size, batch_size, augment=False, rect=val_rect,
                                    pad=VAL_RECT_PAD if val_rect else 0.0, stride=stride, seed=seed, names=names,
-                                   cache_mb=config.cache_mb)
+                                   cache_mb=config.cache_mb, cache=config.cache)
         loaders.val = make_loader(val_set, batch_size, False, workers, seed)
     return loaders
+
+
+def run_class_names(names: list[str], config: DataConfig) -> list[str]:
+    """The classes a run trains: the dataset's, or with ``single_cls`` one ('item' unless the data has one)."""
+    if config.single_cls:
+        return names if len(names) == 1 else ["item"]  # the reference's name for the one class
+    return list(names)
+
+
+def _classes(index: LabelIndex, config: DataConfig) -> LabelIndex:
+    """The split as the run sees it: with ``single_cls`` every box is of class 0."""
+    if not config.single_cls:
+        return index
+    labels = [np.concatenate((np.zeros_like(rows[:, :1]), rows[:, 1:]), 1) for rows in index.labels]
+    return LabelIndex(index.files, labels, index.shapes, index.report)
 
 
 def reference_rect_order(index: LabelIndex) -> LabelIndex:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,9 @@ from .optim import DEFAULT_LR0, OptimConfig
 class TrainConfig:
     """One training run. Build it with :func:`resolve_config`; sizes left at ``None`` follow the data."""
 
-    model: str = setting("yolov5n", "yolov5n|s|m|l|x or n6..x6 (from scratch), a model YAML, or a checkpoint")
+    model: str = setting("yolov5n", "yolov5n|s|m|l|x or n6..x6 (from scratch), a model YAML, or weights to "
+                         "fine-tune (yolov5n.pt: the official COCO weights, downloaded once)",
+                         flags=("--model", "--weights"))
     epochs: int | None = setting(None, "epochs (100; 30 on shapes)", min=1)
     device: str | None = setting(None, "cpu, cuda or cuda:N (a GPU when present)")
     seed: int = setting(0, "seed of the weights, the shuffling and the augmentations", min=0)
@@ -52,6 +55,13 @@ class TrainConfig:
     project: str = setting("runs/train", "parent of the run folder")
     name: str = setting("exp", "run folder name (exp, exp2 ... when taken)")
     exist_ok: bool = setting(False, "reuse an existing run folder")
+    patience: int = setting(100, "stop after this many epochs without a fitness gain (0: never stop early)", min=0)
+    save_period: int = setting(-1, "also keep weights/epochN every N epochs (N = 0-based epoch; -1: off)", min=-1)
+    freeze: tuple[int, ...] = setting((0,), "freeze layers: one N = the first N (backbone = 10), several = "
+                                      "those layer indices", min=0)
+    tensorboard: bool = setting(True, "TensorBoard event files in the run folder (when tensorboard is installed)")
+    autoanchor: bool = setting(True, "check the anchors against the training labels before training; refit "
+                               "them when the best possible recall is below 0.98", off_flags=("--noautoanchor",))
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -83,6 +93,18 @@ DATASET_DEFAULTS = {"data.img_size": 640, "epochs": 100, "data.batch_size": 16, 
                     "optim.nominal_batch": 64}
 
 
+# Keys of the reference's hyper-parameter files that yolotrain accepts but does not use, and why.
+IGNORED_HYP_KEYS = {
+    "iou_t": "the reference does not use it either (its target assignment has no IoU threshold)",
+    "copy_paste": "copy-paste needs segmentation polygons, which detection labels do not have",
+    "anchors": "new anchor counts are not supported; the 3 anchors per level are fitted by AutoAnchor",
+}
+
+
+class IgnoredSettingWarning(UserWarning):
+    """A setting of a reference hyper-parameter file that yolotrain accepts but does not use."""
+
+
 def read_settings_file(path: str | os.PathLike, what: str) -> dict[str, Any]:
     """The mapping in a YAML file of settings; one-line errors for a missing or malformed file."""
     path = Path(path)
@@ -104,10 +126,14 @@ def read_settings_file(path: str | os.PathLike, what: str) -> dict[str, Any]:
 def hyp_settings(hyp: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
     """Flat hyper-parameters (``lr0: 0.01``, ``mosaic: 1.0`` ...) from a YAML file or a mapping, nested.
 
-    Only augmentation, loss, optimiser and EMA settings belong in a hyper-parameter file.
+    Only augmentation, loss, optimiser and EMA settings belong in a hyper-parameter file. Keys of the
+    reference's files that are not used here (:data:`IGNORED_HYP_KEYS`) get one warning each.
     """
     where = f"{hyp}: " if isinstance(hyp, (str, os.PathLike)) else "hyp: "
     flat = read_settings_file(hyp, "hyper-parameter file") if isinstance(hyp, (str, os.PathLike)) else dict(hyp)
+    for key in [k for k in flat if k in IGNORED_HYP_KEYS]:
+        warnings.warn(f"{where}{key!r} ({flat.pop(key)!r}) is ignored: {IGNORED_HYP_KEYS[key]}",
+                      IgnoredSettingWarning, stacklevel=2)
     names = flat_names(TrainConfig)
     allowed = {name for name, path in names.items() if path.split(".")[0] in HYP_SECTIONS}
     for key in flat:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import os
 import random
 import time
@@ -14,12 +15,13 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import yaml
 from torch import nn
 from tqdm import tqdm
 
 from ..atomic import write_atomic
-from ..data.loaders import build_loaders
+from ..data.loaders import build_loaders, run_class_names
 from ..data.sources import resolve_source
 from ..devices import select_device
 from ..loss import DivergenceError, YoloLoss
@@ -29,6 +31,7 @@ from ..settings import ConfigError
 from . import distributed as D
 from .config import TrainConfig, resolve_config, with_runtime
 from .ema import ModelEMA
+from .loggers import RunLoggers
 from .optim import apply_warmup, build_optimizer, lr_lambda, warmup_iterations
 
 # Validation columns of results.csv (left empty in epochs that skip validation).
@@ -83,9 +86,10 @@ class Trainer:
 
             root = str(generate_shapes_dataset())
         # The model is sized by the class names, and the batch shapes by the model's largest stride.
-        self.names = resolve_source(root).names
-        if not self.names:
+        dataset_names = resolve_source(root).names
+        if not dataset_names:
             raise ValueError(f"{root}: the dataset defines no class names")
+        self.names = run_class_names(dataset_names, cfg.data)
         self.model = self._build_model()
         stride = self.model.max_stride
         if cfg.data.img_size % stride:
@@ -122,8 +126,14 @@ class Trainer:
         D.init_process_group(ctx, self.device)
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
         seed_everything(cfg.seed + ctx.rank)
+        if ctx.is_main and not (Path(cfg.model).suffix or Path(cfg.model).exists()):
+            self._log(f"Model {cfg.model}: random initial weights (training from scratch); "
+                      f"--model {cfg.model}.pt starts from the official COCO weights")
         self._build_data()
         model = self.model.to(self.device)
+        if cfg.autoanchor and self.resume_from is None:
+            self._check_anchors(model)
+        self._freeze(model)
         if cfg.sync_bn and ctx.enabled:
             if self.device.type != "cuda":
                 raise ValueError("--sync-bn needs CUDA devices (PyTorch has no SyncBatchNorm on the CPU)")
@@ -152,6 +162,66 @@ class Trainer:
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
                          else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
 
+    def _check_anchors(self, model: Yolov5) -> None:
+        """AutoAnchor on the training labels; every process computes the same anchors from the seed."""
+        from ..model.anchors import check_anchors
+
+        cfg = self.config
+        report = check_anchors(model, self.train_set.shapes, self.train_set.labels, cfg.data.img_size,
+                               cfg.loss.anchor_t, seed=cfg.seed)
+        if self.ctx.is_main:
+            self._log(report.summary())
+
+    def _freeze(self, model: Yolov5) -> None:
+        """The reference's ``--freeze``: one N freezes layers 0..N-1, several numbers those layers. Frozen
+        parameters get no gradient, so the optimiser leaves them exactly as they are."""
+        layers = self.config.freeze
+        indices = layers if len(layers) > 1 else range(layers[0])
+        prefixes = tuple(f"model.{i}." for i in indices)
+        if not prefixes:
+            return
+        frozen = [p for name, p in model.named_parameters() if name.startswith(prefixes)]
+        for param in frozen:
+            param.requires_grad_(False)
+        if self.ctx.is_main:
+            self._log(f"Freezing layers {', '.join(str(i) for i in indices)}: {len(frozen)} parameter tensors "
+                      f"({sum(p.numel() for p in frozen):,} values)")
+
+    def _multi_scale(self, imgs: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
+        """The reference's ``--multi-scale``: the batch resized so its long side is a random multiple of the
+        largest stride in 0.5-1.5x the image size; drawn from (seed, epoch, batch), the same on every process."""
+        stride = int(self.model.head.stride.max())
+        size = self.config.data.img_size
+        rng = np.random.default_rng([self.config.seed, epoch, batch])
+        target = max(int(rng.integers(int(size * 0.5), int(size * 1.5) + stride)) // stride * stride, stride)
+        factor = target / max(imgs.shape[2:])
+        if factor == 1:
+            return imgs
+        shape = [math.ceil(side * factor / stride) * stride for side in imgs.shape[2:]]
+        return F.interpolate(imgs, size=shape, mode="bilinear", align_corners=False)
+
+    def _no_longer_improving(self, epoch: int, validated: bool, improved: bool) -> bool:
+        """Early stopping: whether ``patience`` validated epochs have passed since the last fitness gain."""
+        if improved:
+            self.best_epoch = epoch
+        patience = self.config.patience
+        if not (validated and patience) or epoch - self.best_epoch < patience:
+            return False
+        self._log(f"Stopping early: no fitness gain in the {patience} epochs since epoch {self.best_epoch + 1} "
+                  f"(--patience {patience}); its weights are in {self.save_dir / 'weights' / 'best'}.safetensors")
+        return True
+
+    def _save_period(self, epoch: int) -> None:
+        """``--save-period N``: a copy of this epoch's ``last`` checkpoint (without the training state) as
+        ``weights/epoch{epoch}`` every N epochs, numbered as the reference numbers them (0-based)."""
+        from ..checkpoint import read_metadata, save_checkpoint
+
+        period = self.config.save_period
+        if period > 0 and epoch % period == 0:
+            metadata, _ = read_metadata(self.save_dir / "weights" / "last")
+            save_checkpoint(self.save_dir / "weights" / f"epoch{epoch}", self.model, self.ema.module,
+                            metadata=metadata)
+
     # ----------------------------------------------------------------------------------- loop
     def fit(self) -> TrainResult:
         """Train for the configured epochs; returns where the weights and results were written."""
@@ -177,7 +247,10 @@ class Trainer:
                       f"{len(self.train_set)} train / {len(self.val_set)} val images, {cfg.epochs} epochs, "
                       f"batch {cfg.data.batch_size} on {ctx.world_size} process(es), {self.device}; "
                       f"results in {self.save_dir}")
+            self.loggers = RunLoggers(self.save_dir, cfg.tensorboard, self._log)
         metrics: dict[str, float] = {}
+        epochs_run = 0
+        self.best_epoch = self.start_epoch  # a resumed run counts its patience from where it resumes
         for epoch in range(self.start_epoch, cfg.epochs):
             if cfg.augment.close_mosaic and epoch == cfg.epochs - cfg.augment.close_mosaic:
                 self.train_set.close_mosaic()
@@ -192,6 +265,8 @@ class Trainer:
                 step = i + batches * epoch
                 imgs = imgs.to(self.device, non_blocking=True)
                 targets = targets.to(self.device)
+                if cfg.data.multi_scale:
+                    imgs = self._multi_scale(imgs, epoch, i)
                 if warmup_iters and step <= warmup_iters:
                     self.accumulate = max(1, round(float(np.interp(step, [0, warmup_iters], [1, nominal_ratio]))))
                     apply_warmup(self.optimizer, step, warmup_iters, self.lf(epoch), cfg.optim)
@@ -208,13 +283,26 @@ class Trainer:
                         f"inst {targets.shape[0]:3d} size {imgs.shape[-1]:4d} "
                         f"{seen / max(time.perf_counter() - started, 1e-9):6.1f} img/s")
                 del loss
+            # The rates this epoch ended with (warm-up included) are the ones results.csv reports.
+            self.epoch_lrs = [group["lr"] for group in self.optimizer.param_groups]
             self.scheduler.step()
+            epochs_run += 1
+            stop = False
             if ctx.is_main:
+                best_before = self.best_fitness
                 metrics = self._end_epoch(epoch, mean_loss)
+                self._save_period(epoch)
+                self.loggers.log_epoch(self.save_dir / "results.csv")
+                if epoch + 1 == cfg.epochs and (self.save_dir / "val_predictions").is_dir():
+                    self.loggers.log_images(self.save_dir / "val_predictions", "val/predictions", epoch + 1)
+                stop = self._no_longer_improving(epoch, bool(metrics), self.best_fitness > best_before)
             D.barrier(ctx)
+            if _agree(ctx, stop):
+                break
         result = TrainResult(self.save_dir, self.save_dir / "weights" / "last",
-                             self.save_dir / "weights" / "best", cfg.epochs - self.start_epoch, metrics)
+                             self.save_dir / "weights" / "best", epochs_run, metrics)
         if ctx.is_main:
+            self.loggers.close()
             self._log(f"Done: {result.epochs_run} epoch(s). Weights: {result.last}.safetensors, "
                       f"{result.best}.safetensors; results: {self.save_dir / 'results.csv'}")
         return result
@@ -306,7 +394,7 @@ class Trainer:
                 self._draw_val_predictions()
         row = {"epoch": epoch + 1, **{f"train_{n}": v for n, v in zip(YoloLoss.component_names, train_loss.tolist())},
                **{k: metrics.get(k, "") for k in RESULT_METRICS},
-               **{f"lr{j}": g["lr"] for j, g in enumerate(self.optimizer.param_groups)}}
+               **{f"lr{j}": lr for j, lr in enumerate(self.epoch_lrs)}}
         self.history.append(row)
         improved = score > self.best_fitness
         self.best_fitness = max(self.best_fitness, score)
@@ -418,6 +506,15 @@ def _with_new_head(model: Yolov5, num_classes: int) -> Yolov5:
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(head_convs)}
     fresh.load_state_dict(state, strict=False)  # same architecture: only the head convolutions are missing
     return fresh
+
+
+def _agree(ctx: D.DistributedContext, flag: bool) -> bool:
+    """Rank 0's ``flag`` on every process (all stop training together)."""
+    if not ctx.enabled:
+        return flag
+    decision = [flag]
+    torch.distributed.broadcast_object_list(decision, src=0)
+    return bool(decision[0])
 
 
 def _as_tuple(value: Any) -> Any:

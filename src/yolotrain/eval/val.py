@@ -37,11 +37,12 @@ from .nms import non_max_suppression, scale_boxes_to_original
 class EvalConfig:
     """Validation during training; the NMS defaults are the reference's mAP settings."""
 
-    val: bool = setting(True, "validate after every epoch (the last epoch always is)")
+    val: bool = setting(True, "validate after every epoch (the last epoch always is)", off_flags=("--noval",))
     conf: float = setting(0.001, "confidence threshold for mAP", min=0, max=1)
     iou: float = setting(0.6, "NMS IoU threshold", above=0, max=1)
     max_det: int = setting(300, "detections kept per image", min=1)
-    plots: bool = setting(True, "write results.png, confusion matrix, curves and prediction pictures")
+    plots: bool = setting(True, "write results.png, confusion matrix, curves and prediction pictures",
+                          off_flags=("--noplots",))
 
 
 def build_val_loader(data: str | os.PathLike, nc: int | None, img_size: int = 640, batch_size: int = 32,

@@ -13,6 +13,7 @@ import torch
 from ..checkpoint import CheckpointError, checkpoint_paths, read_checkpoint, read_safetensors, state_mismatch
 from ..model import ModelSpec, Yolov5
 from ..names import class_names
+from .hub import resolve_weights
 from .official import DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
 from .unpickler import read_torch_file
 
@@ -90,9 +91,11 @@ def load_model(path: str | Path, *, use_ema: bool = True) -> Yolov5:
     Accepts our checkpoints (stem, ``.safetensors`` or ``.json`` of a set), a bare ``state_dict``
     (``.pt`` or ``.safetensors``), and official ultralytics YOLOv5 v6.0+ detection checkpoints,
     which are read without running any pickled code (see :mod:`.unpickler`). EMA weights are used
-    when present and ``use_ema``. Class names are on ``model.names``.
+    when present and ``use_ema``. Class names are on ``model.names``. A bare official name such as
+    ``yolov5s.pt`` that is not a file here comes from the weights folder, downloaded and verified
+    there when missing (see :mod:`.hub`).
     """
-    path = Path(path)
+    path = resolve_weights(path)
     weights_path, json_path, _ = checkpoint_paths(path)
     if path.suffix == ".json" or (path.suffix in ("", ".safetensors") and json_path.is_file()):
         return load_checkpoint(path, use_ema=use_ema)[0]

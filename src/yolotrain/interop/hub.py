@@ -1,0 +1,119 @@
+"""Official YOLOv5 weights by name: ``yolov5s.pt`` is found on disk, or downloaded once, verified and kept.
+
+A bare official file name (``yolov5n.pt`` … ``yolov5x.pt``) that is not a file in the working folder
+is looked up in the weights folder (``$YOLOTRAIN_WEIGHTS``, default ``<cache>/weights``, see
+:func:`yolotrain.data.cachedir.cache_root`). When it is not there either, the release asset is
+downloaded with a progress bar, its SHA-256 is checked against :data:`SHA256`, and only a verified
+file is moved into the folder (atomically: an interrupted download never leaves a partial file
+under the real name). An asset without a known hash is never downloaded, since it could not be
+verified. Any failure is one line naming the URL and the folder to put the file in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..atomic import write_atomic
+from ..data.cachedir import cache_root
+
+# The ultralytics/yolov5 v7.0 release; ``$YOLOTRAIN_WEIGHTS_URL`` replaces it (a mirror, a local server).
+RELEASE_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
+# Official detection checkpoints this package can build (P6 models are not supported yet).
+OFFICIAL_WEIGHTS = ("yolov5n.pt", "yolov5s.pt", "yolov5m.pt", "yolov5l.pt", "yolov5x.pt")
+# SHA-256 of release assets, each computed here from a copy of the file. Names missing from this table
+# are not downloaded: a file that cannot be verified is not used.
+SHA256 = {
+    "yolov5n.pt": "4f180cf23ba0717ada0badd6c685026d73d48f184d00fc159c2641284b2ac0a3",
+}
+_CHUNK = 1 << 20
+_TIMEOUT_S = 30
+
+
+class WeightsUnavailableError(FileNotFoundError):
+    """Official weights are neither on disk nor obtainable; the message names the URL and the folder."""
+
+
+def weights_dir() -> Path:
+    """``$YOLOTRAIN_WEIGHTS`` if set, else ``weights`` under the user cache folder (not created here)."""
+    env = os.environ.get("YOLOTRAIN_WEIGHTS")
+    return Path(env).expanduser() if env else cache_root() / "weights"
+
+
+def release_url(name: str) -> str:
+    """Where the release asset ``name`` is downloaded from."""
+    base = os.environ.get("YOLOTRAIN_WEIGHTS_URL") or RELEASE_URL
+    return f"{base.rstrip('/')}/{name}"
+
+
+def is_official_name(spec: str | os.PathLike) -> bool:
+    """Whether ``spec`` is a bare official weights file name such as ``yolov5s.pt`` (no folder part)."""
+    text = os.fspath(spec)
+    return Path(text).name == text and text in OFFICIAL_WEIGHTS
+
+
+def resolve_weights(spec: str | os.PathLike) -> Path:
+    """The file ``spec`` names: the path itself when it exists; for an official name, the copy in
+    :func:`weights_dir`, downloaded there first when missing. Other specs are returned unchanged.
+
+    Raises:
+        WeightsUnavailableError: an official file that is not on disk and cannot be downloaded and
+            verified (offline, HTTP error, incomplete transfer, hash mismatch, no known hash).
+    """
+    path = Path(spec)
+    if path.exists() or not is_official_name(spec):
+        return path
+    stored = weights_dir() / path.name
+    if stored.is_file():
+        return stored
+    return download_weights(path.name, stored)
+
+
+def download_weights(name: str, target: Path) -> Path:
+    """Download the release asset ``name`` to ``target``, verified against :data:`SHA256`."""
+    url = release_url(name)
+    put_it = f"download {url} yourself and put it in {target.parent}"
+    expected = SHA256.get(name)
+    if expected is None:
+        raise WeightsUnavailableError(f"{name}: no verified SHA-256 for it is known to this version of yolotrain, "
+                                      f"so it is not downloaded; {put_it}")
+
+    def fetch(temp: Path) -> None:
+        digest = hashlib.sha256()
+        received = 0
+        with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response, temp.open("wb") as out:
+            length = response.headers.get("Content-Length")
+            total = int(length) if length and length.isdigit() else None
+            with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"Downloading {name}",
+                      leave=False) as bar:
+                while chunk := response.read(_CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+        if total is not None and received != total:
+            raise WeightsUnavailableError(f"{name}: download from {url} incomplete ({received} of {total} bytes); "
+                                          f"{put_it}")
+        actual = digest.hexdigest()
+        if actual != expected:
+            raise WeightsUnavailableError(f"{name}: SHA-256 mismatch for {url} (got {actual[:16]}…, expected "
+                                          f"{expected[:16]}…), file not kept; {put_it}")
+
+    try:
+        return write_atomic(target, fetch)
+    except WeightsUnavailableError:
+        raise
+    except urllib.error.HTTPError as error:
+        raise WeightsUnavailableError(f"{name}: download failed (HTTP {error.code} {error.reason}) from {url}; "
+                                      f"{put_it}") from None
+    except urllib.error.URLError as error:
+        raise WeightsUnavailableError(f"{name}: cannot reach {url} ({error.reason}; offline?); {put_it}") from None
+    except (http.client.HTTPException, OSError) as error:
+        raise WeightsUnavailableError(f"{name}: download from {url} failed ({type(error).__name__}: {error}); "
+                                      f"{put_it}") from None
