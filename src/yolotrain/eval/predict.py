@@ -106,8 +106,10 @@ def expand_sources(source: Source | Sequence[Source]) -> list[Path | np.ndarray]
     return out
 
 
-def prepare_image(image: np.ndarray, img_size: int, stride: int = 32) -> tuple[np.ndarray, tuple, tuple]:
-    """Letterbox a BGR image to the smallest stride-multiple rectangle around its ``img_size`` fit.
+def prepare_image(image: np.ndarray, img_size: int, stride: int = 32,
+                  square: bool = False) -> tuple[np.ndarray, tuple, tuple]:
+    """Letterbox a BGR image to the smallest stride-multiple rectangle around its ``img_size`` fit
+    (to the ``img_size`` square with ``square=True``, for exports fixed at that size).
 
     Returns the RGB input image and the (x, y) gain and (left, top) pad mapping original pixels to it.
     """
@@ -115,7 +117,7 @@ def prepare_image(image: np.ndarray, img_size: int, stride: int = 32) -> tuple[n
     r = min(img_size / h0, img_size / w0)
     uw, uh = round(w0 * r), round(h0 * r)
     # Minimal padding: only up to the next stride multiple (the reference's "auto" letterbox).
-    shape = (uh + (img_size - uh) % stride, uw + (img_size - uw) % stride)
+    shape = (img_size, img_size) if square else (uh + (img_size - uh) % stride, uw + (img_size - uw) % stride)
     boxed, _, pad = letterbox(image, shape, scaleup=True)
     return cv2.cvtColor(boxed, cv2.COLOR_BGR2RGB), (uw / w0, uh / h0), pad
 
@@ -134,15 +136,23 @@ class Predictor:
         self.img_size, self.conf, self.iou = img_size, conf, iou
         self.classes, self.max_det, self.agnostic = classes, max_det, agnostic
         self.stride = int(self.model.stride.max())
+        self.square = not getattr(self.model, "dynamic_size", True)
+        if self.square and tuple(self.model.img_size) != (img_size, img_size):
+            raise ValueError(f"this export takes {'x'.join(map(str, self.model.img_size))} images only, "
+                             f"not {img_size}: pass that image size")
 
     def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None) -> Result:
         """Detections of one BGR ``uint8`` image."""
-        rgb, gain, pad = prepare_image(image, self.img_size, self.stride)
+        rgb, gain, pad = prepare_image(image, self.img_size, self.stride, self.square)
         x = torch.from_numpy(rgb).to(self.device).permute(2, 0, 1)[None].to(self.dtype) / 255
         with torch.inference_mode():
-            pred = self.model(x)
-            det = non_max_suppression(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
-                                      max_det=self.max_det)[0]
+            if getattr(self.model, "end_to_end", False):  # an export with NMS inside
+                det = self.model.detections(x, self.conf, self.iou, self.max_det, classes=self.classes,
+                                            agnostic=self.agnostic)[0]
+            else:
+                pred = self.model(x)
+                det = non_max_suppression(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
+                                          max_det=self.max_det)[0]
         h0, w0 = image.shape[:2]
         boxes = scale_boxes_to_original(det[:, :4], gain, pad, (h0, w0))
         return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame)
@@ -263,7 +273,8 @@ def predict(
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain predict`` options to ``parser``."""
-    parser.add_argument("--weights", required=True, help="checkpoint or official YOLOv5 .pt")
+    parser.add_argument("--weights", required=True, help="checkpoint, official YOLOv5 .pt, or an export "
+                        "(.onnx, OpenVINO .xml, .tflite)")
     parser.add_argument("--source", required=True, nargs="+", help="image, video, folder or glob (several allowed)")
     parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=640, help="inference size (px)")
     parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold")

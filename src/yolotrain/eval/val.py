@@ -166,7 +166,8 @@ def val(
 
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy, never modified) or
-            a weights path (our checkpoint or an official YOLOv5 ``.pt``).
+            a weights path (our checkpoint, an official YOLOv5 ``.pt``, or an export: ``.onnx``, OpenVINO
+            ``.xml``, ``.tflite``; exports fixed at one size are evaluated on square batches).
         data: dataset folder or YAML (its ``val`` split), or a val DataLoader from
             :func:`yolotrain.get_loaders` (then ``img_size``, ``batch_size``, ``rect`` and ``workers``
             come from it).
@@ -183,6 +184,8 @@ def val(
     """
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half)
     nc = model.num_classes
+    # Exports fixed at one image size take square letterboxed batches, not rectangular ones.
+    rect = rect and getattr(model, "dynamic_size", True)
     loader = data if isinstance(data, DataLoader) else build_val_loader(data, nc, img_size, batch_size, rect, workers)
     _check_ordered(loader)
     dataset = loader.dataset
@@ -211,8 +214,11 @@ def val(
             if batch is None:
                 break
             b, _, h, w = imgs.shape
+            end_to_end = getattr(model, "end_to_end", False)  # an export with NMS inside
             with timers["inference"]:
-                if criterion is None:
+                if end_to_end:
+                    dets = model.detections(imgs, conf, iou, max_det, multi_label=True)
+                elif criterion is None:
                     preds = model(imgs)
                 else:
                     maps = model.forward_maps(imgs)
@@ -222,7 +228,8 @@ def val(
                 loss_sum += criterion.components.float().cpu()
                 batches += 1
             with timers["nms"]:
-                dets = non_max_suppression(preds.float(), conf, iou, multi_label=True, max_det=max_det)
+                if not end_to_end:
+                    dets = non_max_suppression(preds.float(), conf, iou, multi_label=True, max_det=max_det)
 
             gains, pads = batch_geometry(dataset, seen, b, (h, w))
             counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
@@ -278,7 +285,8 @@ def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path)
 
 def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain val`` options to ``parser``."""
-    parser.add_argument("--weights", required=True, help="checkpoint or official YOLOv5 .pt")
+    parser.add_argument("--weights", required=True, help="checkpoint, official YOLOv5 .pt, or an export "
+                        "(.onnx, OpenVINO .xml, .tflite)")
     parser.add_argument("--data", required=True, help="dataset folder or YAML (its val split is used)")
     parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=640, help="inference size (px)")
     parser.add_argument("--batch-size", type=int, default=32)
