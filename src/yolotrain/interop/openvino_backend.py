@@ -34,12 +34,12 @@ class OpenVinoModel(ExportedModel):
     format_name = "OpenVINO"
 
     def __init__(self, path: str | os.PathLike) -> None:
-        ov = openvino_module()
         path = Path(path)
         if not path.is_file():
             raise CheckpointError(f"{path}: no such file")
         if not path.with_suffix(".bin").is_file():
             raise CheckpointError(f"{path}: its weights file {path.with_suffix('.bin').name} is missing")
+        ov = openvino_module()
         core = ov.Core()
         try:
             model = core.read_model(str(path))
