@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml packages/inplace-doctor/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=23"
 	$(PY) -m pip install -q -e ./packages/inplace-doctor
-	$(PY) -m pip install -q -e ".[test,parity,export]"
+	$(PY) -m pip install -q -e ".[test,parity,export,deploy]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -74,12 +74,15 @@ def test_onnx_export_runs_in_onnxruntime_like_torch(tmp_path, model, dynamic_siz
         assert_matches(torch.cat((actual[..., :4] * (1 + 1e-4), actual[..., 4:]), -1), model, imgs)
 
 
-def test_static_onnx_export_rejects_other_shapes(tmp_path, model):
+def test_static_onnx_export_runs_batches_image_by_image_and_rejects_other_sizes(tmp_path, model):
     path = export(model, "onnx", out=tmp_path / "s.onnx", img_size=(64, 96), dynamic_batch=False, simplify=False)
     runner = OnnxModel(path)
-    assert runner(torch.rand(1, 3, 64, 96)).shape == (1, 3 * (8 * 12 + 4 * 6 + 2 * 3), 8)
+    imgs = torch.rand(3, 3, 64, 96)
+    actual = runner(imgs)
+    assert actual.shape == (3, 3 * (8 * 12 + 4 * 6 + 2 * 3), 8)
+    assert_matches(actual, model, imgs)
     with pytest.raises(ValueError, match=r"expects images of shape \[1, 3, 64, 96\]"):
-        runner(torch.rand(2, 3, 64, 96))
+        runner(torch.rand(1, 3, 96, 64))
 
 
 def test_onnx_files_that_are_not_our_exports_get_one_line_errors(tmp_path):

@@ -14,12 +14,12 @@ from ..devices import select_device
 from ..model import Yolov5
 
 ModelOrWeights = nn.Module | str | os.PathLike
-# A torch detector, or an exported one run by onnxruntime (``yolotrain.interop.OnnxModel``).
+# A torch detector, or an exported one run by its runtime (``yolotrain.interop.ExportedModel``).
 Detector = Any
 
 
 def input_dtype(model: Detector) -> torch.dtype:
-    """The dtype images must have for ``model`` (ONNX models take float32)."""
+    """The dtype images must have for ``model`` (exported models take float32)."""
     return next(model.parameters()).dtype if isinstance(model, nn.Module) else torch.float32
 
 
@@ -27,7 +27,7 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
                          fuse: bool = True, half: bool = False) -> tuple[Detector, torch.device]:
     """A detector in eval mode on ``device``: a copy of the given :class:`Yolov5`, or one loaded from a
     weights path (our checkpoints and official YOLOv5 ``.pt`` files, via :func:`yolotrain.interop.load_model`;
-    ``.onnx`` exports run on the CPU through onnxruntime).
+    exports (``.onnx``, OpenVINO ``.xml``, ``.tflite``) run on the CPU through their runtimes).
 
     The caller's model is never changed: fusing Conv+BN (faster inference, same outputs) and the move
     to ``device``/half precision happen on a copy. ``half`` applies on CUDA only.
@@ -36,10 +36,11 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
         TypeError: ``model_or_weights`` is neither a :class:`Yolov5` nor a path.
         yolotrain.checkpoint.CheckpointError: the weights file cannot be read.
     """
-    if isinstance(model_or_weights, (str, os.PathLike)) and Path(model_or_weights).suffix == ".onnx":
-        from ..interop import OnnxModel
+    if isinstance(model_or_weights, (str, os.PathLike)):
+        from ..interop.runtime import is_exported, load_exported
 
-        return OnnxModel(model_or_weights), torch.device("cpu")
+        if is_exported(model_or_weights):
+            return load_exported(model_or_weights), torch.device("cpu")
     if isinstance(model_or_weights, (str, os.PathLike)):
         from ..interop import load_model
 

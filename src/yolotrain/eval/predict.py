@@ -108,8 +108,10 @@ def expand_sources(source: Source | Sequence[Source]) -> list[Path | np.ndarray]
     return out
 
 
-def prepare_image(image: np.ndarray, img_size: int, stride: int = 32) -> tuple[np.ndarray, tuple, tuple]:
-    """Letterbox a BGR image to the smallest stride-multiple rectangle around its ``img_size`` fit.
+def prepare_image(image: np.ndarray, img_size: int, stride: int = 32,
+                  square: bool = False) -> tuple[np.ndarray, tuple, tuple]:
+    """Letterbox a BGR image to the smallest stride-multiple rectangle around its ``img_size`` fit
+    (to the ``img_size`` square with ``square=True``, for exports fixed at that size).
 
     Returns the RGB input image and the (x, y) gain and (left, top) pad mapping original pixels to it.
     """
@@ -117,7 +119,7 @@ def prepare_image(image: np.ndarray, img_size: int, stride: int = 32) -> tuple[n
     _, resized, _ = letterbox_geometry(np.array([w0, h0]), np.array([img_size, img_size]))
     uw, uh = (int(v) for v in resized)
     # Minimal padding: only up to the next stride multiple (the reference's "auto" letterbox).
-    shape = (uh + (img_size - uh) % stride, uw + (img_size - uw) % stride)
+    shape = (img_size, img_size) if square else (uh + (img_size - uh) % stride, uw + (img_size - uw) % stride)
     boxed, _, pad = letterbox(image, shape, scaleup=True)
     return cv2.cvtColor(boxed, cv2.COLOR_BGR2RGB), (uw / w0, uh / h0), pad
 
@@ -130,8 +132,13 @@ class Predictor:
                  agnostic: bool = False, device: str | torch.device | None = None, half: bool = False) -> None:
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half)
         self.stride = max(getattr(self.model, "max_stride", int(self.model.stride.max())), 32)
-        img_size = getattr(self.model, "default_img_size", 640) if img_size is None else img_size
+        self.square = not getattr(self.model, "dynamic_size", True)
+        if img_size is None:  # the size the model was made for: an export's fixed size, 1280 for P6, else 640
+            img_size = int(self.model.img_size[0]) if self.square else getattr(self.model, "default_img_size", 640)
         check_image_size(img_size, self.stride)
+        if self.square and tuple(self.model.img_size) != (img_size, img_size):
+            raise ValueError(f"this export takes {'x'.join(map(str, self.model.img_size))} images only, "
+                             f"not {img_size}: pass that image size")
         self.names = class_names(getattr(self.model, "names", None), self.model.num_classes)
         self.dtype = input_dtype(self.model)
         self.img_size, self.conf, self.iou = img_size, conf, iou
@@ -139,12 +146,16 @@ class Predictor:
 
     def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None) -> Result:
         """Detections of one BGR ``uint8`` image."""
-        rgb, gain, pad = prepare_image(image, self.img_size, self.stride)
+        rgb, gain, pad = prepare_image(image, self.img_size, self.stride, self.square)
         x = torch.from_numpy(rgb).to(self.device).permute(2, 0, 1)[None].to(self.dtype) / 255
         with torch.inference_mode():
-            pred = self.model(x)
-            det = non_max_suppression(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
-                                      max_det=self.max_det)[0]
+            if getattr(self.model, "end_to_end", False):  # an export with NMS inside
+                det = self.model.detections(x, self.conf, self.iou, self.max_det, classes=self.classes,
+                                            agnostic=self.agnostic)[0]
+            else:
+                pred = self.model(x)
+                det = non_max_suppression(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
+                                          max_det=self.max_det)[0]
         h0, w0 = image.shape[:2]
         boxes = scale_boxes_to_original(det[:, :4], gain, pad, (h0, w0))
         return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame)
@@ -266,7 +277,8 @@ def predict(
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain predict`` options to ``parser``."""
-    parser.add_argument("--weights", required=True, help="checkpoint or official YOLOv5 .pt")
+    parser.add_argument("--weights", required=True, help="checkpoint, official YOLOv5 .pt, or an export "
+                        "(.onnx, OpenVINO .xml, .tflite)")
     parser.add_argument("--source", required=True, nargs="+", help="image, video, folder or glob (several allowed)")
     parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
                         help="inference size (px; default 640, 1280 for P6 models)")

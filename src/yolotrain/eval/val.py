@@ -123,7 +123,8 @@ def val(
 
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy, never modified) or
-            a weights path (our checkpoint or an official YOLOv5 ``.pt``).
+            a weights path (our checkpoint, an official YOLOv5 ``.pt``, or an export: ``.onnx``, OpenVINO
+            ``.xml``, ``.tflite``; exports fixed at one size are evaluated on square batches).
         data: dataset folder or YAML (its ``val`` split), or a val DataLoader from
             :func:`yolotrain.get_loaders` (then ``img_size``, ``batch_size``, ``rect`` and ``workers``
             come from it).
@@ -143,6 +144,8 @@ def val(
             since it would report a meaningless mAP.
     """
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half)
+    # Exports fixed at one image size take square letterboxed batches, not rectangular ones.
+    rect = rect and getattr(model, "dynamic_size", True)
     loader = data
     if not isinstance(data, DataLoader):
         # Rect batch shapes must suit the largest stride (64 on P6 models).
@@ -179,8 +182,11 @@ def val(
             if batch is None:
                 break
             b, _, h, w = imgs.shape
+            end_to_end = getattr(model, "end_to_end", False)  # an export with NMS inside
             with timers["inference"]:
-                if criterion is None:
+                if end_to_end:
+                    dets = model.detections(imgs, conf, iou, max_det, multi_label=True)
+                elif criterion is None:
                     preds = model(imgs)
                 else:
                     maps = model.forward_maps(imgs)
@@ -190,7 +196,8 @@ def val(
                 loss_sum += criterion.components.float().cpu()
                 batches += 1
             with timers["nms"]:
-                dets = non_max_suppression(preds.float(), conf, iou, multi_label=True, max_det=max_det)
+                if not end_to_end:
+                    dets = non_max_suppression(preds.float(), conf, iou, multi_label=True, max_det=max_det)
 
             gains, pads = batch_geometry(dataset, seen, b, (h, w))
             counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
@@ -269,7 +276,8 @@ def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path)
 
 def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain val`` options to ``parser``."""
-    parser.add_argument("--weights", required=True, help="checkpoint or official YOLOv5 .pt")
+    parser.add_argument("--weights", required=True, help="checkpoint, official YOLOv5 .pt, or an export "
+                        "(.onnx, OpenVINO .xml, .tflite)")
     parser.add_argument("--data", required=True, help="dataset folder or YAML (its val split is used)")
     parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
                         help="inference size (px; default 640, 1280 for P6 models)")

@@ -1,10 +1,12 @@
-"""Interoperability: official YOLOv5 checkpoints (read without running pickled code), ONNX/TorchScript export."""
+"""Interoperability: official YOLOv5 checkpoints (read without running pickled code), export to deployment
+formats and the runtimes that run those exports."""
 
 from .export import add_export_arguments, export, run_export
 from .official import UnsupportedCheckpointError
 from .onnx_backend import OnnxModel
 from .pretrained import load_checkpoint, load_model
+from .runtime import ExportedModel, load_exported
 from .unpickler import UnsafeCheckpointError, read_torch_file
 
-__all__ = ["OnnxModel", "UnsafeCheckpointError", "UnsupportedCheckpointError", "add_export_arguments", "export",
-           "load_checkpoint", "load_model", "read_torch_file", "run_export"]
+__all__ = ["ExportedModel", "OnnxModel", "UnsafeCheckpointError", "UnsupportedCheckpointError", "add_export_arguments",
+           "export", "load_checkpoint", "load_exported", "load_model", "read_torch_file", "run_export"]

@@ -1,48 +1,132 @@
-"""Export a detector to ONNX or TorchScript (``yolotrain export``).
+"""Export a detector for deployment (``yolotrain export``): ONNX, TorchScript, OpenVINO, LiteRT, Core ML.
 
 The exported graph is the fused model (BatchNorm folded into the convolutions) returning either the
 decoded ``[B, N, 5+nc]`` output (cx, cy, w, h in input pixels, sigmoid objectness and class scores;
-no NMS) or, with ``raw=True``, the raw head maps (one per level). ONNX files carry the class names, strides,
-anchors, image size and class count in ``metadata_props``; TorchScript files in ``config.json``.
+no NMS), with ``raw=True`` the raw head maps (one per level), or with ``nms=True`` the final detections
+``[B, max_det, 6]`` (x1, y1, x2, y2, score, class; rows past the last detection are zeros).
+Every export carries the class names, strides, anchors, image size, class count and precision:
+ONNX in ``metadata_props``, OpenVINO in the IR's runtime info, LiteRT in a small archive appended
+to the flatbuffer, Core ML in the model's user-defined metadata, TorchScript in ``config.json``.
+
+Precision: ``half`` stores fp16 weights (ONNX: fp16 compute with float32 inputs and outputs and the
+decode tail kept in float32; OpenVINO: fp16 weights; Core ML: fp16 compute); ``int8`` is post-training
+static quantization calibrated on images from ``data`` (onnxruntime QDQ, OpenVINO via NNCF), the
+decode tail left in float32 (see :mod:`yolotrain.interop.calibration`).
+
+Files are written under a temporary name in the destination folder and renamed at the end, so a
+failed export leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import itertools
 import json
+import logging
 import os
+import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Sequence
+import zipfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..boxes import xywh_to_xyxy
 from ..checkpoint import CheckpointError
 from ..model import Yolov5
+from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
 from .pretrained import load_model
 
-FORMATS: dict[str, str] = {"onnx": ".onnx", "torchscript": ".torchscript"}
+FORMATS: dict[str, str] = {"onnx": ".onnx", "torchscript": ".torchscript", "openvino": ".xml",
+                           "tflite": ".tflite", "coreml": ".mlpackage"}
+# What each format can do beyond plain float32.
+HALF_FORMATS = frozenset({"onnx", "openvino", "coreml"})
+INT8_FORMATS = frozenset({"onnx", "openvino"})
+NMS_FORMATS = frozenset({"onnx", "openvino"})
+RAW_FORMATS = frozenset({"onnx", "torchscript"})
+# Formats whose graphs keep a free batch axis and image size (the others are fixed at img_size, batch 1).
+DYNAMIC_FORMATS = frozenset({"onnx", "openvino"})
+UNAVAILABLE_FORMATS = {
+    "engine": "TensorRT engines are not built by yolotrain export (they need a CUDA GPU and the 'tensorrt' "
+              "package on the target): export --format onnx and build the engine there with trtexec --onnx",
+}
 DEFAULT_OPSET = 17
 DECODED_OUTPUT = "output0"
+DETECTIONS_OUTPUT = "detections"
 EXPORT_PACKAGES_HINT = "pip install 'yolotrain[export]'"
+PACKAGE_HINTS = {"openvino": "pip install 'yolotrain[openvino]'", "tflite": "pip install 'yolotrain[tflite]'",
+                 "coreml": "pip install 'yolotrain[coreml]'"}
+
+
+class _NonMaxSuppression(torch.autograd.Function):
+    """ONNX ``NonMaxSuppression``: per image and class, the boxes kept, as ``[K, 3]`` (image, class, box)
+    rows. The forward is the same computation in PyTorch, so the traced module also runs eagerly."""
+
+    @staticmethod
+    def forward(ctx, boxes: torch.Tensor, scores: torch.Tensor, max_per_class: torch.Tensor,
+                iou: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+        from torchvision.ops import nms
+
+        rows = []
+        for b, c in itertools.product(range(scores.shape[0]), range(scores.shape[1])):
+            candidates = (scores[b, c] > score).nonzero().view(-1)
+            kept = candidates[nms(boxes[b, candidates], scores[b, c, candidates], float(iou))][:int(max_per_class)]
+            rows.append(torch.stack((torch.full_like(kept, b), torch.full_like(kept, c), kept), 1))
+        return torch.cat(rows) if rows else torch.zeros(0, 3, dtype=torch.long)
+
+    @staticmethod
+    def symbolic(g, boxes, scores, max_per_class, iou, score):
+        return g.op("NonMaxSuppression", boxes, scores, max_per_class, iou, score, center_point_box_i=0)
 
 
 class _ExportGraph(nn.Module):
-    """What gets traced: images → decoded output, or → the raw maps as a tuple."""
+    """What gets traced: images → decoded output, → the raw maps as a tuple, or → final detections."""
 
-    def __init__(self, model: Yolov5, raw: bool) -> None:
+    def __init__(self, model: Yolov5, raw: bool, nms: dict | None = None) -> None:
         super().__init__()
         self.model = model
         self.raw = raw
+        self.nms = nms
 
     def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         maps = self.model.forward_maps(images)
-        return tuple(maps) if self.raw else self.model.head.decode(maps)
+        if self.raw:
+            return tuple(maps)
+        decoded = self.model.head.decode(maps)
+        return decoded if self.nms is None else self._detections(decoded)
+
+    def _detections(self, pred: torch.Tensor) -> torch.Tensor:
+        """Decoded output → ``[B, max_det, 6]``, the semantics of :func:`yolotrain.eval.non_max_suppression`
+        (objectness and score above ``conf``, class-aware NMS, the ``max_det`` best per image) in fixed
+        shapes: the kept (image, class, box) triples are marked in a dense score map whose ``max_det``
+        largest entries are the detections."""
+        conf, max_det = self.nms["conf"], self.nms["max_det"]
+        boxes = xywh_to_xyxy(pred[..., :4])
+        objectness = pred[..., 4:5]
+        scores = pred[..., 5:] * objectness * (objectness > conf)
+        if not self.nms["multi_label"]:  # only each box's best class is a candidate
+            classes = torch.arange(scores.shape[2], device=scores.device)
+            scores = scores * (classes == scores.argmax(2, keepdim=True))
+        scores = scores.transpose(1, 2)  # [B, C, N], as ONNX's NonMaxSuppression takes them
+        kept = _NonMaxSuppression.apply(boxes, scores, torch.tensor([max_det]), torch.tensor([self.nms["iou"]]),
+                                        torch.tensor([conf]))
+        marks = torch.zeros_like(scores)
+        marks[kept[:, 0], kept[:, 1], kept[:, 2]] = 1.0
+        batch, num_classes, num_boxes = scores.shape
+        # max_det zero columns: top-k stays defined when fewer than max_det pairs exist at small sizes.
+        flat = torch.cat(((scores * marks).flatten(1), scores.new_zeros(batch, max_det)), 1)
+        top, index = flat.topk(max_det, 1)
+        box_index = index % num_boxes
+        top_boxes = boxes.gather(1, box_index.unsqueeze(2).expand(-1, -1, 4))
+        top_classes = torch.div(index, num_boxes, rounding_mode="floor").clamp(max=num_classes - 1)
+        return torch.cat((top_boxes * (top > 0).unsqueeze(2), top.unsqueeze(2), top_classes.unsqueeze(2).to(top)), 2)
 
 
 def raw_output_names(model: Yolov5) -> tuple[str, ...]:
@@ -60,109 +144,172 @@ def _image_size(img_size: int | Sequence[int], stride: int = 32) -> tuple[int, i
 
 
 def export_metadata(model: Yolov5, size: tuple[int, int], raw: bool, dynamic_batch: bool,
-                    dynamic_size: bool) -> dict[str, str]:
-    """String metadata stored with an export (read back by :class:`~yolotrain.interop.OnnxModel`)."""
+                    dynamic_size: bool, precision: str = "fp32", nms: dict | None = None) -> dict[str, str]:
+    """String metadata stored with an export (read back by :class:`~yolotrain.interop.runtime.ExportedModel`)."""
     head = model.head
     anchors = (head.anchors * head.stride.view(-1, 1, 1)).tolist()
     names = list(getattr(model, "names", None) or [str(i) for i in range(head.nc)])
-    return {
+    metadata = {
         "producer": "yolotrain", "model": f"yolov5{model.version}", "nc": str(head.nc), "names": json.dumps(names),
         "stride": json.dumps([int(s) for s in head.stride.tolist()]), "anchors": json.dumps(anchors),
         "img_size": json.dumps(list(size)), "raw": json.dumps(raw), "dynamic_batch": json.dumps(dynamic_batch),
-        "dynamic_size": json.dumps(dynamic_size),
+        "dynamic_size": json.dumps(dynamic_size), "precision": precision,
     }
+    if nms is not None:
+        metadata["nms"] = json.dumps(nms)
+    return metadata
 
 
-def _prepare(weights_or_model: str | Path | Yolov5, fmt: str, out: str | Path | None) -> tuple[Yolov5, Path]:
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}")
+def _load(weights_or_model: str | Path | Yolov5) -> Yolov5:
     if isinstance(weights_or_model, nn.Module):
-        if out is None:
-            raise ValueError("out= is required when exporting a model object")
+        if not isinstance(weights_or_model, Yolov5):
+            raise ValueError(f"only Yolov5 detectors can be exported, got {type(weights_or_model).__name__}")
         # A copy: fusing replaces the BatchNorms, which must not happen to the caller's (maybe training) model.
         model = copy.deepcopy(weights_or_model)
     else:
         model = load_model(weights_or_model)
-        out = out if out is not None else _default_output(Path(weights_or_model), fmt)
-    return model.float().cpu().fuse(), Path(out)
+    return model.float().cpu().eval().fuse()
 
 
-def _default_output(weights: Path, fmt: str) -> Path:
+def default_output(weights: str | Path, fmt: str, half: bool = False, int8: bool = False) -> Path:
+    """The weights path with the format's suffix, ``_fp16``/``_int8`` marking a reduced precision."""
+    weights = Path(weights)
     name = weights.name.removesuffix(".json").removesuffix(".safetensors").removesuffix(".pt")
-    return weights.with_name(name + FORMATS[fmt])
+    return weights.with_name(name + ("_fp16" if half else "_int8" if int8 else "") + FORMATS[fmt])
+
+
+def _check_options(fmt: str, half: bool, int8: bool, raw: bool, nms: bool, data: Any) -> None:
+    """One-line errors for requests no format-specific code should see."""
+    if fmt in UNAVAILABLE_FORMATS:
+        raise ValueError(UNAVAILABLE_FORMATS[fmt])
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if half and int8:
+        raise ValueError("choose one of half and int8")
+    for asked, supported, what in ((half, HALF_FORMATS, "fp16 (--half)"), (int8, INT8_FORMATS, "int8 (--int8)"),
+                                   (nms, NMS_FORMATS, "NMS inside (--nms)"), (raw, RAW_FORMATS, "raw outputs (--raw)")):
+        if asked and fmt not in supported:
+            raise ValueError(f"{what} export is available for {', '.join(sorted(supported))}, not {fmt}")
+    if raw and nms:
+        raise ValueError("raw outputs and NMS inside exclude each other")
+    if int8 and data is None:
+        raise ValueError("int8 export needs calibration images: pass data= (--data DATASET)")
 
 
 def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | Path | None = None,
            img_size: int | Sequence[int] | None = None, dynamic_batch: bool = True, dynamic_size: bool = False,
-           simplify: bool = True, raw: bool = False, opset: int = DEFAULT_OPSET) -> Path:
-    """Export a checkpoint path or a :class:`Yolov5` to ``fmt`` (``'onnx'`` or ``'torchscript'``).
+           simplify: bool = True, raw: bool = False, opset: int = DEFAULT_OPSET, half: bool = False,
+           int8: bool = False, data: str | os.PathLike | None = None,
+           calibration_images: int = DEFAULT_CALIBRATION_IMAGES, nms: bool = False, conf: float = 0.25,
+           iou: float = 0.45, max_det: int = 300, multi_label: bool = False) -> Path:
+    """Export a checkpoint path or a :class:`Yolov5` to ``fmt`` (one of :data:`FORMATS`).
 
-    ``out`` defaults to the weights path with the format's suffix. ONNX exports use opset
-    ``opset`` (17 or later), a dynamic batch axis unless ``dynamic_batch=False``, dynamic height
-    and width with ``dynamic_size=True``, and are simplified with onnxslim unless
-    ``simplify=False``. TorchScript graphs are traced at ``img_size`` (their batch size and image
-    size stay free as far as the traced operations allow). ``img_size`` defaults to the model's
-    training size (640; 1280 for P6 models). Returns the written path.
+    ``out`` defaults to the weights path with the format's suffix (see :func:`default_output`).
+    ONNX and OpenVINO graphs keep a dynamic batch axis unless ``dynamic_batch=False`` and dynamic
+    height and width with ``dynamic_size=True``; LiteRT and Core ML graphs are fixed at batch 1 and
+    ``img_size``. ONNX exports use opset ``opset`` (17 or later) and are simplified with onnxslim
+    unless ``simplify=False``. ``half`` / ``int8`` choose the precision (``int8`` calibrates on up to
+    ``calibration_images`` images from the dataset or image folder ``data``); ``nms=True`` builds
+    non-maximum suppression with ``conf``, ``iou``, ``max_det`` and ``multi_label`` into the graph.
+    ``img_size`` defaults to the model's training size (640; 1280 for P6 models). Returns the written path.
     """
-    model, out = _prepare(weights_or_model, fmt, out)
-    size = _image_size(model.default_img_size if img_size is None else img_size, model.max_stride)
+    _check_options(fmt, half, int8, raw, nms, data)
     if opset < DEFAULT_OPSET:
         raise ValueError(f"opset must be {DEFAULT_OPSET} or later, got {opset}")
-    graph = _ExportGraph(model, raw).eval()
+    if not (0.0 <= conf <= 1.0 and 0.0 <= iou <= 1.0) or max_det <= 0:
+        raise ValueError(f"NMS settings out of range: conf {conf} and iou {iou} in [0, 1], max_det {max_det} > 0")
+    if out is None and isinstance(weights_or_model, nn.Module):
+        raise ValueError("out= is required when exporting a model object")
+    out = Path(out) if out is not None else default_output(weights_or_model, fmt, half, int8)
+    if fmt in ("openvino", "coreml") and out.suffix != FORMATS[fmt]:
+        raise ValueError(f"{fmt} output must end in {FORMATS[fmt]}, got {out.name}")
+    model = _load(weights_or_model)
+    size = _image_size(model.default_img_size if img_size is None else img_size, model.max_stride)
+    calibration = CalibrationImages(calibration_files(data, calibration_images), size) if int8 else None
+    nms_settings = {"conf": conf, "iou": iou, "max_det": max_det, "multi_label": multi_label} if nms else None
+    graph = _ExportGraph(model, raw, nms_settings).eval()
+    if fmt not in DYNAMIC_FORMATS:
+        dynamic_batch = dynamic_size = False
+    precision = "fp16" if half else "int8" if int8 else "fp32"
+    metadata = export_metadata(model, size, raw, dynamic_batch, dynamic_size, precision, nms_settings)
     example = torch.zeros(1, model.in_channels, *size)
-    metadata = export_metadata(model, size, raw, dynamic_batch, dynamic_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         # The input-shape checks in forward_maps are Python conditions the tracer reports as constants.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         if fmt == "onnx":
-            _export_onnx(graph, example, out, metadata, dynamic_batch, dynamic_size, simplify, opset)
+            proto = _onnx_proto(graph, example, dynamic_batch, dynamic_size, simplify, opset)
+            _write_onnx(proto, out, metadata, half, calibration)
+        elif fmt == "openvino":
+            proto = _onnx_proto(graph, example, dynamic_batch, dynamic_size, simplify, opset)
+            _write_openvino(proto, out, metadata, half, calibration)
+        elif fmt == "tflite":
+            _write_tflite(graph, example, out, metadata)
+        elif fmt == "coreml":
+            _write_coreml(graph, example, out, metadata, half)
         else:
-            _export_torchscript(graph, example, out, metadata)
+            _write_torchscript(graph, example, out, metadata)
     return out
 
 
-def _dynamic_axes(raw: tuple[str, ...] | None, dynamic_batch: bool,
-                  dynamic_size: bool) -> dict[str, dict[int, str]]:
+@contextlib.contextmanager
+def _staged(out: Path, suffixes: Sequence[str] = ("",)) -> Iterator[Path]:
+    """A temporary path beside ``out`` to write to; on success it (and its siblings with ``suffixes``
+    replacing the suffix, e.g. OpenVINO's ``.bin``) is renamed onto ``out``, on failure removed."""
+    folder = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    staged = folder / out.name
+    try:
+        yield staged
+        # The companions first: a reader finds the main file only once everything it points to is there.
+        for suffix in sorted(suffixes, key=lambda s: s in ("", out.suffix)):
+            source, target = (staged.with_suffix(suffix), out.with_suffix(suffix)) if suffix else (staged, out)
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(source, target)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _dynamic_axes(raw: tuple[str, ...] | None, dynamic_batch: bool, dynamic_size: bool,
+                  nms: bool) -> dict[str, dict[int, str]]:
     batch = {0: "batch"} if dynamic_batch else {}
     axes = {"images": batch | ({2: "height", 3: "width"} if dynamic_size else {})}
     if raw:
         axes.update({name: batch | ({2: f"grid_height{level}", 3: f"grid_width{level}"} if dynamic_size else {})
                      for level, name in enumerate(raw)})
+    elif nms:
+        axes.update({DETECTIONS_OUTPUT: batch})
     else:
         axes.update({DECODED_OUTPUT: batch | ({1: "predictions"} if dynamic_size else {})})
     return {name: value for name, value in axes.items() if value}
 
 
-def _export_onnx(graph: _ExportGraph, example: torch.Tensor, out: Path, metadata: dict[str, str],
-                 dynamic_batch: bool, dynamic_size: bool, simplify: bool, opset: int) -> None:
+def _onnx_module():
     try:
         import onnx
     except ImportError:
         raise ImportError(f"ONNX export needs the 'onnx' package ({EXPORT_PACKAGES_HINT})") from None
+    return onnx
+
+
+def _onnx_proto(graph: _ExportGraph, example: torch.Tensor, dynamic_batch: bool, dynamic_size: bool,
+                simplify: bool, opset: int) -> Any:
+    """The traced float32 graph as an ONNX ``ModelProto`` (OpenVINO converts from it too)."""
+    onnx = _onnx_module()
     raw_names = raw_output_names(graph.model) if graph.raw else None
-    outputs = list(raw_names) if raw_names else [DECODED_OUTPUT]
-    handle, traced_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".onnx")
-    os.close(handle)
-    traced = Path(traced_name)
-    try:
+    outputs = list(raw_names) if raw_names else [DETECTIONS_OUTPUT] if graph.nms else [DECODED_OUTPUT]
+    with tempfile.TemporaryDirectory(prefix="yolotrain-export-") as folder:
+        traced = Path(folder) / "traced.onnx"
         with warnings.catch_warnings():
             # The TorchScript-based exporter: the dynamo one needs onnxscript, which is not a
             # dependency, so its deprecation notices are expected here.
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(graph, (example,), str(traced), dynamo=False, opset_version=opset,
                               input_names=["images"], output_names=outputs, do_constant_folding=True,
-                              dynamic_axes=_dynamic_axes(raw_names, dynamic_batch, dynamic_size))
+                              dynamic_axes=_dynamic_axes(raw_names, dynamic_batch, dynamic_size,
+                                                         graph.nms is not None))
         proto = onnx.load(str(traced))
-    finally:
-        traced.unlink(missing_ok=True)
-    if simplify:
-        proto = _simplify(proto)
-    for key, value in metadata.items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.checker.check_model(proto)
-    onnx.save(proto, str(out))
+    return _simplify(proto) if simplify else proto
 
 
 def _simplify(proto: Any) -> Any:
@@ -174,40 +321,203 @@ def _simplify(proto: Any) -> Any:
     return onnxslim.slim(proto)
 
 
-def _export_torchscript(graph: _ExportGraph, example: torch.Tensor, out: Path, metadata: dict[str, str]) -> None:
+def _write_onnx(proto: Any, out: Path, metadata: dict[str, str], half: bool,
+                calibration: CalibrationImages | None) -> None:
+    onnx = _onnx_module()
+    if half:
+        proto = _onnx_fp16(proto)
+    with _staged(out) as staged:
+        if calibration is not None:
+            _onnx_int8(proto, staged, calibration)
+            proto = onnx.load(str(staged))
+        for key, value in metadata.items():
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = key, value
+        onnx.checker.check_model(proto)
+        onnx.save(proto, str(staged))
+
+
+def _onnx_fp16(proto: Any) -> Any:
+    """fp16 weights and arithmetic; float32 inputs and outputs, and the decode tail kept in float32."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from .calibration import onnx_decode_tail
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # values clipped to the fp16 range are reported per tensor
+        converted = convert_float_to_float16(proto, keep_io_types=True, node_block_list=onnx_decode_tail(proto))
+    _sort_nodes(converted.graph)
+    return converted
+
+
+def _sort_nodes(graph: Any) -> None:
+    """Put the nodes in topological order (the fp16 converter appends its input casts at the end)."""
+    ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        runnable = [all(i in ready for i in n.input) for n in pending]
+        if not any(runnable):
+            raise ValueError("the converted ONNX graph has a cycle or an undefined input")
+        ordered += [n for n, ok in zip(pending, runnable) if ok]
+        ready.update(o for n, ok in zip(pending, runnable) if ok for o in n.output)
+        pending = [n for n, ok in zip(pending, runnable) if not ok]
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _onnx_int8(proto: Any, out: Path, calibration: CalibrationImages) -> None:
+    """Static QDQ quantization (int8 weights per channel, uint8 activations) calibrated by min/max."""
+    try:
+        from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
+    except ImportError:
+        raise ImportError(f"int8 ONNX export needs 'onnxruntime' ({EXPORT_PACKAGES_HINT})") from None
+    onnx = _onnx_module()
+
+    from .calibration import OnnxCalibrationReader, onnx_decode_tail
+
+    prepared = out.with_name(out.name + ".prepared.onnx")
+    onnx.save(proto, str(prepared))
+    quant_pre_process(str(prepared), str(prepared), skip_symbolic_shape=True)
+    tail = onnx_decode_tail(onnx.load(str(prepared)))
+    reader = OnnxCalibrationReader(calibration, proto.graph.input[0].name)
+    quantize_static(str(prepared), str(out), reader, quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=tail)
+    prepared.unlink()
+
+
+def _write_openvino(proto: Any, out: Path, metadata: dict[str, str], half: bool,
+                    calibration: CalibrationImages | None) -> None:
+    from .openvino_backend import RT_INFO_SECTION, openvino_module
+
+    ov = openvino_module()
+    onnx = _onnx_module()
+    with _staged(out, (".xml", ".bin")) as staged:
+        source = staged.with_name("source.onnx")
+        onnx.save(proto, str(source))
+        model = ov.convert_model(str(source))
+        source.unlink()
+        if calibration is not None:
+            model = _openvino_int8(model, calibration)
+        for key, value in metadata.items():
+            model.set_rt_info(value, [RT_INFO_SECTION, key])
+        ov.save_model(model, str(staged), compress_to_fp16=half)
+
+
+def _openvino_int8(model: Any, calibration: CalibrationImages) -> Any:
+    try:
+        import nncf
+    except ImportError:
+        raise ImportError(f"int8 OpenVINO export needs 'nncf' ({PACKAGE_HINTS['openvino']})") from None
+    from .calibration import openvino_decode_tail
+
+    nncf.set_log_level(40)  # errors only: its progress bars and notes are not ours to print
+    dataset = nncf.Dataset(calibration)
+    scope = nncf.IgnoredScope(names=openvino_decode_tail(model), validate=False)
+    with contextlib.redirect_stdout(sys.stderr):  # its progress bars
+        return nncf.quantize(model, dataset, subset_size=len(calibration), preset=nncf.QuantizationPreset.MIXED,
+                             ignored_scope=scope)
+
+
+def _write_tflite(graph: _ExportGraph, example: torch.Tensor, out: Path, metadata: dict[str, str]) -> None:
+    try:
+        import litert_torch
+    except ImportError:
+        raise ImportError(f"LiteRT export needs 'litert-torch' ({PACKAGE_HINTS['tflite']})") from None
+    from .tflite_backend import METADATA_NAME
+
+    with _staged(out) as staged, contextlib.redirect_stdout(sys.stderr):  # the converter prints progress
+        litert_torch.convert(graph, (example,)).export(str(staged))
+        with zipfile.ZipFile(staged, "a") as archive:
+            archive.writestr(METADATA_NAME, json.dumps(metadata))
+
+
+def _write_coreml(graph: _ExportGraph, example: torch.Tensor, out: Path, metadata: dict[str, str],
+                  half: bool) -> None:
+    try:
+        import coremltools as ct
+    except ImportError:
+        raise ImportError(f"Core ML export needs 'coremltools' ({PACKAGE_HINTS['coreml']})") from None
+    precision = ct.precision.FLOAT16 if half else ct.precision.FLOAT32
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+        # coremltools warns that it was not tested with this torch version; the structure test covers it.
+        warnings.simplefilter("ignore")
+        logging.getLogger("coremltools").setLevel(logging.ERROR)
+        program = torch.export.export(graph, (example,)).run_decompositions({})
+        mlmodel = ct.convert(program, inputs=[ct.TensorType(name="images", shape=tuple(example.shape))],
+                             outputs=[ct.TensorType(name=DETECTIONS_OUTPUT if graph.nms else DECODED_OUTPUT)],
+                             convert_to="mlprogram", compute_precision=precision,
+                             minimum_deployment_target=ct.target.iOS16)
+    mlmodel.user_defined_metadata.update(metadata)
+    mlmodel.short_description = f"yolotrain {metadata['model']} detector, {metadata['nc']} classes"
+    with _staged(out) as staged:
+        mlmodel.save(str(staged))
+
+
+def _write_torchscript(graph: _ExportGraph, example: torch.Tensor, out: Path, metadata: dict[str, str]) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         # TorchScript is deprecated upstream but still what C++/mobile deployments load; the user asked for it.
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
         traced = torch.jit.trace(graph, example, strict=False, check_trace=False)
-        torch.jit.save(traced, str(out), _extra_files={"config.json": json.dumps(metadata)})
+        with _staged(out) as staged:
+            torch.jit.save(traced, str(staged), _extra_files={"config.json": json.dumps(metadata)})
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``yolotrain export``."""
     parser.add_argument("--weights", required=True, help="checkpoint: ours (.safetensors/.json), a state dict, "
                         "or an official YOLOv5 .pt")
-    parser.add_argument("--format", choices=sorted(FORMATS), default="onnx", help="export format (default: onnx)")
+    parser.add_argument("--format", default="onnx", help=f"export format, or a comma list: {', '.join(FORMATS)} "
+                        "(default: onnx)")
     parser.add_argument("--output", default=None, help="output file (default: the weights path with the "
-                        "format's suffix)")
+                        "format's suffix; one format only)")
     parser.add_argument("--img-size", type=int, nargs="+", default=None, metavar="N",
                         help="example image size: one side or height width, multiples of the largest stride "
                         "(default: 640; 1280 for P6 models)")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default: {DEFAULT_OPSET})")
-    parser.add_argument("--static-batch", action="store_true", help="fix the batch size to 1 (ONNX)")
-    parser.add_argument("--dynamic-size", action="store_true", help="dynamic image height and width (ONNX)")
+    parser.add_argument("--static-batch", action="store_true", help="fix the batch size to 1 (ONNX, OpenVINO)")
+    parser.add_argument("--dynamic-size", action="store_true", help="dynamic image height and width "
+                        "(ONNX, OpenVINO)")
     parser.add_argument("--no-simplify", action="store_true", help="skip onnxslim graph simplification")
     parser.add_argument("--raw", action="store_true", help="output the raw head maps (one per level) instead of "
-                        "decoded boxes")
+                        "decoded boxes (ONNX, TorchScript)")
+    precision = parser.add_mutually_exclusive_group()
+    precision.add_argument("--half", action="store_true", help="fp16 weights (ONNX, OpenVINO, Core ML)")
+    precision.add_argument("--int8", action="store_true", help="int8 post-training quantization calibrated on "
+                           "--data (ONNX, OpenVINO)")
+    parser.add_argument("--data", default=None, help="dataset folder or YAML (its train images), or an image "
+                        "folder, for int8 calibration")
+    parser.add_argument("--calibration-images", type=int, default=DEFAULT_CALIBRATION_IMAGES,
+                        help=f"images used for int8 calibration (default: {DEFAULT_CALIBRATION_IMAGES}, "
+                        "or all if fewer)")
+    parser.add_argument("--nms", action="store_true", help="build NMS into the graph: outputs the final "
+                        "[B, max-det, 6] detections (ONNX, OpenVINO)")
+    parser.add_argument("--conf", type=float, default=0.25, help="score threshold of --nms (default: 0.25)")
+    parser.add_argument("--iou", type=float, default=0.45, help="IoU threshold of --nms (default: 0.45)")
+    parser.add_argument("--max-det", type=int, default=300, help="detections per image of --nms (default: 300)")
+    parser.add_argument("--multi-label", action="store_true", help="--nms keeps a box once per class above "
+                        "--conf (as val does), not only its best class")
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Run ``yolotrain export``; prints the written path, or a one-line error to stderr and returns 1."""
+    """Run ``yolotrain export``; prints each written path, or a one-line error to stderr and returns 1."""
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
     try:
-        path = export(args.weights, args.format, out=args.output, img_size=args.img_size,
-                      dynamic_batch=not args.static_batch, dynamic_size=args.dynamic_size,
-                      simplify=not args.no_simplify, raw=args.raw, opset=args.opset)
+        if not formats:
+            raise ValueError("--format is empty")
+        if len(formats) > 1 and args.output is not None:
+            raise ValueError("--output names one file: leave it out when exporting several formats")
+        for fmt in formats:  # every format checked before the first one is written
+            _check_options(fmt, args.half, args.int8, args.raw, args.nms, args.data)
+        for fmt in formats:
+            path = export(args.weights, fmt, out=args.output, img_size=args.img_size,
+                          dynamic_batch=not args.static_batch, dynamic_size=args.dynamic_size,
+                          simplify=not args.no_simplify, raw=args.raw, opset=args.opset, half=args.half,
+                          int8=args.int8, data=args.data, calibration_images=args.calibration_images,
+                          nms=args.nms, conf=args.conf, iou=args.iou, max_det=args.max_det,
+                          multi_label=args.multi_label)
+            print(path)
     except (CheckpointError, ValueError, ImportError, OSError) as exc:
-        print(f"yolotrain export: error: {exc}", file=sys.stderr)
+        print(f"yolotrain export: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+              file=sys.stderr)
         return 1
-    print(path)
     return 0

@@ -63,7 +63,8 @@ class Detect(nn.Module):
             grid, anchor_grid = self._grid(nx, ny, i, p.dtype, p.device)
             xy, wh, conf = p.sigmoid().split((2, 2, self.nc + 1), 4)
             xy = (xy * 2 + grid) * self.stride[i]
-            wh = (wh * 2) ** 2 * anchor_grid
+            wh = wh * 2
+            wh = wh * wh * anchor_grid  # a product, not pow(): LiteRT has no float pow kernel
             decoded.append(torch.cat((xy, wh, conf), 4).view(b, na * ny * nx, no))
         return torch.cat(decoded, 1)
 

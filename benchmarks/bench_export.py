@@ -1,0 +1,201 @@
+"""Every export format and precision available here, scored and timed against PyTorch in one process.
+
+Official yolov5n on coco128 at ``--img``: each format × precision is exported, then run through
+``yolotrain val`` (mAP50-95, images/s) and through the single-image ``predict`` path (letterbox →
+model → NMS → boxes in original pixels; median latency), all on this machine's CPU. PyTorch eager
+runs first and last; speeds are ratios to the faster of its two passes.
+
+ONNX and OpenVINO exports keep a dynamic image size, so they are scored on the same rectangular
+batches as PyTorch. LiteRT exports are fixed at ``--img`` square (batch 1): they are compared with
+PyTorch scored on square letterboxed batches too (``pytorch_square`` below).
+
+int8 exports are calibrated on the coco128 images themselves (coco128 has no separate split), so
+they are scored on their calibration images; the table says so.
+
+The ``--nms`` exports (ONNX, OpenVINO; conf 0.001, iou 0.6, multi-label, max_det 300: the val
+settings) are checked against our NMS run on PyTorch's output for every coco128 image.
+
+    python benchmarks/bench_export.py [--img 640] [--images 128] [--repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import COCO128, coco128_subset  # noqa: E402
+from conftest import YOLOV5N_WEIGHTS as WEIGHTS  # noqa: E402
+
+# (format, precision) rows, each run when its packages are installed.
+ROWS = [("onnx", "fp32"), ("onnx", "fp16"), ("onnx", "int8"), ("openvino", "fp32"), ("openvino", "fp16"),
+        ("openvino", "int8"), ("tflite", "fp32")]
+NEEDS = {"onnx": ("onnxruntime",), "openvino": ("openvino", "nncf"), "tflite": ("litert_torch", "ai_edge_litert")}
+
+
+def available(fmt: str) -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in NEEDS[fmt])
+
+
+def latency(fn, repeats: int) -> float:
+    """Median seconds of ``fn()`` after two warm-up calls."""
+    fn(), fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def scored(weights, data: Path, img: int, rect: bool, image: np.ndarray | None, repeats: int) -> dict:
+    """val mAP and speed (the second of two passes), and single-image predict latency unless ``image`` is None."""
+    from yolotrain.eval import val
+    from yolotrain.eval.predict import Predictor
+
+    val(weights, data, img_size=img, batch_size=32, workers=0, rect=rect, verbose=False, plots=False)  # warm-up
+    t = time.perf_counter()
+    metrics = val(weights, data, img_size=img, batch_size=32, workers=0, rect=rect, verbose=False, plots=False)
+    seconds = time.perf_counter() - t
+    images = len(list((data.parent / "images" / "val").iterdir()))
+    result = {"mAP50-95": metrics.map, "mAP50": metrics.map50, "val_images_per_s": images / seconds, "val_s": seconds}
+    if image is not None:
+        predictor = Predictor(weights, img_size=img, device="cpu")
+        result["predict_ms"] = latency(lambda: predictor.predict_image(image), repeats) * 1e3
+    return result
+
+
+def nms_agreement(path: Path, data: Path, img: int) -> dict:
+    """Per image of the dataset, the export's built-in NMS against ours on PyTorch's decoded output."""
+    from yolotrain.eval import non_max_suppression
+    from yolotrain.eval.inference import load_inference_model
+    from yolotrain.eval.val import build_val_loader
+    from yolotrain.interop import load_exported
+
+    exported = load_exported(path)
+    model, _ = load_inference_model(str(WEIGHTS), "cpu")
+    s = exported.nms_settings
+    loader = build_val_loader(data, model.num_classes, img, 32, rect=True, workers=0)
+    same = count = 0
+    worst_box = worst_score = 0.0
+    with torch.inference_mode():
+        for imgs, *_ in loader:
+            ours = non_max_suppression(model(imgs), s["conf"], s["iou"], multi_label=s["multi_label"],
+                                       max_det=s["max_det"])
+            theirs = exported.detections(imgs, s["conf"], s["iou"], s["max_det"], s["multi_label"])
+            for a, b in zip(ours, theirs):
+                count += 1
+                if len(a) == len(b):
+                    a, b = a[a[:, 4].argsort(descending=True, stable=True)], b[b[:, 4].argsort(descending=True,
+                                                                                              stable=True)]
+                    if torch.equal(a[:, 5], b[:, 5]):
+                        same += 1
+                        worst_box = max(worst_box, (a[:, :4] - b[:, :4]).abs().max().item() if len(a) else 0.0)
+                        worst_score = max(worst_score, (a[:, 4] - b[:, 4]).abs().max().item() if len(a) else 0.0)
+    return {"images": count, "images_with_identical_detections": same, "max_box_diff_px": worst_box,
+            "max_score_diff": worst_score}
+
+
+def markdown(result: dict) -> str:
+    base = result["pytorch"]
+    square = result["pytorch_square"]
+    lines = ["| format | precision | mAP50-95 | Δ vs PyTorch | val images/s | × PyTorch | predict ms | × PyTorch |",
+             "|---|---|---|---|---|---|---|---|",
+             f"| PyTorch eager | fp32 | {base['mAP50-95']:.4f} | 0 (rect batches) | {base['val_images_per_s']:.2f} | "
+             f"1.00 | {base['predict_ms']:.1f} | 1.00 |",
+             f"| PyTorch eager, square 640 | fp32 | {square['mAP50-95']:.4f} | 0 (square batches) | "
+             f"{square['val_images_per_s']:.2f} | {square['val_images_per_s'] / base['val_images_per_s']:.2f} | "
+             f"{square['predict_ms']:.1f} | {base['predict_ms'] / square['predict_ms']:.2f} |"]
+    for row in result["formats"]:
+        lines.append(f"| {row['format']} | {row['precision']} | {row['mAP50-95']:.4f} | {row['delta_mAP']:+.4f} | "
+                     f"{row['val_images_per_s']:.2f} | {row['val_speedup']:.2f} | {row['predict_ms']:.1f} | "
+                     f"{row['predict_speedup']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--img", type=int, default=640)
+    p.add_argument("--images", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "export.json"))
+    a = p.parse_args()
+    if not (COCO128.is_dir() and WEIGHTS.is_file()):
+        sys.exit(f"needs {COCO128} and {WEIGHTS}")
+    import cv2
+
+    from yolotrain.interop import export
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-export-"))
+    data = coco128_subset(tmp / "data", a.images)
+    image = cv2.imread(str(sorted((COCO128 / "images" / "train2017").glob("*.jpg"))[0]))
+    load_before = os.getloadavg()[0]
+
+    first = scored(str(WEIGHTS), data, a.img, True, image, a.repeats)
+    square = scored(str(WEIGHTS), data, a.img, False, image, a.repeats)
+    rows, skipped = [], {}
+    for fmt, precision in ROWS:
+        if not available(fmt):
+            skipped[f"{fmt} {precision}"] = f"needs {', '.join(NEEDS[fmt])} (not installed)"
+            continue
+        t = time.perf_counter()
+        path = export(str(WEIGHTS), fmt, out=tmp / f"yolov5n_{fmt}_{precision}.{'xml' if fmt == 'openvino' else fmt}",
+                      img_size=a.img, dynamic_size=fmt in ("onnx", "openvino"), half=precision == "fp16",
+                      int8=precision == "int8", data=data, calibration_images=a.images)
+        export_s = time.perf_counter() - t
+        dynamic = fmt in ("onnx", "openvino")
+        rows.append({"format": fmt, "precision": precision, "export_s": export_s, "rect_batches": dynamic,
+                     "calibration": f"the {a.images} scored coco128 images" if precision == "int8" else None,
+                     "file_mb": sum(f.stat().st_size for f in path.parent.glob(path.stem + ".*")) / 2**20,
+                     **scored(str(path), data, a.img, dynamic, image, a.repeats)})
+        print(rows[-1], file=sys.stderr)
+    last = scored(str(WEIGHTS), data, a.img, True, image, a.repeats)
+    pytorch = {"mAP50-95": first["mAP50-95"], "mAP50": first["mAP50"],
+               "val_images_per_s": max(first["val_images_per_s"], last["val_images_per_s"]),
+               "predict_ms": min(first["predict_ms"], last["predict_ms"]),
+               "passes": {"first": first, "last": last}}
+    for row in rows:
+        ref = pytorch if row["rect_batches"] else square
+        row["delta_mAP"] = row["mAP50-95"] - ref["mAP50-95"]
+        row["val_speedup"] = row["val_images_per_s"] / pytorch["val_images_per_s"]
+        row["predict_speedup"] = pytorch["predict_ms"] / row["predict_ms"]
+
+    nms = {}
+    for fmt in ("onnx", "openvino"):
+        if available(fmt):
+            path = export(str(WEIGHTS), fmt, out=tmp / f"yolov5n_{fmt}_nms.{'xml' if fmt == 'openvino' else fmt}",
+                          img_size=a.img, dynamic_size=True, nms=True, conf=0.001, iou=0.6, max_det=300,
+                          multi_label=True)
+            nms[fmt] = {**nms_agreement(path, data, a.img),
+                        **scored(str(path), data, a.img, True, None, a.repeats)}
+            nms[fmt]["delta_mAP"] = nms[fmt]["mAP50-95"] - pytorch["mAP50-95"]
+            print(fmt, "nms", nms[fmt], file=sys.stderr)
+
+    result = {
+        "setup": {"weights": "official yolov5n.pt", "data": f"coco128 ({a.images} images)", "img_size": a.img,
+                  "val_batch_size": 32, "device": "cpu", "cpu_cores": os.cpu_count(),
+                  "torch_threads": torch.get_num_threads(), "load_average_1min_at_start": load_before,
+                  "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+                  "predict_repeats": a.repeats},
+        "pytorch": pytorch, "pytorch_square": square, "formats": rows, "nms_exports": nms, "skipped": skipped,
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

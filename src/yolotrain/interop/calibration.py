@@ -1,0 +1,112 @@
+"""Post-training quantization helpers: calibration images from a dataset, and which part of an exported
+graph must stay in floating point.
+
+The part that stays is the *decode tail*: everything between the head's last convolutions and the
+outputs (sigmoid, grid offsets, anchor scaling, and NMS when it is built in). Its single output holds
+pixel coordinates (0..640) next to probabilities (0..1); one 8-bit scale for both would move boxes by
+pixels and round scores to multiples of 1/255, so quantizers are told to leave it alone.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from ..data.augment import letterbox
+from ..data.sources import IMG_FORMATS, list_images, resolve_source
+
+DEFAULT_CALIBRATION_IMAGES = 300
+
+
+def calibration_files(data: str | os.PathLike, limit: int = DEFAULT_CALIBRATION_IMAGES) -> list[Path]:
+    """Up to ``limit`` images for calibration: a dataset's train split (its val split when it has no
+    train images), or the images of a plain folder. Raises ``ValueError`` when there are none."""
+    if limit <= 0:
+        raise ValueError(f"the number of calibration images must be positive, got {limit}")
+    path = Path(data)
+    if not path.exists():
+        raise ValueError(f"calibration data {data}: no such file or folder")
+    plain_folder = path.is_dir() and any(p.suffix[1:].lower() in IMG_FORMATS for p in path.iterdir())
+    if plain_folder:
+        files = list_images(path)
+    else:
+        try:
+            with warnings.catch_warnings():
+                # "no val split" notes do not matter here: calibration reads the train split.
+                warnings.simplefilter("ignore", UserWarning)
+                source = resolve_source(path)
+        except (FileNotFoundError, ValueError, KeyError) as exc:
+            raise ValueError(f"calibration data {data}: no images to calibrate on ({exc})") from None
+        files = source.train or source.val
+    if not files:
+        raise ValueError(f"calibration data {data}: no images to calibrate on")
+    return sorted(files)[:limit]
+
+
+def calibration_batch(file: Path, size: tuple[int, int]) -> np.ndarray:
+    """One image as the exported model sees it: letterboxed to ``size`` (h, w), RGB, float32 0..1, NCHW."""
+    image = cv2.imread(str(file))
+    if image is None:
+        raise ValueError(f"calibration image {file} cannot be read")
+    boxed, _, _ = letterbox(image, size, scaleup=True)
+    rgb = cv2.cvtColor(boxed, cv2.COLOR_BGR2RGB)
+    return np.ascontiguousarray(rgb.transpose(2, 0, 1)[None], dtype=np.float32) / 255
+
+
+class CalibrationImages:
+    """Calibration inputs read lazily (300 images at 640 px would be 1.5 GB held at once); iterable
+    any number of times, as NNCF's bias correction needs."""
+
+    def __init__(self, files: list[Path], size: tuple[int, int]) -> None:
+        self.files, self.size = files, size
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (calibration_batch(f, self.size) for f in self.files)
+
+
+def onnx_decode_tail(proto) -> list[str]:
+    """Names of the ONNX nodes from the last convolutions to the outputs (see the module docstring)."""
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    tail, pending, seen = [], [o.name for o in proto.graph.output], set()
+    while pending:
+        node = producers.get(pending.pop())
+        if node is None or node.name in seen or node.op_type in ("Conv", "QLinearConv", "ConvInteger"):
+            continue
+        seen.add(node.name)
+        tail.append(node.name)
+        pending.extend(node.input)
+    return tail
+
+
+def openvino_decode_tail(model) -> list[str]:
+    """Friendly names of the OpenVINO operations from the last convolutions to the results."""
+    tail, pending, seen = [], [result for result in model.get_results()], set()
+    while pending:
+        op = pending.pop()
+        if op.get_friendly_name() in seen or op.get_type_name() == "Convolution":
+            continue
+        seen.add(op.get_friendly_name())
+        if op.get_type_name() not in ("Result", "Constant", "Parameter"):
+            tail.append(op.get_friendly_name())
+        pending.extend(value.get_node() for value in op.input_values())
+    return tail
+
+
+class OnnxCalibrationReader:
+    """onnxruntime's ``CalibrationDataReader`` protocol over :class:`CalibrationImages`."""
+
+    def __init__(self, images: Iterable[np.ndarray], input_name: str) -> None:
+        self._batches = iter(images)
+        self.input_name = input_name
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        batch = next(self._batches, None)
+        return None if batch is None else {self.input_name: batch}

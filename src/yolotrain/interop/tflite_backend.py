@@ -1,0 +1,59 @@
+"""Run an exported LiteRT (TFLite) detector with the LiteRT interpreter behind the call shape of :class:`Yolov5`."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoint import CheckpointError
+from .runtime import ExportedModel
+
+TFLITE_HINT = "pip install 'yolotrain[tflite]'"
+# The export appends a small zip archive holding this file to the flatbuffer: the interpreter reads
+# the flatbuffer by offsets from its start and ignores trailing bytes.
+METADATA_NAME = "yolotrain.json"
+
+
+def read_tflite_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The metadata appended to a ``.tflite`` export (empty when there is none)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return json.loads(archive.read(METADATA_NAME))
+    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError):
+        return {}
+
+
+class TfliteModel(ExportedModel):
+    """A ``.tflite`` file written by :func:`~yolotrain.interop.export.export`, run with LiteRT's interpreter.
+
+    Inputs are NCHW float32 like the other formats (the converter keeps PyTorch's layout); the
+    interpreter's shapes are fixed, so batches run one image at a time.
+    """
+
+    format_name = "LiteRT"
+
+    def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
+        try:
+            from ai_edge_litert.interpreter import Interpreter
+        except ImportError:
+            raise ImportError(f"LiteRT models need the 'ai-edge-litert' package ({TFLITE_HINT})") from None
+        path = Path(path)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no such file")
+        try:
+            self.interpreter = Interpreter(model_path=str(path), num_threads=threads or os.cpu_count())
+            self.interpreter.allocate_tensors()
+        except (ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{path}: not a loadable LiteRT model ({str(exc).splitlines()[0]})") from None
+        self.input = self.interpreter.get_input_details()[0]
+        self.outputs = self.interpreter.get_output_details()
+        super().__init__(path, read_tflite_metadata(path), [int(s) for s in self.input["shape"]])
+
+    def _run(self, images: np.ndarray) -> list[np.ndarray]:
+        self.interpreter.set_tensor(self.input["index"], images)
+        self.interpreter.invoke()
+        return [self.interpreter.get_tensor(o["index"]) for o in self.outputs]

@@ -1,0 +1,303 @@
+"""Deployment exports (OpenVINO, LiteRT, Core ML; fp16 and int8; NMS inside): each one exported, run
+through its runtime and checked against PyTorch, through `val` and `predict` too, and bad requests
+refused in one line with nothing left behind."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import YOLOV5N_WEIGHTS, coco128_subset
+
+from yolotrain import Yolov5, predict, val
+from yolotrain.checkpoint import CheckpointError, save_checkpoint
+from yolotrain.data import generate_shapes_dataset
+from yolotrain.eval import non_max_suppression
+from yolotrain.interop import add_export_arguments, export, load_exported, run_export
+
+pytest.importorskip("onnxruntime", reason="needs the export extra: pip install 'yolotrain[export]'")
+
+SIZE = 96
+
+
+def installed(*modules: str) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+OPENVINO = pytest.mark.skipif(not installed("openvino", "nncf"), reason="pip install 'yolotrain[openvino]'")
+TFLITE = pytest.mark.skipif(not installed("litert_torch", "ai_edge_litert"), reason="pip install 'yolotrain[tflite]'")
+COREML = pytest.mark.skipif(not installed("coremltools"), reason="pip install 'yolotrain[coreml]'")
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "tflite": ".tflite"}
+# (format, precision) → allowed |export - PyTorch| on scores and on boxes (px, 96 px input): fp32 runtimes
+# agree to float32 rounding, fp16 keeps ~3 significant digits, int8 a few percent of the value range.
+CASES = [
+    pytest.param("onnx", "fp32", 1e-4, 1e-3, id="onnx-fp32"),
+    pytest.param("onnx", "fp16", 5e-3, 0.5, id="onnx-fp16"),
+    pytest.param("onnx", "int8", 0.05, 4.0, id="onnx-int8"),
+    pytest.param("openvino", "fp32", 1e-4, 1e-3, id="openvino-fp32", marks=OPENVINO),
+    pytest.param("openvino", "fp16", 5e-3, 0.5, id="openvino-fp16", marks=OPENVINO),
+    pytest.param("openvino", "int8", 0.05, 4.0, id="openvino-int8", marks=OPENVINO),
+    pytest.param("tflite", "fp32", 1e-4, 1e-3, id="tflite-fp32", marks=TFLITE),
+]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A random-init detector whose objectness is biased up (so it detects), and a tiny shapes dataset."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2, names=["circle", "rectangle"]).eval()
+    with torch.no_grad():
+        for conv in model.head.m:
+            conv.bias.view(3, 7)[:, 4].add_(6.0)
+    folder = tmp_path_factory.mktemp("deploy")
+    data = generate_shapes_dataset(root=folder / "shapes", n_train=4, n_val=4, img_size=SIZE)
+    return model, data / "data.yaml", folder
+
+
+def export_case(setup, fmt: str, precision: str, **options):
+    model, data, folder = setup
+    out = folder / f"{fmt}-{precision}{'-nms' if options.get('nms') else ''}{SUFFIX[fmt]}"
+    if not out.exists():
+        export(model, fmt, out=out, img_size=SIZE, dynamic_size=fmt != "tflite", half=precision == "fp16",
+               int8=precision == "int8", data=data, **options)
+    return out
+
+
+def torch_output(model: Yolov5, imgs: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return copy.deepcopy(model).fuse()(imgs)
+
+
+def assert_same_detections(actual: torch.Tensor, expected: torch.Tensor, atol: float) -> None:
+    """The same detections in any order: equal counts, and each row of either side has a row on the other
+    within ``atol`` in every column (equal scores may come out in either order)."""
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    if len(actual):
+        distance = (actual[:, None, :] - expected[None, :, :]).abs().amax(2)
+        assert distance.min(1).values.max() <= atol and distance.min(0).values.max() <= atol, distance.min(1).values
+
+
+@pytest.mark.parametrize(("fmt", "precision", "score_tol", "box_tol"), CASES)
+def test_export_runs_in_its_runtime_like_torch(setup, fmt, precision, score_tol, box_tol):
+    model, _, _ = setup
+    path = export_case(setup, fmt, precision)
+    runner = load_exported(path)
+    assert (runner.names, runner.num_classes, runner.img_size) == (["circle", "rectangle"], 2, (SIZE, SIZE))
+    assert runner.precision == precision and not runner.end_to_end
+    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+    actual, expected = runner(imgs), torch_output(model, imgs)
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=score_tol, rtol=0)
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=box_tol, rtol=0)
+    if precision == "fp32":
+        # Negative control: a 1% objectness error is caught by the fp32 tolerance.
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(actual[..., 4:] * 1.01, expected[..., 4:], atol=score_tol, rtol=0)
+
+
+@pytest.mark.parametrize(("fmt", "precision"), [("onnx", "fp16"), ("onnx", "int8"),
+                                                pytest.param("openvino", "fp32", marks=OPENVINO),
+                                                pytest.param("openvino", "int8", marks=OPENVINO),
+                                                pytest.param("tflite", "fp32", marks=TFLITE)])
+def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision):
+    model, data, _ = setup
+    path = export_case(setup, fmt, precision)
+    rect = fmt != "tflite"  # the LiteRT graph is fixed at one size: val letterboxes square then
+    ours = val(model, str(data), img_size=SIZE, batch_size=4, workers=0, rect=rect, verbose=False, plots=False)
+    theirs = val(str(path), str(data), img_size=SIZE, batch_size=4, workers=0, verbose=False, plots=False)
+    tolerance = 1e-3 if precision == "fp32" else 0.05
+    assert ours.map50 > 0
+    assert theirs.map50 == pytest.approx(ours.map50, abs=tolerance)
+    assert theirs.map == pytest.approx(ours.map, abs=tolerance)
+
+    images = sorted((data.parent / "images" / "val").iterdir())[:2]
+    expected = predict(model, images, img_size=SIZE, conf=0.3)
+    actual = predict(path, images, img_size=SIZE, conf=0.3)
+    assert sum(len(r.boxes) for r in expected) > 0
+    for a, b in zip(expected, actual):
+        assert b.names == ["circle", "rectangle"]
+        if precision == "fp32" and rect:
+            assert len(a.boxes) == len(b.boxes) and torch.equal(a.classes, b.classes)
+            torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
+        else:
+            assert len(b.boxes) > 0
+
+
+@pytest.fixture(scope="module")
+def official_images(coco128):
+    """The official yolov5n and three coco128 images letterboxed to 160 x 192 (real scores: an untrained
+    model's near-equal scores leave NMS free to keep either of two tied boxes)."""
+    if not YOLOV5N_WEIGHTS.is_file():
+        pytest.skip(f"official weights not found at {YOLOV5N_WEIGHTS}")
+    import cv2
+
+    from yolotrain.data.augment import letterbox
+    from yolotrain.interop import load_model
+
+    files = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:3]
+    boxed = [cv2.cvtColor(letterbox(cv2.imread(str(f)), (160, 192))[0], cv2.COLOR_BGR2RGB) for f in files]
+    imgs = torch.from_numpy(np.stack(boxed)).permute(0, 3, 1, 2).float() / 255
+    return load_model(YOLOV5N_WEIGHTS), imgs
+
+
+@pytest.mark.parametrize("fmt", ["onnx", pytest.param("openvino", marks=OPENVINO)])
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_nms_inside_matches_our_nms(tmp_path, official_images, fmt, multi_label):
+    model, imgs = official_images
+    settings = {"conf": 0.1, "iou": 0.5, "max_det": 40, "multi_label": multi_label}
+    path = export(model, fmt, out=tmp_path / f"nms{SUFFIX[fmt]}", img_size=160, dynamic_size=True, nms=True,
+                  **settings)
+    runner = load_exported(path)
+    assert runner.end_to_end and runner.nms_settings == settings
+    decoded = torch_output(model, imgs)
+    ours = non_max_suppression(decoded, 0.1, 0.5, multi_label=multi_label, max_det=40)
+    theirs = runner.detections(imgs, 0.1, 0.5, 40, multi_label)  # batch 3, 160 x 192: dynamic axes
+    assert sum(len(d) for d in ours) > 10
+    for a, b in zip(ours, theirs):
+        assert_same_detections(b, a, atol=2e-3)
+    # Stricter thresholds, fewer detections and a class subset are exact filters of the built-in NMS ...
+    stricter = runner.detections(imgs, 0.4, 0.5, 5, multi_label, classes=[0, 2])
+    for a, b in zip(non_max_suppression(decoded, 0.4, 0.5, [0, 2], multi_label=multi_label, max_det=5), stricter):
+        assert_same_detections(b, a, atol=2e-3)
+    # ... looser ones cannot be answered, and the raw-prediction call is refused.
+    with pytest.raises(ValueError, match="has NMS built in"):
+        runner.detections(imgs, 0.05, 0.5, 40, multi_label)
+    with pytest.raises(ValueError, match="NMS inside"):
+        runner(imgs)
+
+
+@COREML
+@pytest.mark.parametrize("half", [False, True])
+def test_coreml_export_structure_and_metadata(setup, half):
+    """Core ML programs cannot run on Linux: check the converted program, its I/O shapes and metadata."""
+    import coremltools as ct
+
+    model, _, folder = setup
+    path = export(model, "coreml", out=folder / f"model-{half}.mlpackage", img_size=(64, 96), half=half)
+    assert path.is_dir() and not [p for p in folder.iterdir() if p.name.startswith(".")]
+    spec = ct.models.MLModel(str(path), skip_model_load=True).get_spec()
+    assert spec.WhichOneof("Type") == "mlProgram"
+    (inp,), (out,) = spec.description.input, spec.description.output
+    assert (inp.name, list(inp.type.multiArrayType.shape)) == ("images", [1, 3, 64, 96])
+    assert (out.name, list(out.type.multiArrayType.shape)) == ("output0", [1, 3 * (8 * 12 + 4 * 6 + 2 * 3), 7])
+    meta = dict(spec.description.metadata.userDefined)
+    assert json.loads(meta["names"]) == ["circle", "rectangle"] and json.loads(meta["img_size"]) == [64, 96]
+    assert meta["precision"] == ("fp16" if half else "fp32")
+    ops = {op.type for block in spec.mlProgram.functions["main"].block_specializations.values()
+           for op in block.operations}
+    assert "conv" in ops and "sigmoid" in ops
+    with pytest.raises(CheckpointError, match="Core ML prediction needs macOS"):
+        load_exported(path)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def leftovers(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name not in ("best.json", "best.safetensors", "empty"))
+
+
+def test_bad_export_requests_fail_in_one_line_without_files(setup, tmp_path, capsys, monkeypatch):
+    model, data, _ = setup
+    save_checkpoint(tmp_path / "best", model)
+    weights = str(tmp_path / "best.json")
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (["--format", "keras"], "unknown export format 'keras'"),
+        (["--format", "engine"], "TensorRT engines are not built"),
+        (["--format", "tflite", "--half"], "fp16 (--half) export is available for coreml, onnx, openvino"),
+        (["--format", "torchscript", "--nms"], "NMS inside (--nms) export is available for onnx, openvino"),
+        (["--format", "onnx", "--int8"], "int8 export needs calibration images"),
+        (["--format", "onnx", "--int8", "--data", str(tmp_path / "empty")], "no images to calibrate on"),
+        (["--format", "onnx", "--int8", "--data", str(tmp_path / "absent")], "no such file or folder"),
+        (["--format", "onnx,openvino", "--output", str(tmp_path / "x.onnx")], "--output names one file"),
+        (["--format", "onnx", "--nms", "--iou", "1.5"], "NMS settings out of range"),
+    ]
+    for extra, expected in cases:
+        assert run_export(parse(["--weights", weights, "--img-size", "64", *extra])) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("yolotrain export: error: ") and expected in err and err.count("\n") == 1, err
+        assert leftovers(tmp_path) == []
+
+    # A foreign architecture: only Yolov5 detectors export.
+    with pytest.raises(ValueError, match="only Yolov5 detectors"):
+        export(torch.nn.Conv2d(3, 3, 1), "onnx", out=tmp_path / "conv.onnx")
+
+    # A format whose package is missing: the install hint, and nothing written.
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    assert run_export(parse(["--weights", weights, "--img-size", "64", "--format", "openvino"])) == 1
+    err = capsys.readouterr().err
+    assert "pip install 'yolotrain[openvino]'" in err and err.count("\n") == 1
+    assert leftovers(tmp_path) == []
+
+
+def test_failed_write_leaves_no_partial_file(setup, tmp_path, monkeypatch):
+    model, _, _ = setup
+    import onnx
+
+    def broken_save(proto, path, *args, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"half a model")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(onnx, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        export(model, "onnx", out=tmp_path / "m.onnx", img_size=64)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_exports_several_formats_and_precisions(setup, tmp_path, capsys):
+    model, data, _ = setup
+    save_checkpoint(tmp_path / "best", model)
+    formats = "onnx,openvino" if installed("openvino", "nncf") else "onnx"
+    assert run_export(parse(["--weights", str(tmp_path / "best.json"), "--img-size", "64", "--format", formats,
+                             "--int8", "--data", str(data), "--calibration-images", "2"])) == 0
+    written = capsys.readouterr().out.split()
+    assert written == [str(tmp_path / f"best_int8{SUFFIX[f]}") for f in formats.split(",")]
+    for path in written:
+        assert load_exported(path).precision == "int8"
+
+
+def test_exports_that_cannot_be_loaded_get_one_line_errors(tmp_path):
+    for name, expected in [("absent.onnx", "no such file"), ("absent.xml", "no such file"),
+                           ("model.engine", "not an exported model")]:
+        with pytest.raises(CheckpointError) as info:
+            load_exported(tmp_path / name)
+        assert expected in str(info.value) and "\n" not in str(info.value)
+    if installed("openvino"):
+        (tmp_path / "lonely.xml").write_text("<net/>")
+        with pytest.raises(CheckpointError, match="weights file lonely.bin is missing"):
+            load_exported(tmp_path / "lonely.xml")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["onnx", pytest.param("openvino", marks=OPENVINO)])
+def test_official_yolov5n_nms_export_agrees_with_our_nms_on_coco128(tmp_path, fmt, coco128):
+    """The end-to-end export of the official model at 640 keeps the detections our NMS keeps, image by image."""
+    if not YOLOV5N_WEIGHTS.is_file():
+        pytest.skip(f"official weights not found at {YOLOV5N_WEIGHTS}")
+    from yolotrain.eval.inference import load_inference_model
+    from yolotrain.eval.val import build_val_loader
+
+    data = coco128_subset(tmp_path / "data", 128, coco128)
+    path = export(YOLOV5N_WEIGHTS, fmt, out=tmp_path / f"e2e{SUFFIX[fmt]}", img_size=640, dynamic_size=True,
+                  nms=True, conf=0.25, iou=0.45, max_det=300)
+    runner = load_exported(path)
+    model, _ = load_inference_model(str(YOLOV5N_WEIGHTS), "cpu")
+    loader = build_val_loader(data, 80, 640, 16, rect=True, workers=0)
+    boxes = 0
+    with torch.inference_mode():
+        for imgs, *_ in loader:
+            for a, b in zip(non_max_suppression(model(imgs), 0.25, 0.45), runner.detections(imgs, 0.25, 0.45, 300)):
+                assert_same_detections(b, a, atol=0.02)
+                boxes += len(a)
+    assert boxes > 500
