@@ -113,7 +113,10 @@ def test_random_kills_lose_nothing(data, uninterrupted, tmp_path):
             if process.returncode == 0:
                 whole_seconds = whole_seconds or time.monotonic() - started
                 break
-            assert process.returncode == -signal.SIGKILL, process.stderr.read()
+            stderr = process.stderr.read()
+            if "already finished all" in stderr:  # the kill came after the final save: nothing left to do
+                break
+            assert process.returncode == -signal.SIGKILL, stderr
             if (run_dir / "weights" / "last.json").exists():
                 json.loads((run_dir / "weights" / "last.json").read_text())  # never a torn json
                 read_checkpoint(run_dir / "weights" / "last")
