@@ -33,10 +33,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yolotrain.data.sources import link_subset
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import COCO128, coco128_subset  # noqa: E402
-from conftest import YOLOV5N_WEIGHTS as WEIGHTS  # noqa: E402
+SHARED = ROOT.parent / "shared"
+COCO128 = SHARED / "datasets" / "coco128"
+WEIGHTS = SHARED / "weights" / "yolov5n.pt"
 
 # (format, precision) rows, each run when its packages are installed.
 ROWS = [("onnx", "fp32"), ("onnx", "fp16"), ("onnx", "int8"), ("openvino", "fp32"), ("openvino", "fp16"),
@@ -138,7 +140,7 @@ def main() -> None:
     from yolotrain.interop import export
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-export-"))
-    data = coco128_subset(tmp / "data", a.images)
+    data = link_subset(COCO128 / "data.yaml", tmp / "data", a.images)
     image = cv2.imread(str(sorted((COCO128 / "images" / "train2017").glob("*.jpg"))[0]))
     load_before = os.getloadavg()[0]
 
