@@ -160,3 +160,82 @@ def test_inference_copy_runs_activations_in_place_with_identical_outputs():
         for m in silus:
             m.inplace = False
         assert torch.equal(in_place, inference(x))
+
+
+
+@pytest.fixture(scope="module")
+def shapes_data(tmp_path_factory):
+    from yolotrain.data import generate_shapes_dataset
+
+    return generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=4, n_val=4, img_size=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory):
+    """A random-init two-class model (the shapes classes) saved as a checkpoint, for the command."""
+    from yolotrain.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2).eval()
+    model.names = ["circle", "rectangle"]
+    return model, save_checkpoint(tmp_path_factory.mktemp("weights") / "tiny", model)
+
+
+def _label_counts(data: Path) -> tuple[int, set[int]]:
+    rows = [r.split() for f in (data / "labels" / "val").glob("*.txt") for r in f.read_text().splitlines()]
+    return len(rows), {int(r[0]) for r in rows}
+
+
+def test_task_speed_prints_times_and_writes_nothing(shapes_data, tiny_weights, tmp_path, capsys):
+    model, weights = tiny_weights
+    metrics = val(model, shapes_data / "data.yaml", img_size=64, device="cpu", workers=0, task="speed",
+                  save_dir=tmp_path / "ignored", save_txt=True, save_json=True)
+    assert set(metrics.speed) == {"preprocess", "inference", "nms"} and metrics.speed["inference"] > 0
+    assert metrics.images == 4
+    assert "ms pre-process" in capsys.readouterr().out
+    assert not (tmp_path / "ignored").exists()
+    args = add_val_arguments(argparse.ArgumentParser()).parse_args(
+        ["--weights", str(weights), "--data", str(shapes_data / "data.yaml"), "--img", "64", "--device", "cpu",
+         "--workers", "0", "--task", "speed", "--save-txt", "--project", str(tmp_path / "runs")])
+    assert run_val(args) == 0
+    out = capsys.readouterr().out
+    assert "ms inference" in out and "ms NMS" in out and "saved" not in out
+    assert not (tmp_path / "runs").exists()  # the run folder is not even created
+    with pytest.raises(ValueError, match="task must be"):
+        val(model, shapes_data / "data.yaml", img_size=64, device="cpu", workers=0, task="test")
+
+
+def test_save_txt_and_save_conf_write_one_label_file_per_image(shapes_data, tiny_weights, tmp_path):
+    model, _ = tiny_weights
+    common = dict(img_size=64, device="cpu", workers=0, conf=0.001, plots=False, verbose=False, save_txt=True)
+    val(model, shapes_data, save_dir=tmp_path / "plain", **common)
+    val(model, shapes_data, save_dir=tmp_path / "conf", save_conf=True, save_json=True, **common)
+    stems = sorted(p.stem for p in (shapes_data / "images" / "val").iterdir())
+    for run in ("plain", "conf"):
+        assert sorted(p.stem for p in (tmp_path / run / "labels").glob("*.txt")) == stems
+    plain = {s: (tmp_path / "plain" / "labels" / f"{s}.txt").read_text().splitlines() for s in stems}
+    with_conf = {s: (tmp_path / "conf" / "labels" / f"{s}.txt").read_text().splitlines() for s in stems}
+    rows = [r.split() for s in stems for r in with_conf[s]]
+    assert rows and all(len(r) == 6 for r in rows) and all(len(r.split()) == 5 for s in stems for r in plain[s])
+    # The same detections, with the confidence as a sixth column; normalised to the original image.
+    assert all([r.rsplit(" ", 1)[0] for r in with_conf[s]] == plain[s] for s in stems)
+    values = np.array([[float(v) for v in r] for r in rows])
+    assert set(values[:, 0]) <= {0, 1} and (values[:, 1:5] >= 0).all() and (values[:, 1:5] <= 1).all()
+    assert (values[:, 5] >= 0.001).all() and (values[:, 5] <= 1).all()
+    assert len(json.loads((tmp_path / "conf" / "predictions.json").read_text())) == len(rows)
+    with pytest.raises(ValueError, match="save_dir"):
+        val(model, shapes_data, save_txt=True, img_size=64, device="cpu", workers=0, verbose=False)
+
+
+def test_single_cls_scores_every_class_as_one(shapes_data, tmp_path):
+    torch.manual_seed(0)
+    three_classes = Yolov5("n", num_classes=3).eval()
+    common = dict(img_size=64, device="cpu", workers=0, conf=0.001, plots=False, verbose=False)
+    with pytest.raises(ValueError, match="predicts 3 classes but the data has 2"):
+        val(three_classes, shapes_data, **common)
+    metrics = val(three_classes, shapes_data, single_cls=True, save_dir=tmp_path / "run", save_txt=True, **common)
+    n_labels, label_classes = _label_counts(shapes_data)
+    assert label_classes == {0, 1}  # the data really has two classes ...
+    assert metrics.names == ["object"] and metrics.instances.tolist() == [n_labels]  # ... scored as one
+    rows = [r.split() for f in (tmp_path / "run" / "labels").glob("*.txt") for r in f.read_text().splitlines()]
+    assert rows and {r[0] for r in rows} == {"0"}  # predictions of all three classes became class 0
