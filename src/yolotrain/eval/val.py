@@ -212,7 +212,9 @@ def val(
                 loss_sum += criterion.components.float().cpu()
                 batches += 1
             with timers["nms"]:
-                dets = non_max_suppression(preds.float(), conf, iou, multi_label=True, max_det=max_det)
+                # As the reference: one class means one suppression across all classes, then class 0.
+                dets = non_max_suppression(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
+                                           max_det=max_det)
                 if single_cls:
                     dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:])), 1) for d in dets]
 
