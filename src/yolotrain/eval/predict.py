@@ -43,7 +43,7 @@ class Result:
     """Detections of one image or video frame, in original image pixels.
 
     ``boxes`` ``[n, 4]`` x1, y1, x2, y2 (float), ``scores`` ``[n]``, ``classes`` ``[n]`` (long), sorted
-    by score; ``names`` maps class ids to names; ``frame`` is the frame index for videos.
+    by score; ``names`` maps class ids to names; ``frame`` is the frame index for videos and streams.
     """
 
     path: str
@@ -277,9 +277,9 @@ def predict(
         img_size: long side of the network input (default: the model's training size, 640; 1280 for P6
             models); inputs are padded only to the next multiple of the largest stride (32; 64 for P6).
         conf, iou, classes, max_det, agnostic: NMS settings.
-        save_dir: where annotated images (same names), videos (``STEM.mp4``; ``cameraN.mp4`` and
-            ``streamN.mp4`` for live sources, N their position in ``source``), ``labels/*.txt`` (with
-            ``save_txt``; video frames as ``STEM_FRAME.txt``), crops and ``predictions.json`` go.
+        save_dir: where annotated images (same names), videos (``STEM.mp4``; ``cameraN.mp4`` for
+            camera N, ``streamN.mp4`` for the stream at position N of ``source``), ``labels/*.txt``
+            (with ``save_txt``; video frames as ``STEM_FRAME.txt``), crops and ``predictions.json`` go.
         save_crop: save each detection's box, cut from the original image, as
             ``crops/CLASS/STEM.jpg`` (``STEM2.jpg`` ... when several).
         hide_labels, hide_conf, line_width: drawing of the annotated outputs: boxes without labels,
