@@ -38,7 +38,8 @@ def weights(reference):
     return model.eval()
 
 
-def reference_val(reference, monkeypatch, data_yaml: Path, out: Path, img_size: int, rect: bool):
+def reference_val(reference, monkeypatch, data_yaml: Path, out: Path, img_size: int, rect: bool,
+                  single_cls: bool = False):
     """The reference ``val.run`` on the same data, offline, with its per-image json of detections."""
     import yolov5.utils.general as general
     import yolov5.val as reference_val_module
@@ -51,8 +52,8 @@ def reference_val(reference, monkeypatch, data_yaml: Path, out: Path, img_size: 
     monkeypatch.setattr(general, "time", types.SimpleNamespace(time=lambda: 0.0))
     (mp, mr, map50, map_, *_), _, _, _ = reference_val_module.run(
         data=str(data_yaml), weights=str(YOLOV5N_WEIGHTS), imgsz=img_size, batch_size=32, device="cpu",
-        workers=0, plots=False, half=False, save_json=True, project=str(out), name="ref",
-        task="val" if rect else "speed")
+        workers=0, plots=False, half=False, save_json=True, save_txt=True, save_conf=True, project=str(out),
+        name="ref", task="val" if rect else "speed", single_cls=single_cls)
     detections = json.loads(next((out / "ref").glob("*_predictions.json")).read_text())
     return (mp, mr, map50, map_), detections
 
@@ -68,7 +69,7 @@ def assert_parity(reference, monkeypatch, tmp_path, coco128, model, n, img_size,
     data = coco128_subset(tmp_path / "data", n, coco128)
     ref_metrics, ref_dets = reference_val(reference, monkeypatch, data, tmp_path, img_size, rect)
     ours = val(model, data, img_size=img_size, rect=rect, device="cpu", workers=0, save_dir=tmp_path / "ours",
-               save_json=True, plots=False, verbose=False)
+               save_json=True, save_txt=True, save_conf=True, plots=False, verbose=False)
     tolerances = (TOLERANCE, TOLERANCE, TOLERANCE, map_tolerance)
     for name, a, b, tol in zip(("P", "R", "mAP50", "mAP50-95"), (ours.mp, ours.mr, ours.map50, ours.map),
                                ref_metrics, tolerances):
@@ -92,7 +93,27 @@ def assert_parity(reference, monkeypatch, tmp_path, coco128, model, n, img_size,
         close = ((np.abs(ob[None] - rb[:, None]) <= 1.0 + 0.004 * np.abs(rb[:, None])).all(2)
                  & (np.abs(o[None, :, 4] - r[:, None, 4]) <= 1e-4) & (o[None, :, 5] == r[:, None, 5]))
         assert close.any(1).all(), f"image {image_id}: {int((~close.any(1)).sum())} reference detections unmatched"
+    assert_same_label_files(tmp_path / "ref" / "labels", tmp_path / "ours" / "labels")
     return ours, ref_metrics
+
+
+def assert_same_label_files(ref_dir: Path, our_dir: Path) -> None:
+    """``--save-txt --save-conf`` files as the reference writes them: ``%g`` numbers, ``class cx cy w h conf``
+    normalised to the original image. The reference skips images without detections; ours are empty."""
+    ref_files = sorted(ref_dir.glob("*.txt"))
+    assert ref_files and {f.name for f in ref_files} <= {f.name for f in our_dir.glob("*.txt")}
+    for ref_file in ref_files:
+        text = (our_dir / ref_file.name).read_text()
+        assert all(f"{float(v):g}" == v for row in text.splitlines() for v in row.split())
+        ours = np.loadtxt(our_dir / ref_file.name, ndmin=2)
+        ref = np.loadtxt(ref_file, ndmin=2)
+        assert abs(len(ours) - len(ref)) <= 1 and ours.shape[1] == ref.shape[1] == 6
+        if len(ours) != len(ref):  # a score on the conf threshold tipped either way (see assert_parity)
+            ours, ref = ours[ours[:, 5] > 0.002], ref[ref[:, 5] > 0.002]
+        # Each reference row has one of ours: same class and score, box within the pixel slack of assert_parity.
+        close = ((ours[None, :, 0] == ref[:, None, 0]) & (np.abs(ours[None, :, 5] - ref[:, None, 5]) <= 1e-4)
+                 & (np.abs(ours[None, :, 1:5] - ref[:, None, 1:5]) <= 0.006).all(2))
+        assert close.any(1).all(), f"{ref_file.name}: {int((~close.any(1)).sum())} reference rows unmatched"
 
 
 def test_parity_fast_32_images_320(reference, coco128, weights, monkeypatch, tmp_path):
@@ -160,3 +181,97 @@ def test_inference_copy_runs_activations_in_place_with_identical_outputs():
         for m in silus:
             m.inplace = False
         assert torch.equal(in_place, inference(x))
+
+
+
+@pytest.fixture(scope="module")
+def shapes_data(tmp_path_factory):
+    from yolotrain.data import generate_shapes_dataset
+
+    return generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=4, n_val=4, img_size=64)
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory):
+    """A random-init two-class model (the shapes classes) saved as a checkpoint, for the command."""
+    from yolotrain.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2).eval()
+    model.names = ["circle", "rectangle"]
+    return model, save_checkpoint(tmp_path_factory.mktemp("weights") / "tiny", model)
+
+
+def _label_counts(data: Path) -> tuple[int, set[int]]:
+    rows = [r.split() for f in (data / "labels" / "val").glob("*.txt") for r in f.read_text().splitlines()]
+    return len(rows), {int(r[0]) for r in rows}
+
+
+def test_task_speed_prints_times_and_writes_nothing(shapes_data, tiny_weights, tmp_path, capsys):
+    model, weights = tiny_weights
+    metrics = val(model, shapes_data / "data.yaml", img_size=64, device="cpu", workers=0, task="speed",
+                  save_dir=tmp_path / "ignored", save_txt=True, save_json=True)
+    assert set(metrics.speed) == {"preprocess", "inference", "nms"} and metrics.speed["inference"] > 0
+    assert metrics.images == 4
+    assert "ms pre-process" in capsys.readouterr().out
+    assert not (tmp_path / "ignored").exists()
+    args = add_val_arguments(argparse.ArgumentParser()).parse_args(
+        ["--weights", str(weights), "--data", str(shapes_data / "data.yaml"), "--img", "64", "--device", "cpu",
+         "--workers", "0", "--task", "speed", "--save-txt", "--project", str(tmp_path / "runs")])
+    assert run_val(args) == 0
+    out = capsys.readouterr().out
+    assert "ms inference" in out and "ms NMS" in out and "saved" not in out
+    assert not (tmp_path / "runs").exists()  # the run folder is not even created
+    with pytest.raises(ValueError, match="task must be"):
+        val(model, shapes_data / "data.yaml", img_size=64, device="cpu", workers=0, task="test")
+
+
+def test_save_txt_and_save_conf_write_one_label_file_per_image(shapes_data, tiny_weights, tmp_path):
+    model, _ = tiny_weights
+    common = dict(img_size=64, device="cpu", workers=0, conf=0.001, plots=False, verbose=False, save_txt=True)
+    val(model, shapes_data, save_dir=tmp_path / "plain", **common)
+    val(model, shapes_data, save_dir=tmp_path / "conf", save_conf=True, save_json=True, **common)
+    stems = sorted(p.stem for p in (shapes_data / "images" / "val").iterdir())
+    for run in ("plain", "conf"):
+        assert sorted(p.stem for p in (tmp_path / run / "labels").glob("*.txt")) == stems
+    plain = {s: (tmp_path / "plain" / "labels" / f"{s}.txt").read_text().splitlines() for s in stems}
+    with_conf = {s: (tmp_path / "conf" / "labels" / f"{s}.txt").read_text().splitlines() for s in stems}
+    rows = [r.split() for s in stems for r in with_conf[s]]
+    assert rows and all(len(r) == 6 for r in rows) and all(len(r.split()) == 5 for s in stems for r in plain[s])
+    # The same detections, with the confidence as a sixth column; normalised to the original image.
+    assert all([r.rsplit(" ", 1)[0] for r in with_conf[s]] == plain[s] for s in stems)
+    values = np.array([[float(v) for v in r] for r in rows])
+    assert set(values[:, 0]) <= {0, 1} and (values[:, 1:5] >= 0).all() and (values[:, 1:5] <= 1).all()
+    assert (values[:, 5] >= 0.001).all() and (values[:, 5] <= 1).all()
+    assert len(json.loads((tmp_path / "conf" / "predictions.json").read_text())) == len(rows)
+    with pytest.raises(ValueError, match="save_dir"):
+        val(model, shapes_data, save_txt=True, img_size=64, device="cpu", workers=0, verbose=False)
+
+
+def test_single_cls_scores_every_class_as_one(shapes_data, tmp_path):
+    torch.manual_seed(0)
+    three_classes = Yolov5("n", num_classes=3).eval()
+    common = dict(img_size=64, device="cpu", workers=0, conf=0.001, plots=False, verbose=False)
+    with pytest.raises(ValueError, match="predicts 3 classes but the data has 2"):
+        val(three_classes, shapes_data, **common)
+    metrics = val(three_classes, shapes_data, single_cls=True, save_dir=tmp_path / "run", save_txt=True, **common)
+    n_labels, label_classes = _label_counts(shapes_data)
+    assert label_classes == {0, 1}  # the data really has two classes ...
+    assert metrics.names == ["object"] and metrics.instances.tolist() == [n_labels]  # ... scored as one
+    rows = [r.split() for f in (tmp_path / "run" / "labels").glob("*.txt") for r in f.read_text().splitlines()]
+    assert rows and {r[0] for r in rows} == {"0"}  # predictions of all three classes became class 0
+
+
+def test_single_cls_matches_reference(reference, coco128, weights, monkeypatch, tmp_path):
+    """The reference's ``val --single-cls``: every label and every prediction becomes class 0 (the NMS
+    suppresses across classes), so an 80-class model is scored as a one-class detector."""
+    data = coco128_subset(tmp_path / "data", 16, coco128)
+    ref_metrics, _ = reference_val(reference, monkeypatch, data, tmp_path, 320, True, single_cls=True)
+    ours = val(weights, data, img_size=320, device="cpu", workers=0, plots=False, verbose=False, single_cls=True)
+    tolerances = (TOLERANCE, TOLERANCE, TOLERANCE, MAP50_95_TOLERANCE_SMALL)
+    for name, a, b, tol in zip(("P", "R", "mAP50", "mAP50-95"), (ours.mp, ours.mr, ours.map50, ours.map),
+                               ref_metrics, tolerances):
+        assert abs(a - b) <= tol, f"{name}: ours {a:.4f}, reference {b:.4f}"
+    multi = val(weights, data, img_size=320, device="cpu", workers=0, plots=False, verbose=False)
+    assert len(ours.instances) == 1 and ours.instances[0] == multi.instances.sum()
+    assert abs(ours.map50 - multi.map50) > 0.01  # scoring as one class really changes the result

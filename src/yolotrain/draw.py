@@ -18,26 +18,33 @@ def class_colour(index: int) -> tuple[int, int, int]:
 
 
 def draw_detections(image: np.ndarray, boxes: torch.Tensor | np.ndarray, classes: torch.Tensor | np.ndarray,
-                    names: Sequence[str], scores: torch.Tensor | np.ndarray | None = None) -> np.ndarray:
+                    names: Sequence[str], scores: torch.Tensor | np.ndarray | None = None, *,
+                    line_width: int | None = None, hide_labels: bool = False, hide_conf: bool = False) -> np.ndarray:
     """A copy of the BGR ``image`` with each xyxy pixel box and its class name (and score, when given)
     drawn on it.
 
-    Line width and text size scale with the image; labels sit above the box (inside it at the top
-    edge) on a filled background in the class colour, with black or white text for contrast.
+    Line width (unless ``line_width`` pixels are asked for) and text size scale with the image; labels
+    sit above the box (inside it at the top edge) on a filled background in the class colour, with
+    black or white text for contrast. ``hide_labels`` draws the boxes alone, ``hide_conf`` the class
+    names without scores.
     """
+    if line_width is not None and line_width < 1:
+        raise ValueError(f"line_width must be at least 1 pixel, got {line_width}")
     out = np.ascontiguousarray(image).copy()
     h, w = out.shape[:2]
-    thickness = max(round((h + w) / 2 * 0.003), 2)
+    thickness = line_width or max(round((h + w) / 2 * 0.003), 2)
     font_scale = thickness / 3
     font_thickness = max(thickness - 1, 1)
     boxes = torch.as_tensor(boxes, dtype=torch.float64).reshape(-1, 4).round().int().tolist()
     classes = torch.as_tensor(classes).reshape(-1).int().tolist()
     texts = [f"{names[c] if 0 <= c < len(names) else c}" for c in classes]
-    if scores is not None:
+    if scores is not None and not hide_conf:
         texts = [f"{t} {s:.2f}" for t, s in zip(texts, torch.as_tensor(scores).reshape(-1).tolist())]
     for (x1, y1, x2, y2), c, label in zip(boxes, classes, texts):
         colour = class_colour(c)
         cv2.rectangle(out, (x1, y1), (x2, y2), colour, thickness, cv2.LINE_AA)
+        if hide_labels:
+            continue
         (tw, th), baseline = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, font_scale, font_thickness)
         above = y1 - th - baseline - 3 >= 0
         top = y1 - th - baseline - 3 if above else y1

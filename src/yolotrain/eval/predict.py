@@ -1,14 +1,16 @@
-"""Prediction on images and videos: letterbox, detect, NMS, map boxes back to each original image,
-and optionally save annotated images/videos, YOLO-format ``.txt`` labels and a JSON of the run."""
+"""Prediction on images, videos, cameras and network streams: letterbox, detect, NMS, map boxes back
+to each original image, and optionally save annotated images/videos, YOLO-format ``.txt`` labels,
+crops of the detections and a JSON of the run."""
 
 from __future__ import annotations
 
 import argparse
 import glob
 import json
+import math
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +26,12 @@ from ..names import class_names
 from ..runs import add_run_dir_arguments, next_run_dir
 from .inference import ModelOrWeights, input_dtype, load_inference_model
 from .nms import non_max_suppression, scale_boxes_to_original
+from .streams import LatestFrameReader, is_stream
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
 _GLOB_CHARS = frozenset("*?[")
 
-Source = str | os.PathLike | np.ndarray
+Source = str | os.PathLike | np.ndarray | int
 
 
 class SourceWarning(UserWarning):
@@ -40,7 +43,7 @@ class Result:
     """Detections of one image or video frame, in original image pixels.
 
     ``boxes`` ``[n, 4]`` x1, y1, x2, y2 (float), ``scores`` ``[n]``, ``classes`` ``[n]`` (long), sorted
-    by score; ``names`` maps class ids to names; ``frame`` is the frame index for videos.
+    by score; ``names`` maps class ids to names; ``frame`` is the frame index for videos and streams.
     """
 
     path: str
@@ -74,20 +77,24 @@ def _suffix(path: Path) -> str:
     return path.suffix[1:].lower()
 
 
-def expand_sources(source: Source | Sequence[Source]) -> list[Path | np.ndarray]:
+def expand_sources(source: Source | Sequence[Source]) -> list[Path | np.ndarray | str]:
     """Flatten ``source`` into image/video files (and in-memory BGR arrays), in a stable order.
 
     A folder contributes its image and video files (not recursive), a glob its matches, a list each
-    of its items.
+    of its items. Camera indices (``0``, ``"1"``) and stream URLs (``rtsp://``, ``rtmp://``,
+    ``http(s)://``) stay as strings, to be opened by :class:`~yolotrain.eval.streams.LatestFrameReader`.
 
     Raises:
         FileNotFoundError: a named path does not exist, or a glob or folder holds nothing to read.
     """
     items = list(source) if isinstance(source, (list, tuple)) else [source]
-    out: list[Path | np.ndarray] = []
+    out: list[Path | np.ndarray | str] = []
     for item in items:
         if isinstance(item, np.ndarray):
             out.append(item)
+            continue
+        if is_stream(item):
+            out.append(str(item))
             continue
         text = os.fspath(item)
         if _GLOB_CHARS & set(text) and not Path(text).exists():
@@ -161,37 +168,79 @@ class Predictor:
         return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame)
 
 
-def _frames(path: Path) -> Iterator[tuple[np.ndarray, float]]:
-    """Frames of a video with its frame rate; nothing when it cannot be opened."""
+def _frames(path: Path, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray, float]]:
+    """Every ``vid_stride``-th frame of a video (the others are grabbed, not decoded) with its index and
+    the frame rate of the frames kept; nothing when the video cannot be opened."""
     cap = cv2.VideoCapture(str(path))
     try:
-        fps = cap.get(cv2.CAP_PROP_FPS) or 30.0
+        fps = (cap.get(cv2.CAP_PROP_FPS) or 30.0) / vid_stride
+        index = 0
         while True:
-            ok, frame = cap.read()
-            if not ok:
-                return
-            yield frame, fps
+            if index % vid_stride:
+                if not cap.grab():
+                    return
+            else:
+                ok, frame = cap.read()
+                if not ok:
+                    return
+                yield index, frame, fps
+            index += 1
     finally:
         cap.release()
 
 
-class _Outputs:
-    """Writes what a run saves: annotated images/videos, YOLO ``.txt`` rows and the run's JSON."""
+def _live_name(source: str, position: int) -> str:
+    """File stem for the outputs of a camera (``camera0``) or stream (``stream3``, by source position)."""
+    return f"camera{source}" if source.isdigit() else f"stream{position}"
 
-    def __init__(self, save_dir: Path | None, save_txt: bool) -> None:
+
+class _Outputs:
+    """Writes what a run saves: annotated images/videos, YOLO ``.txt`` rows, crops and the run's JSON."""
+
+    def __init__(self, save_dir: Path | None, save_txt: bool, save_crop: bool, draw_options: dict) -> None:
         self.save_dir = save_dir
         self.save_txt = save_txt and save_dir is not None
+        self.save_crop = save_crop and save_dir is not None
+        self.draw_options = draw_options
         if save_dir is not None:
             save_dir.mkdir(parents=True, exist_ok=True)
             if self.save_txt:
                 (save_dir / "labels").mkdir(exist_ok=True)
 
+    def draw(self, image: np.ndarray, result: Result) -> np.ndarray:
+        return draw_detections(image, result.boxes, result.classes, result.names, result.scores, **self.draw_options)
+
     def image(self, name: str, image: np.ndarray, result: Result) -> None:
         if self.save_dir is None:
             return
-        cv2.imwrite(str(self.save_dir / name), draw_detections(image, result.boxes, result.classes,
-                                                                   result.names, result.scores))
+        cv2.imwrite(str(self.save_dir / name), self.draw(image, result))
         self.txt(Path(name).stem, result)
+        self.crops(Path(name).stem, image, result)
+
+    def frame(self, stem: str, image: np.ndarray, result: Result, writer: cv2.VideoWriter | None) -> None:
+        """One video or stream frame: onto the annotated video, and its labels and crops as ``STEM_FRAME``."""
+        if writer is not None:
+            writer.write(self.draw(image, result))
+        self.txt(f"{stem}_{result.frame}", result)
+        self.crops(f"{stem}_{result.frame}", image, result)
+
+    def crops(self, stem: str, image: np.ndarray, result: Result) -> None:
+        """Each detection's box cut from the original image into ``crops/CLASS/STEM.jpg`` (``STEM2.jpg``,
+        ``STEM3.jpg`` ... when an image has several of a class, as the reference numbers them)."""
+        if not self.save_crop:
+            return
+        h, w = image.shape[:2]
+        for (x1, y1, x2, y2), c in zip(result.boxes.tolist(), result.classes.tolist()):
+            left, top = max(math.floor(x1), 0), max(math.floor(y1), 0)
+            right, bottom = min(math.ceil(x2), w), min(math.ceil(y2), h)
+            if right <= left or bottom <= top:
+                continue
+            folder = self.save_dir / "crops" / result.names[c].replace(os.sep, "_")
+            folder.mkdir(parents=True, exist_ok=True)
+            path, n = folder / f"{stem}.jpg", 2
+            while path.exists():
+                path, n = folder / f"{stem}{n}.jpg", n + 1
+            cv2.imwrite(str(path), image[top:bottom, left:right])
 
     def txt(self, stem: str, result: Result) -> None:
         if self.save_txt:
@@ -222,43 +271,89 @@ def predict(
     half: bool = False,
     save_dir: str | os.PathLike | None = None,
     save_txt: bool = False,
+    save_crop: bool = False,
+    hide_labels: bool = False,
+    hide_conf: bool = False,
+    line_width: int | None = None,
+    vid_stride: int = 1,
 ) -> list[Result]:
-    """Detect objects in images and videos.
+    """Detect objects in images, videos, cameras and network streams.
 
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy) or a weights path.
-        source: an image or video file, a folder, a glob, a BGR ``uint8`` array, or a list of these.
+        source: an image or video file, a folder, a glob, a BGR ``uint8`` array, a camera index
+            (``0``, ``"1"``), an ``rtsp://``, ``rtmp://`` or ``http(s)://`` stream, or a list of these.
+            Live sources are read on a background thread that keeps only the newest frame; Ctrl-C
+            ends them cleanly (what was predicted so far is saved and returned).
         img_size: long side of the network input (default: the model's training size, 640; 1280 for P6
             models); inputs are padded only to the next multiple of the largest stride (32; 64 for P6).
         conf, iou, classes, max_det, agnostic: NMS settings.
-        save_dir: where annotated images (same names), videos (``STEM.mp4``), ``labels/*.txt`` (with
-            ``save_txt``; video frames as ``STEM_FRAME.txt``) and ``predictions.json`` go.
+        save_dir: where annotated images (same names), videos (``STEM.mp4``; ``cameraN.mp4`` for
+            camera N, ``streamN.mp4`` for the stream at position N of ``source``), ``labels/*.txt``
+            (with ``save_txt``; video frames as ``STEM_FRAME.txt``), crops and ``predictions.json`` go.
+        save_crop: save each detection's box, cut from the original image, as
+            ``crops/CLASS/STEM.jpg`` (``STEM2.jpg`` ... when several).
+        hide_labels, hide_conf, line_width: drawing of the annotated outputs: boxes without labels,
+            labels without scores, box lines ``line_width`` pixels wide (default: scaled to the image).
+        vid_stride: predict every N-th frame of videos and live sources.
 
     Returns:
-        One :class:`Result` per image and per video frame, in source order. Files that cannot be
-        read are skipped and named in one :class:`SourceWarning`.
+        One :class:`Result` per image and per predicted video frame, in source order. Files that
+        cannot be read are skipped and named in one :class:`SourceWarning`.
+
+    Raises:
+        ValueError: a camera or stream cannot be opened (before anything is predicted or written).
     """
+    if vid_stride < 1:
+        raise ValueError(f"vid_stride must be at least 1, got {vid_stride}")
+    if line_width is not None and line_width < 1:
+        raise ValueError(f"line_width must be at least 1 pixel, got {line_width}")
     predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half)
-    outputs = _Outputs(Path(save_dir) if save_dir is not None else None, save_txt)
-    results: list[Result] = []
+    items = expand_sources(source)
+    # Live sources are opened first, so one that cannot be opened stops the run before anything is written.
+    live: dict[int, LatestFrameReader] = {}
+    try:
+        for n, item in enumerate(items):
+            if isinstance(item, str):
+                live[n] = LatestFrameReader(item, vid_stride)
+        draw_options = {"line_width": line_width, "hide_labels": hide_labels, "hide_conf": hide_conf}
+        outputs = _Outputs(Path(save_dir) if save_dir is not None else None, save_txt, save_crop, draw_options)
+        results: list[Result] = []
+        try:
+            unreadable = _predict_items(predictor, outputs, items, live, vid_stride, results)
+        finally:
+            outputs.json(results)
+    finally:
+        for reader in live.values():
+            reader.close()
+    if unreadable:
+        shown = ", ".join(unreadable[:5]) + (" ..." if len(unreadable) > 5 else "")
+        warnings.warn(f"skipped {len(unreadable)} unreadable source file(s): {shown}", SourceWarning, stacklevel=2)
+    return results
+
+
+def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | np.ndarray | str],
+                   live: dict[int, LatestFrameReader], vid_stride: int, results: list[Result]) -> list[str]:
+    """Predict every source item into ``results`` and ``outputs``; returns the files that could not be read.
+
+    Ctrl-C while a live source is read ends the run there, as the normal way to stop a stream.
+    """
     unreadable: list[str] = []
-    for n, item in enumerate(expand_sources(source)):
+    for n, item in enumerate(items):
         if isinstance(item, np.ndarray):
             name = f"image{n}.jpg"
             results.append(predictor.predict_image(item, name))
             outputs.image(name, item, results[-1])
+        elif isinstance(item, str):
+            reader = live[n]
+            frames = ((index, frame, reader.fps) for index, frame in reader)
+            try:
+                _predict_frames(predictor, outputs, frames, item, _live_name(item, n), results)
+            except KeyboardInterrupt:
+                break
         elif _suffix(item) in VIDEO_FORMATS:
             before = len(results)
-            writer = None
-            for index, (frame, fps) in enumerate(_frames(item)):
-                result = predictor.predict_image(frame, str(item), frame=index)
-                results.append(result)
-                writer = writer or outputs.video_writer(item.stem, frame, fps)
-                if writer is not None:
-                    writer.write(draw_detections(frame, result.boxes, result.classes, result.names, result.scores))
-                outputs.txt(f"{item.stem}_{index}", result)
-            if writer is not None:
-                writer.release()
+            _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), item.stem, results)
             if len(results) == before:
                 unreadable.append(str(item))
         else:
@@ -268,18 +363,32 @@ def predict(
                 continue
             results.append(predictor.predict_image(image, str(item)))
             outputs.image(item.name, image, results[-1])
-    outputs.json(results)
-    if unreadable:
-        shown = ", ".join(unreadable[:5]) + (" ..." if len(unreadable) > 5 else "")
-        warnings.warn(f"skipped {len(unreadable)} unreadable source file(s): {shown}", SourceWarning, stacklevel=2)
-    return results
+    return unreadable
+
+
+def _predict_frames(predictor: Predictor, outputs: _Outputs, frames: Iterable[tuple[int, np.ndarray, float]],
+                    path: str, stem: str, results: list[Result]) -> None:
+    """Predict a sequence of ``(index, frame, fps)`` into ``results``, the video ``STEM.mp4`` and per-frame
+    files; the video is finalised however the sequence ends (Ctrl-C included)."""
+    writer = None
+    try:
+        for index, frame, fps in frames:
+            result = predictor.predict_image(frame, path, frame=index)
+            results.append(result)
+            writer = writer or outputs.video_writer(stem, frame, fps)
+            outputs.frame(stem, frame, result, writer)
+    finally:
+        if writer is not None:
+            writer.release()
 
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain predict`` options to ``parser``."""
     parser.add_argument("--weights", required=True, help="checkpoint, official YOLOv5 .pt, or an export "
                         "(.onnx, OpenVINO .xml, .tflite)")
-    parser.add_argument("--source", required=True, nargs="+", help="image, video, folder or glob (several allowed)")
+    parser.add_argument("--source", required=True, nargs="+",
+                        help="image, video, folder, glob, camera index (0, 1 ...) or rtsp://, rtmp://, "
+                             "http(s):// stream (several allowed)")
     parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
                         help="inference size (px; default 640, 1280 for P6 models)")
     parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold")
@@ -290,6 +399,11 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--device", default=None, help="cpu, cuda, 0 ... (default: GPU if available)")
     parser.add_argument("--half", action="store_true", help="FP16 inference on CUDA")
     parser.add_argument("--save-txt", action="store_true", help="also write YOLO-format labels/*.txt")
+    parser.add_argument("--save-crop", action="store_true", help="save each detection as crops/CLASS/STEM.jpg")
+    parser.add_argument("--hide-labels", action="store_true", help="draw boxes without class labels")
+    parser.add_argument("--hide-conf", action="store_true", help="draw labels without scores")
+    parser.add_argument("--line-width", type=int, default=None, help="box line width in pixels (default: scaled)")
+    parser.add_argument("--vid-stride", type=int, default=1, help="predict every N-th video/stream frame")
     add_run_dir_arguments(parser, "runs/predict")
     return parser
 
@@ -301,7 +415,9 @@ def run_predict(args: argparse.Namespace) -> int:
         warnings.simplefilter("always", SourceWarning)
         results = predict(args.weights, args.source, img_size=args.img_size, conf=args.conf, iou=args.iou,
                           classes=args.classes, max_det=args.max_det, agnostic=args.agnostic_nms,
-                          device=args.device, half=args.half, save_dir=save_dir, save_txt=args.save_txt)
+                          device=args.device, half=args.half, save_dir=save_dir, save_txt=args.save_txt,
+                          save_crop=args.save_crop, hide_labels=args.hide_labels, hide_conf=args.hide_conf,
+                          line_width=args.line_width, vid_stride=args.vid_stride)
     for w in caught:
         print(f"warning: {w.message}")
     total = sum(len(r.scores) for r in results)

@@ -118,6 +118,10 @@ def val(
     half: bool = False,
     fuse: bool = True,
     map_classes: bool = False,
+    task: str = "val",
+    save_txt: bool = False,
+    save_conf: bool = False,
+    single_cls: bool = False,
 ) -> Metrics:
     """Evaluate a detector on a labelled split.
 
@@ -142,7 +146,19 @@ def val(
         map_classes: score a model whose class count differs from the data's (an 80-class COCO model
             on a 2-class dataset) on the data's classes, matched by name; without it that is an error,
             since it would report a meaningless mAP.
+        task: ``"val"``, or ``"speed"`` to time pre-processing, inference and NMS per image the way
+            the reference benchmarks them (square letterbox, conf 0.25, IoU 0.45, nothing written:
+            ``save_dir`` and the options that write files are ignored).
+        save_txt: write ``labels/STEM.txt`` under ``save_dir`` for every image: one ``class cx cy w h``
+            row per detection, normalised to the original image (an empty file when there is none).
+        save_conf: with ``save_txt``, append each detection's confidence to its row.
+        single_cls: treat every class as one, in the labels and the predictions (the model's class
+            count need not match the data's); the results are reported under one class.
     """
+    if task not in ("val", "speed"):
+        raise ValueError(f"task must be 'val' or 'speed', got {task!r}")
+    if task == "speed":
+        rect, conf, iou, save_dir, save_json, save_txt = False, 0.25, 0.45, None, False, False
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half)
     # Exports fixed at one image size take square letterboxed batches, not rectangular ones.
     rect = rect and getattr(model, "dynamic_size", True)
@@ -151,16 +167,21 @@ def val(
         # Rect batch shapes must suit the largest stride (64 on P6 models).
         stride = max(getattr(model, "max_stride", int(model.stride.max())), 32)
         size = getattr(model, "default_img_size", 640) if img_size is None else img_size
-        loader = build_val_loader(data, None if map_classes else model.num_classes, size, batch_size, rect,
-                                  workers, stride=stride)
+        loader = build_val_loader(data, None if map_classes or single_cls else model.num_classes, size,
+                                  batch_size, rect, workers, stride=stride)
     _check_ordered(loader)
     dataset = loader.dataset
-    names, class_map = _class_correspondence(class_names(getattr(model, "names", None), model.num_classes),
-                                             list(getattr(dataset, "names", ())), map_classes)
+    model_names = class_names(getattr(model, "names", None), model.num_classes)
+    if single_cls:
+        names, class_map = [model_names[0] if len(model_names) == 1 else "object"], None
+    else:
+        names, class_map = _class_correspondence(model_names, list(getattr(dataset, "names", ())), map_classes)
     nc = len(names)
     out_dir = Path(save_dir) if save_dir is not None else None
-    if save_json and out_dir is None:
-        raise ValueError("save_json needs a save_dir to write the json files into")
+    if (save_json or save_txt) and out_dir is None:
+        raise ValueError("save_json and save_txt need a save_dir to write their files into")
+    if save_txt:
+        (out_dir / "labels").mkdir(parents=True, exist_ok=True)
 
     stats = DetectionStats(nc)
     confusion = ConfusionMatrix(nc) if plots and out_dir is not None else None
@@ -179,6 +200,8 @@ def val(
                 batch = next(iterator, None)
                 if batch is not None:
                     imgs, targets = batch[0].to(dev, dtype, non_blocking=True), batch[1].to(dev)
+                    if single_cls:
+                        targets = torch.cat((targets[:, :1], torch.zeros_like(targets[:, 1:2]), targets[:, 2:]), 1)
             if batch is None:
                 break
             b, _, h, w = imgs.shape
@@ -197,7 +220,11 @@ def val(
                 batches += 1
             with timers["nms"]:
                 if not end_to_end:
-                    dets = non_max_suppression(preds.float(), conf, iou, multi_label=True, max_det=max_det)
+                    # As the reference: one class means one suppression across all classes, then class 0.
+                    dets = non_max_suppression(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
+                                               max_det=max_det)
+                if single_cls:
+                    dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:])), 1) for d in dets]
 
             gains, pads = batch_geometry(dataset, seen, b, (h, w))
             counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
@@ -216,6 +243,9 @@ def val(
                     confusion.update(det_native, gt_boxes, gt_cls)
                 if save_json:
                     coco_dets += detections_to_coco(det_native.cpu(), coco_ids[seen + i])
+                if save_txt:
+                    stem = Path(dataset.im_files[seen + i]).stem
+                    (out_dir / "labels" / f"{stem}.txt").write_text(_yolo_rows(det_native, (h0, w0), save_conf))
             seen += b
 
     metrics = stats.compute(names)
@@ -240,6 +270,17 @@ def val(
             metrics.coco = _coco_eval(dataset, names, coco_dets, out_dir)
         (out_dir / "metrics.json").write_text(json.dumps(metrics.as_dict(), indent=2))
     return metrics
+
+
+def _yolo_rows(det: torch.Tensor, shape: tuple[int, int], with_conf: bool) -> str:
+    """YOLO label rows (``class cx cy w h [conf]``, normalised to the ``(h, w)`` image) of xyxy detections,
+    numbers written as the reference's ``%g``."""
+    h, w = shape
+    d = det.double().cpu()
+    xywhn = torch.stack(((d[:, 0] + d[:, 2]) / 2 / w, (d[:, 1] + d[:, 3]) / 2 / h,
+                         (d[:, 2] - d[:, 0]) / w, (d[:, 3] - d[:, 1]) / h), 1)
+    columns = [d[:, 5:6], xywhn] + ([d[:, 4:5]] if with_conf else [])
+    return "".join(" ".join(f"{v:g}" for v in row) + "\n" for row in torch.cat(columns, 1).tolist())
 
 
 def _class_correspondence(model_names: list[str], data_names: list[str],
@@ -293,16 +334,25 @@ def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="skip confusion matrix / curves")
     parser.add_argument("--map-classes", action="store_true",
                         help="score a model with other classes on the data's classes, matched by name")
+    parser.add_argument("--task", choices=("val", "speed"), default="val",
+                        help="speed: time pre-process, inference and NMS per image; nothing is written")
+    parser.add_argument("--save-txt", action="store_true", help="write labels/STEM.txt (class cx cy w h) per image")
+    parser.add_argument("--save-conf", action="store_true", help="with --save-txt, add each detection's confidence")
+    parser.add_argument("--single-cls", action="store_true", help="treat every class as one (data and predictions)")
     add_run_dir_arguments(parser, "runs/val")
     return parser
 
 
 def run_val(args: argparse.Namespace) -> int:
     """Run ``yolotrain val`` from parsed arguments; returns the process exit code."""
-    save_dir = next_run_dir(args.project, args.name, args.exist_ok)
+    speed = args.task == "speed"
+    save_dir = None if speed else next_run_dir(args.project, args.name, args.exist_ok)
     metrics = val(args.weights, args.data, img_size=args.img_size, batch_size=args.batch_size, conf=args.conf,
                   iou=args.iou, max_det=args.max_det, rect=args.rect, device=args.device, workers=args.workers,
                   save_dir=save_dir, save_json=args.save_json, plots=args.plots, half=args.half,
-                  map_classes=args.map_classes)
+                  map_classes=args.map_classes, task=args.task, save_txt=args.save_txt,
+                  save_conf=args.save_conf, single_cls=args.single_cls)
+    if speed:
+        return 0
     print(f"Results saved to {save_dir}")
     return 0 if math.isfinite(metrics.map) else 1
