@@ -1,8 +1,9 @@
 """Evaluation speed against the reference on the same weights and images, in one process.
 
 Measures (1) ``val`` end to end on coco128 (images/s, loading included) and (2) single-image
-predict latency (letterbox → model → NMS → boxes in original pixels) for ours and for the reference
-``val.run`` / detect path, and writes the ratios to ``benchmarks/results/eval.json``.
+predict latency (letterbox → model → NMS → boxes in original pixels) for ours (float32, and with
+``half``: bfloat16 on the CPU) and for the reference ``val.run`` / detect path (float32: its ``half``
+is CUDA-only), and writes the ratios to ``benchmarks/results/eval.json``.
 
 The first val pass in a process pays one-off costs (lazy imports, oneDNN kernel set-up for each new
 input shape, a cold file cache) that would all fall on whichever side ran first, and other work on a
@@ -10,6 +11,7 @@ shared machine adds noise; so val runs ``--rounds`` times per side in alternatin
 in odd rounds, the reference first in even ones) and each side's fastest pass is reported.
 
     python benchmarks/bench_eval.py [--img 640] [--images 128] [--rounds 2] [--repeats 20]
+    python benchmarks/bench_eval.py --smoke --out /tmp/eval.json   # tiny run: checks the script works
 """
 
 from __future__ import annotations
@@ -82,8 +84,11 @@ def main() -> None:
     p.add_argument("--images", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="val passes per side, in alternating order")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--smoke", action="store_true", help="128 px, 8 images, one round, 2 repeats")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "eval.json"))
     a = p.parse_args()
+    if a.smoke:
+        a.img, a.images, a.rounds, a.repeats = 128, 8, 1, 2
     if not (COCO128.is_dir() and WEIGHTS.is_file()):
         sys.exit(f"needs {COCO128} and {WEIGHTS}")
     tmp = Path(tempfile.mkdtemp(prefix="bench-eval-"))
@@ -101,6 +106,7 @@ def main() -> None:
     common = dict(batch_size=32, device="cpu")
     sides = {
         "ours": lambda: val(str(WEIGHTS), data, img_size=a.img, workers=0, verbose=False, **common),
+        "ours_half": lambda: val(str(WEIGHTS), data, img_size=a.img, workers=0, verbose=False, half=True, **common),
         "reference": lambda: reference_val.run(data=str(data), weights=str(WEIGHTS), imgsz=a.img, workers=0,
                                                plots=False, half=False, project=str(tmp), name="ref",
                                                exist_ok=True, **common),
@@ -108,10 +114,12 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     passes = alternating_passes(sides, a.rounds)
     ours_s, ours_m = min(passes["ours"], key=lambda p: p[0])
+    half_s, half_m = min(passes["ours_half"], key=lambda p: p[0])
     ref_s, ref_r = min(passes["reference"], key=lambda p: p[0])
 
     image = cv2.imread(str(sorted((COCO128 / "images" / "train2017").glob("*.jpg"))[0]))
     predictor = Predictor(str(WEIGHTS), img_size=a.img, device="cpu")
+    half_predictor = Predictor(str(WEIGHTS), img_size=a.img, device="cpu", half=True)
     ref_model = attempt_load(str(WEIGHTS), device="cpu", fuse=True).eval()
 
     def reference_detect():
@@ -123,6 +131,7 @@ def main() -> None:
         return det
 
     ours_lat = latency(lambda: predictor.predict_image(image), a.repeats)
+    half_lat = latency(lambda: half_predictor.predict_image(image), a.repeats)
     ref_lat = latency(reference_detect, a.repeats)
 
     result = {
@@ -132,10 +141,14 @@ def main() -> None:
                   "torch": torch.__version__},
         "val": {"ours_images_per_s": a.images / ours_s, "reference_images_per_s": a.images / ref_s,
                 "speedup": ref_s / ours_s, "rounds": a.rounds,
+                "ours_half_images_per_s": a.images / half_s, "half_speedup": ref_s / half_s,
                 "ours_pass_s": [round(t, 2) for t, _ in passes["ours"]],
                 "reference_pass_s": [round(t, 2) for t, _ in passes["reference"]],
-                "ours_mAP50-95": ours_m.map, "reference_mAP50-95": float(ref_r[0][3])},
-        "predict_latency_ms": {"ours": ours_lat * 1e3, "reference": ref_lat * 1e3, "speedup": ref_lat / ours_lat},
+                "ours_half_pass_s": [round(t, 2) for t, _ in passes["ours_half"]],
+                "ours_mAP50-95": ours_m.map, "ours_half_mAP50-95": half_m.map,
+                "reference_mAP50-95": float(ref_r[0][3])},
+        "predict_latency_ms": {"ours": ours_lat * 1e3, "ours_half": half_lat * 1e3, "reference": ref_lat * 1e3,
+                               "ours_over_reference": ours_lat / ref_lat, "half_over_reference": half_lat / ref_lat},
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")

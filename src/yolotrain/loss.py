@@ -99,6 +99,9 @@ class YoloLoss:
     def __call__(self, outputs: Sequence[torch.Tensor], targets: TargetsLike,
                  pred_size: Sequence[int] | None = None) -> torch.Tensor:
         self._check_outputs(outputs, pred_size)
+        # Half-precision maps (autocast) are scored in float32: 8 or 11 significant bits cannot hold
+        # the small differences between predicted and target boxes that the IoU terms depend on.
+        outputs = [o.float() if o.dtype in (torch.float16, torch.bfloat16) else o for o in outputs]
         device, dtype = outputs[0].device, outputs[0].dtype
         targets = targets_to_tensor(targets, device)
         if not torch.isfinite(targets).all():

@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -62,6 +62,11 @@ class TrainConfig:
     tensorboard: bool = setting(True, "TensorBoard event files in the run folder (when tensorboard is installed)")
     autoanchor: bool = setting(True, "check the anchors against the training labels before training; refit "
                                "them when the best possible recall is below 0.98", off_flags=("--noautoanchor",))
+    amp: Literal["auto", "off", "bf16", "fp16"] = setting(
+        "auto", "mixed precision: auto = fp16 on CUDA (as the reference), off on the CPU; bf16 runs the "
+        "convolutions in bfloat16 (fast on CPUs with AVX512-BF16/AMX and on recent GPUs)")
+    channels_last: bool = setting(True, "channels-last (NHWC) memory layout for the model and batches, the "
+                                  "layout oneDNN and cuDNN convolutions run fastest in")
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     loss: LossConfig = field(default_factory=LossConfig)

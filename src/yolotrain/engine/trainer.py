@@ -121,7 +121,8 @@ class Trainer:
             return model
         return Yolov5(version=spec, num_classes=len(self.names), names=self.names)
 
-    def _setup(self) -> None:
+    def setup(self) -> None:
+        """Data, model, optimiser, EMA and loss, ready for :meth:`train_batch`; :meth:`fit` calls it."""
         cfg, ctx = self.config, self.ctx
         D.init_process_group(ctx, self.device)
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
@@ -131,6 +132,8 @@ class Trainer:
                       f"--model {cfg.model}.pt starts from the official COCO weights")
         self._build_data()
         model = self.model.to(self.device)
+        if cfg.channels_last:
+            model = model.to(memory_format=torch.channels_last)
         if cfg.autoanchor and self.resume_from is None:
             self._check_anchors(model)
         self._freeze(model)
@@ -148,8 +151,15 @@ class Trainer:
         self.lf = lr_lambda(cfg.epochs, optim.lrf, optim.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
         self.ema = ModelEMA(model, cfg.ema.decay, cfg.ema.tau) if ctx.is_main else None
-        self.amp = self.device.type == "cuda"
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.amp_dtype = autocast_dtype(cfg.amp, self.device)
+        if self.device.type == "cuda":
+            # Training batches keep a few shapes (square, or the rect/multi-scale sizes), so timing the
+            # cuDNN algorithms once per shape pays back within the first epoch (the reference does too).
+            torch.backends.cudnn.benchmark = True
+        if self.amp_dtype is not None and ctx.is_main:
+            self._log(f"Mixed precision: {str(self.amp_dtype).removeprefix('torch.')} autocast on {self.device.type}")
+        # Only float16 needs loss scaling: bfloat16 has float32's exponent range, so gradients do not underflow.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         img_size = cfg.data.img_size
         self.criterion = (self.loss_factory(model, cfg.data.rect) if self.loss_factory is not None
                           else YoloLoss(model, rect_training=cfg.data.rect, img_size=img_size, hyp=cfg.loss))
@@ -226,7 +236,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train for the configured epochs; returns where the weights and results were written."""
         try:
-            self._setup()
+            self.setup()
             if self.resume_from is not None:
                 self._load_resumed_state(self.resume_from)
             return self._fit()
@@ -263,17 +273,10 @@ class Trainer:
             seen = 0
             for i, (imgs, targets) in enumerate(progress):
                 step = i + batches * epoch
-                imgs = imgs.to(self.device, non_blocking=True)
-                targets = targets.to(self.device)
-                if cfg.data.multi_scale:
-                    imgs = self._multi_scale(imgs, epoch, i)
                 if warmup_iters and step <= warmup_iters:
                     self.accumulate = max(1, round(float(np.interp(step, [0, warmup_iters], [1, nominal_ratio]))))
                     apply_warmup(self.optimizer, step, warmup_iters, self.lf(epoch), cfg.optim)
-                loss = self._step_forward_backward(imgs, targets, epoch, i, first=step == 0)
-                if step - self.last_opt_step >= self.accumulate:
-                    self._optimizer_step(epoch, i)
-                    self.last_opt_step = step
+                imgs, loss = self.train_batch(imgs, targets, epoch, i, step)
                 mean_loss = (mean_loss * i + self._loss_components(loss)) / (i + 1)
                 seen += imgs.shape[0] * ctx.world_size
                 if ctx.is_main:
@@ -307,10 +310,28 @@ class Trainer:
                       f"{result.best}.safetensors; results: {self.save_dir / 'results.csv'}")
         return result
 
+    def train_batch(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int,
+                    step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One training iteration on a loader batch: forward, loss, backward, and the optimiser and EMA
+        update when ``accumulate`` steps have gathered since the last one. Returns the batch as the
+        model saw it (device, layout, multi-scale size) and the detached loss."""
+        memory_format = torch.channels_last if self.config.channels_last else torch.contiguous_format
+        imgs = imgs.to(self.device, non_blocking=True, memory_format=memory_format)
+        targets = targets.to(self.device, non_blocking=True)
+        if self.config.data.multi_scale:
+            imgs = self._multi_scale(imgs, epoch, batch)
+        loss = self._step_forward_backward(imgs, targets, epoch, batch, first=step == 0)
+        if step - self.last_opt_step >= self.accumulate:
+            self._optimizer_step(epoch, batch)
+            self.last_opt_step = step
+        return imgs, loss
+
     def _forward_backward(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
         try:
-            with torch.autocast(self.device.type, enabled=self.amp):
-                loss = self.criterion(self.ddp(imgs), targets, pred_size=imgs.shape[2:4])
+            with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                                enabled=self.amp_dtype is not None):
+                outputs = self.ddp(imgs)
+            loss = self.criterion(outputs, targets, pred_size=imgs.shape[2:4])
             if self.ctx.enabled:
                 loss = loss * self.ctx.world_size  # DDP averages gradients; the loss is a sum over images
             self.scaler.scale(loss).backward()
@@ -328,7 +349,8 @@ class Trainer:
     def _optimizer_step(self, epoch: int, batch: int) -> None:
         self.scaler.unscale_(self.optimizer)
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=self.config.optim.max_grad_norm)
-        if not self.amp and not bool(torch.isfinite(grad_norm)):
+        # With loss scaling, an overflowed step is skipped by the scaler, not a divergence.
+        if not self.scaler.is_enabled() and not bool(torch.isfinite(grad_norm)):
             raise TrainingError(self._divergence_message(epoch, batch, f"gradient norm is {grad_norm.item()}"))
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -496,6 +518,15 @@ class Trainer:
 
     def _log(self, message: str) -> None:
         tqdm.write(message)
+
+
+def autocast_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of an ``amp`` setting on ``device`` (``None``: full float32)."""
+    if amp == "auto":
+        return torch.float16 if device.type == "cuda" else None
+    if amp == "fp16" and device.type != "cuda":
+        raise ConfigError("amp fp16 needs a CUDA device; on the CPU use amp bf16")
+    return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
 
 
 def _with_new_head(model: Yolov5, num_classes: int) -> Yolov5:

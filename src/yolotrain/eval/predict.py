@@ -397,7 +397,8 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--max-det", type=int, default=1000, help="detections per image")
     parser.add_argument("--agnostic-nms", action="store_true", help="suppress across classes")
     parser.add_argument("--device", default=None, help="cpu, cuda, 0 ... (default: GPU if available)")
-    parser.add_argument("--half", action="store_true", help="FP16 inference on CUDA")
+    parser.add_argument("--half", action="store_true",
+                        help="half-precision inference: float16 on CUDA, bfloat16 on the CPU")
     parser.add_argument("--save-txt", action="store_true", help="also write YOLO-format labels/*.txt")
     parser.add_argument("--save-crop", action="store_true", help="save each detection as crops/CLASS/STEM.jpg")
     parser.add_argument("--hide-labels", action="store_true", help="draw boxes without class labels")

@@ -141,7 +141,8 @@ def val(
             (needs ``pycocotools``).
         plots: with ``save_dir``, draw the confusion matrix and P/R/F1/PR curves as PNGs.
         verbose: print the results table and speeds.
-        half: FP16 inference (CUDA only).
+        half: half-precision inference: float16 on CUDA, bfloat16 on the CPU (see
+            :func:`~yolotrain.eval.inference.load_inference_model`).
         fuse: fold BatchNorm into convolutions for inference (same outputs, faster).
         map_classes: score a model whose class count differs from the data's (an 80-class COCO model
             on a 2-class dataset) on the data's classes, matched by name; without it that is an error,
@@ -329,7 +330,8 @@ def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--no-rect", dest="rect", action="store_false", help="square letterbox, not rect batches")
     parser.add_argument("--device", default=None, help="cpu, cuda, 0 ... (default: GPU if available)")
     parser.add_argument("--workers", type=int, default=None, help="loader processes")
-    parser.add_argument("--half", action="store_true", help="FP16 inference on CUDA")
+    parser.add_argument("--half", action="store_true",
+                        help="half-precision inference: float16 on CUDA, bfloat16 on the CPU")
     parser.add_argument("--save-json", action="store_true", help="COCO json + pycocotools evaluation")
     parser.add_argument("--no-plots", dest="plots", action="store_false", help="skip confusion matrix / curves")
     parser.add_argument("--map-classes", action="store_true",

@@ -59,6 +59,9 @@ class Detect(nn.Module):
         """Raw maps → ``[B, N, 5+nc]``: cx, cy, w, h in input pixels, sigmoid objectness and class scores."""
         decoded = []
         for i, p in enumerate(maps):
+            if p.dtype == torch.bfloat16:
+                # bf16 keeps 8 significant bits: pixel coordinates would be off by up to 2 px at 640.
+                p = p.float()
             b, na, ny, nx, no = p.shape
             grid, anchor_grid = self._grid(nx, ny, i, p.dtype, p.device)
             xy, wh, conf = p.sigmoid().split((2, 2, self.nc + 1), 4)

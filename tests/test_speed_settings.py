@@ -1,0 +1,156 @@
+"""The speed settings change how fast, not what: channels-last, bf16 autocast, the fused optimiser and
+half-precision inference, each checked against the plain float32 path; and the training benchmark runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from yolotrain import YoloLoss, Yolov5, train
+from yolotrain.checkpoint import read_checkpoint
+from yolotrain.data import generate_shapes_dataset
+from yolotrain.engine.config import resolve_config
+from yolotrain.engine.optim import build_optimizer
+from yolotrain.engine.trainer import Trainer
+from yolotrain.eval.inference import load_inference_model
+from yolotrain.settings import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = dict(img_size=64, batch_size=4, workers=0, plots=False, autoanchor=False, tensorboard=False, epochs=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=4, img_size=64)
+    return root / "data.yaml"
+
+
+def conv_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p for p in model.parameters() if p.ndim == 4]
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_the_layout_setting_reaches_the_model(tiny_data, tmp_path, channels_last):
+    trainer = Trainer(resolve_config(None, data=str(tiny_data), project=str(tmp_path), channels_last=channels_last,
+                                     **QUICK))
+    trainer.setup()
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    assert all(p.is_contiguous(memory_format=layout) for p in conv_weights(trainer.model))
+    assert all(p.is_contiguous(memory_format=layout) for p in conv_weights(trainer.ema.module))
+
+
+def test_channels_last_trains_to_the_same_weights(tiny_data, tmp_path):
+    """Same seed, same batches: the layout changes the order of float operations only."""
+    runs = {layout: train(data=str(tiny_data), project=str(tmp_path), name=str(layout), channels_last=layout, **QUICK)
+            for layout in (True, False)}
+    nhwc, nchw = (read_checkpoint(runs[layout].last).model_state for layout in (True, False))
+    assert nhwc.keys() == nchw.keys()
+    for key in nhwc:
+        torch.testing.assert_close(nhwc[key], nchw[key], rtol=1e-3, atol=1e-4, msg=key)
+
+
+def test_bf16_autocast_trains_and_saves_float32_weights(tiny_data, tmp_path, capsys):
+    result = train(data=str(tiny_data), project=str(tmp_path), amp="bf16", **QUICK)
+    assert "Mixed precision: bfloat16 autocast on cpu" in capsys.readouterr().out
+    contents = read_checkpoint(result.last)
+    assert {t.dtype for t in contents.model_state.values() if t.is_floating_point()} == {torch.float32}
+    assert all(torch.isfinite(t).all() for t in contents.model_state.values() if t.is_floating_point())
+    rows = (result.save_dir / "results.csv").read_text().splitlines()
+    assert len(rows) == 2 and "nan" not in rows[1]
+
+
+def test_fp16_on_the_cpu_is_refused_in_one_line(tiny_data, tmp_path):
+    with pytest.raises(ConfigError, match="amp fp16 needs a CUDA device; on the CPU use amp bf16"):
+        train(data=str(tiny_data), project=str(tmp_path), amp="fp16", device="cpu", **QUICK)
+    with pytest.raises(ConfigError, match="amp"):
+        resolve_config(None, amp="fp8")
+
+
+def test_half_precision_maps_are_scored_in_float32():
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=3).train()
+    maps = [m.detach() for m in model(torch.rand(2, 3, 64, 64))]
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4], [1, 2, 0.3, 0.6, 0.2, 0.2]])
+    criterion = YoloLoss(model)
+    half = [m.to(torch.bfloat16).requires_grad_() for m in maps]
+    loss = criterion(half, targets)
+    assert loss.dtype == torch.float32
+    # Exactly the loss of the same values in float32: nothing is computed in bf16.
+    torch.testing.assert_close(loss, criterion([m.float() for m in half], targets), rtol=0, atol=0)
+    loss.backward()
+    assert all(m.grad is not None and m.grad.dtype == torch.bfloat16 for m in half)
+
+
+def test_the_fused_optimiser_steps_like_the_per_tensor_loop():
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2)
+    twin = Yolov5("n", num_classes=2)
+    twin.load_state_dict(model.state_dict())
+    fused = build_optimizer(model, "SGD", 0.01, 0.937, 5e-4)
+    assert fused.defaults["fused"]
+    looped = build_optimizer(twin, "SGD", 0.01, 0.937, 5e-4)
+    for group in looped.param_groups:
+        group["fused"] = False
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in model.parameters()]
+        for params, optimizer in ((model.parameters(), fused), (twin.parameters(), looped)):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            optimizer.step()
+    for (name, a), b in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_half_inference_on_the_cpu_runs_bf16_and_decodes_in_float32():
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2).eval()
+    full, _ = load_inference_model(model, "cpu")
+    half, _ = load_inference_model(model, "cpu", half=True)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in conv_weights(half))
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the caller's model is untouched
+    x = torch.rand(1, 3, 128, 160)
+    with torch.inference_mode():
+        ref, out = full(x), half(x.to(torch.bfloat16))
+    assert out.dtype == torch.float32
+    # Boxes within 2% of the float32 ones (in pixels) and scores within 0.02: bf16 weights and
+    # activations, float32 decoding.
+    torch.testing.assert_close(out[..., :4], ref[..., :4], rtol=0.02, atol=0.5)
+    torch.testing.assert_close(out[..., 4:], ref[..., 4:], rtol=0, atol=0.02)
+
+
+needs_shared = pytest.mark.skipif(not (ROOT.parent / "shared" / "weights" / "yolov5n.pt").is_file(),
+                                  reason="needs ../shared")
+
+
+def run_benchmark(script: str, tmp_path: Path, *args: str) -> None:
+    pytest.importorskip("yolov5", reason="the benchmark compares with the reference package")
+    env = {**os.environ, "YOLO_CONFIG_DIR": str(tmp_path), "YOLOV5_CONFIG_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke", *args], check=True, env=env,
+                   cwd=tmp_path, capture_output=True, timeout=600)
+
+
+@needs_shared
+def test_the_eval_benchmark_runs(tmp_path):
+    run_benchmark("bench_eval.py", tmp_path, "--out", str(tmp_path / "eval.json"))
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["setup"]["images"] == 8
+    assert all(result["val"][k] > 0 for k in ("ours_images_per_s", "ours_half_images_per_s", "reference_images_per_s"))
+    assert 0 < result["val"]["ours_half_mAP50-95"] <= 1
+    assert all(v > 0 for v in result["predict_latency_ms"].values())
+
+
+@needs_shared
+def test_the_training_benchmark_runs(tmp_path):
+    run_benchmark("bench_train.py", tmp_path, "--out", str(tmp_path))
+    result = json.loads((tmp_path / "train.json").read_text())
+    (row,) = result["steps"]
+    assert row["config"] == "yolov5n@64"
+    assert all(row[k] > 0 for k in ("floor_ms", "ours_ms", "ours_bf16_ms", "reference_ms", "step_speedup"))
+    assert "| yolov5n | 64 |" in (tmp_path / "train.md").read_text()
