@@ -107,8 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _domain_errors() -> tuple[type[BaseException], ...]:
     from .checkpoint import CheckpointError
+    from .engine.loggers import LoggerError
     from .engine.trainer import TrainingError
     from .interop import UnsafeCheckpointError
     from .loss import DivergenceError
 
-    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError)
+    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError)
