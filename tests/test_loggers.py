@@ -119,6 +119,7 @@ def test_mlflow_uses_the_tracking_uri_of_the_environment(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'tracking.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "shapes")
+    monkeypatch.chdir(tmp_path)  # MLflow keeps the artifacts of such a store in ./mlruns
     run = train(data=str(_shapes(tmp_path)), epochs=1, img_size=64, batch_size=4, workers=0, autoanchor=False,
                 tensorboard=False, plots=False, loggers=("mlflow",), project=str(tmp_path / "runs"))
     client = MlflowClient(uri)
@@ -126,6 +127,7 @@ def test_mlflow_uses_the_tracking_uri_of_the_environment(tmp_path, monkeypatch):
     row = _results(run.save_dir)[-1]
     assert logged.data.metrics["mAP50-95"] == pytest.approx(float(row["mAP50-95"]), rel=1e-5)
     assert not (run.save_dir / "mlflow.db").exists()
+    assert client.list_artifacts(logged.info.run_id, "weights") and (tmp_path / "mlruns").is_dir()
 
 
 def _wandb_records(path: Path):
