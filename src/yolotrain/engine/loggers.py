@@ -158,6 +158,7 @@ class WandbLogger:
         except Exception as error:  # login, network and settings failures: one line, training not started
             raise LoggerError(f"--logger wandb could not start a run ({type(error).__name__}: {error}); "
                               f"WANDB_MODE=offline logs without an account") from None
+        log(f"W&B: run {self.run.id} in project {self.run.project}, files in {save_dir / 'wandb'}")
 
     def state(self) -> dict[str, str]:
         return {"project": self.run.project, "id": self.run.id}
@@ -184,10 +185,11 @@ class RunLoggers:
         self.integrations: list[MLflowLogger | WandbLogger] = []
         state_path = self.save_dir / STATE_FILE
         saved = json.loads(state_path.read_text()) if resumed and state_path.is_file() else {}
-        for name in integrations:
+        names = tuple(integrations)
+        for name in names:
             self.integrations.append(INTEGRATIONS[name](self.save_dir, dict(config or {}), saved.get(name, {}), log))
         if self.integrations:
-            state = {name: logger.state() for name, logger in zip(integrations, self.integrations)}
+            state = {name: logger.state() for name, logger in zip(names, self.integrations)}
             write_atomic(state_path, lambda temp: temp.write_text(json.dumps(state, indent=1)))
         if not enabled:
             return
