@@ -8,7 +8,7 @@ import functools
 import pytest
 import yaml
 
-from yolotrain.cli import build_parser, main
+from yolotrain.cli import UNSUPPORTED_TRAIN_OPTIONS, build_parser, main
 from yolotrain.data.augment import AugmentConfig
 from yolotrain.engine.config import TrainConfig, resolve_config
 from yolotrain.settings import ConfigError, flat_names, leaves
@@ -25,9 +25,10 @@ def test_defaults_depend_on_the_data():
     # A learning rate tuned for the preset optimiser does not carry over to another one.
     assert resolve_config(optimizer="SGD").optim.lr0 == 0.01
     assert resolve_config(data="x.yaml", optimizer="Adam").optim.lr0 == 0.001
-    # Resolved means complete: only the device (None: a GPU when present) and the data (None: shapes) stay open.
+    # Resolved means complete: only the device (None: a GPU when present), the W&B entity (None: the
+    # account's own) and the data (None: shapes) stay open.
     unset = [path for path, _, _ in leaves(TrainConfig) if functools.reduce(getattr, path.split("."), shapes) is None]
-    assert unset == ["device", "data.path"]
+    assert unset == ["device", "entity", "data.path"]
 
 
 def test_layers_files_then_keywords(tmp_path):
@@ -102,13 +103,15 @@ def test_every_setting_has_one_option_with_its_default_in_the_help():
     for path, field, _ in leaves(TrainConfig):
         action = by_dest[field.name]
         assert field.metadata["help"] in action.help, path
-        if field.default is not None:
+        if field.default not in (None, ()):
             assert f"(default {field.default})" in action.help, path
-    assert set(flat_names(TrainConfig)) >= set(by_dest) - {"help", "config", "hyp", "resume"}
+    reference_only = {flag.lstrip("-").replace("-", "_") for flag in UNSUPPORTED_TRAIN_OPTIONS}
+    assert set(flat_names(TrainConfig)) >= set(by_dest) - {"help", "config", "hyp", "resume", "cfg", "local_rank"} \
+        - reference_only
     args = train.parse_args(["--img", "320", "--no-val", "--mosaic", "0.5", "--optimizer", "Adam"])
     given = {k: v for k, v in vars(args).items() if k != "run"}
-    assert given == {"config": None, "hyp": None, "resume": False, "img_size": 320, "val": False, "mosaic": 0.5,
-                     "optimizer": "Adam"}
+    assert given == {"config": None, "hyp": None, "resume": False, "cfg": None, "img_size": 320, "val": False,
+                     "mosaic": 0.5, "optimizer": "Adam"}
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -118,8 +121,20 @@ def test_every_setting_has_one_option_with_its_default_in_the_help():
     (["--lr0", "-0.1"], "optim.lr0: must be greater than 0"),
     (["--fliplr", "1.5"], "augment.fliplr: must be at most 1, got 1.5"),
     (["--resume", "--epochs", "5"], "only device and workers may change (got epochs)"),
+    (["--logger", "mlflow", "wandbb"], "loggers: expected a list of 'mlflow', 'wandb', got ['mlflow', 'wandbb']; "
+                                       "did you mean 'wandb'?"),
 ])
 def test_cli_settings_errors_are_one_line(argv, message, capsys):
     assert main(["train", *argv]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("yolotrain train: error: ") and message in err[0], err
+
+
+def test_logger_lists_from_options_files_and_keywords(tmp_path):
+    args = build_parser().parse_args(["train", "--logger", "mlflow,wandb"])
+    assert resolve_config(loggers=args.loggers).loggers == ("mlflow", "wandb")
+    assert resolve_config(loggers="wandb").loggers == ("wandb",) and resolve_config().loggers == ()
+    (tmp_path / "config.yaml").write_text("loggers: [mlflow]\n")
+    assert resolve_config(tmp_path / "config.yaml").loggers == ("mlflow",)
+    with pytest.raises(ConfigError, match=r"got 'ml-flow'; did you mean 'mlflow'\?"):
+        resolve_config(loggers="ml-flow")

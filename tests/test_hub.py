@@ -17,7 +17,8 @@ from yolotrain.interop import hub, load_checkpoint, load_model
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     """Routes: /good/yolov5n.pt the file; /short/ a body cut half-way under the full Content-Length;
-    /wrong/ a complete response whose content has one byte changed; anything else 404."""
+    /wrong/ a complete response whose content has one byte changed; /renamed/NAME the file under any
+    official name; anything else 404."""
 
     payload = b""
     requests: list[str] = []
@@ -37,6 +38,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         elif self.path == "/wrong/yolov5n.pt":
             body = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+        elif self.path.startswith("/renamed/"):
+            body = data
         else:
             self.send_error(404, "Not Found")
             return
@@ -117,12 +120,28 @@ def test_offline_is_one_line_from_the_command_line(weights_home, monkeypatch, ca
     assert "cannot reach" in err and f"127.0.0.1:{port}/yolov5n.pt" in err and str(weights_home) in err
 
 
-def test_an_asset_without_a_known_hash_is_never_downloaded(server, weights_home, monkeypatch):
+def test_an_asset_without_a_known_hash_is_never_downloaded(server, weights_home, monkeypatch, capsys):
     monkeypatch.setenv("YOLOTRAIN_WEIGHTS_URL", f"{server}/good")
+    monkeypatch.delitem(hub.SHA256, "yolov5s.pt")
     _Handler.requests.clear()
-    with pytest.raises(hub.WeightsUnavailableError, match="no verified SHA-256"):
-        hub.resolve_weights("yolov5s.pt")
+    assert main(["export", "--weights", "yolov5s.pt", "--format", "torchscript"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "no verified SHA-256" in err and f"{server}/good/yolov5s.pt" in err and str(weights_home) in err
     assert _Handler.requests == []
+
+
+def test_every_official_name_is_checked_against_its_own_hash(server, weights_home, monkeypatch):
+    """P5 and P6 names all have a hash, and it is the asset's own: yolov5n.pt served as another
+    name is refused and not kept."""
+    assert set(hub.SHA256) == set(hub.OFFICIAL_WEIGHTS)
+    assert len(set(hub.SHA256.values())) == len(hub.SHA256)
+    assert all(len(h) == 64 and set(h) <= set("0123456789abcdef") for h in hub.SHA256.values())
+    monkeypatch.setenv("YOLOTRAIN_WEIGHTS_URL", f"{server}/renamed")
+    for name in ("yolov5s.pt", "yolov5x6.pt"):
+        with pytest.raises(hub.WeightsUnavailableError, match="SHA-256 mismatch"):
+            hub.resolve_weights(name)
+    assert not weights_home.exists() or not any(weights_home.iterdir())
 
 
 def test_local_files_win_and_other_names_pass_through(tmp_path, weights_home, monkeypatch):

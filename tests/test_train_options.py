@@ -179,7 +179,7 @@ def test_ram_cache_holds_every_image_before_training(tiny_data, tmp_path):
 
 def test_a_reference_train_command_line_resolves(tmp_path):
     """The options of the reference's train.py that yolotrain has, spelled as the reference spells them."""
-    from yolotrain.cli import build_parser
+    from yolotrain.cli import build_parser, train_settings
     from yolotrain.engine.config import resolve_config
 
     hyp = tmp_path / "hyp.yaml"
@@ -190,8 +190,7 @@ def test_a_reference_train_command_line_resolves(tmp_path):
             "--name", "n", "--exist-ok", "--cos-lr", "--label-smoothing", "0.1", "--patience", "7", "--freeze", "0",
             "1", "2", "--save-period", "2", "--seed", "3"]
     args = build_parser().parse_args(["train", *argv])
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "run", "config", "hyp", "resume")}
-    c = resolve_config(args.config, hyp=args.hyp, **settings)
+    c = resolve_config(args.config, hyp=args.hyp, **train_settings(args))
     assert (c.model, c.data.path, c.epochs, c.data.batch_size, c.data.img_size, c.data.rect) == \
         ("yolov5s.pt", "data.yaml", 3, 8, 320, True)
     assert (c.eval.val, c.autoanchor, c.eval.plots, c.data.cache, c.data.multi_scale, c.data.single_cls) == \

@@ -5,10 +5,43 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 # Exceptions that mean "bad input or configuration": printed as one line, no traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, NotADirectoryError, PermissionError,
                                                  ValueError, KeyError)
+
+
+# Options of the reference's train.py for features yolotrain does not have, and why: each stops the run
+# with one line rather than being ignored. README.md lists them with the other differences.
+UNSUPPORTED_TRAIN_OPTIONS = {
+    "--evolve": "hyper-parameter evolution is not implemented; tune with --hyp files and compare runs",
+    "--bucket": "it is where --evolve keeps its results, and --evolve is not implemented",
+    "--image-weights": "class-weighted image sampling is not implemented",
+    "--quad": "the quad collate (four images merged per sample) is not implemented",
+    "--nosave": "every epoch's last checkpoint is written because --resume continues from it",
+    "--bbox_interval": "W&B bounding-box images are not logged (--logger wandb logs each epoch's results)",
+    "--artifact_alias": "W&B dataset artifacts are not used; the data is read from --data",
+    "--upload_dataset": "datasets are not uploaded anywhere",
+    "--s3_upload_dir": "weights and datasets are not uploaded to S3",
+    "--neptune_token": "Neptune logging is not implemented (--logger mlflow|wandb are)",
+    "--neptune_project": "Neptune logging is not implemented (--logger mlflow|wandb are)",
+    "--neptune_resume_id": "Neptune logging is not implemented (--logger mlflow|wandb are)",
+    "--hf_model_id": "weights are not uploaded to the Hugging Face Hub",
+    "--hf_token": "weights are not uploaded to the Hugging Face Hub",
+    "--hf_private": "weights are not uploaded to the Hugging Face Hub",
+    "--hf_dataset_id": "weights are not uploaded to the Hugging Face Hub",
+    "--roboflow_token": "weights are not uploaded to Roboflow",
+    "--roboflow_upload": "weights are not uploaded to Roboflow",
+}
+
+
+class _Unsupported(argparse.Action):
+    """Records an unsupported reference option (with or without its value) so the run stops on it in one line."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        namespace.unsupported = [*getattr(namespace, "unsupported", []), option_string]
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +56,12 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", nargs="?", const=True, default=False,
                    help="continue the latest run, or the given run folder or last checkpoint, with its own "
                    "settings (only --device and --workers may change)")
+    p.add_argument("--cfg", help="architecture to train from scratch: a model YAML, or yolov5s.yaml … for the "
+                   "published ones (the reference's spelling of --model)")
+    # torch.distributed.launch passes it; the rank is read from LOCAL_RANK, as the reference reads it.
+    p.add_argument("--local_rank", "--local-rank", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for flag in UNSUPPORTED_TRAIN_OPTIONS:
+        p.add_argument(flag, nargs="?", action=_Unsupported, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_arguments(p, TrainConfig)
     p.set_defaults(run=_run_train)
 
@@ -30,9 +69,41 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     from .engine import train
 
-    settings = {k: v for k, v in vars(args).items() if k not in ("command", "run", "config", "hyp", "resume")}
-    train(args.config, hyp=args.hyp, resume=args.resume, **settings)
+    train(args.config, hyp=args.hyp, resume=args.resume, **train_settings(args))
     return 0
+
+
+def train_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The settings of parsed ``train`` options, with the reference's spellings (``--cfg``, ``--weights ''``)
+    turned into yolotrain's; an unsupported reference option is a ``ValueError`` saying why."""
+    unsupported = getattr(args, "unsupported", [])
+    if unsupported:
+        raise ValueError(f"{unsupported[0]} is not supported: {UNSUPPORTED_TRAIN_OPTIONS[unsupported[0]]}")
+    settings = {k: v for k, v in vars(args).items()
+                if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank")}
+    if settings.get("model") == "":  # the reference's --weights '': no weights, train from scratch
+        del settings["model"]
+    if args.cfg:
+        if "model" in settings:
+            raise ValueError("--cfg with --weights (an architecture taking over some weights) is not supported: "
+                             "give --weights alone to fine-tune those weights, or --cfg alone to train from scratch")
+        settings["model"] = _architecture(args.cfg)
+    return settings
+
+
+def _architecture(cfg: str) -> str:
+    """``--cfg``: the YAML file when it exists; ``yolov5s.yaml`` (or ``models/yolov5s.yaml``, as the reference
+    finds it in its own folder) is the published architecture ``yolov5s``."""
+    from .model import parse_version
+
+    path = Path(cfg)
+    if path.exists() or path.suffix not in (".yaml", ".yml"):
+        return cfg
+    try:
+        parse_version(path.stem)
+    except ValueError:
+        return cfg  # not a published name: the missing file is reported when the model is built
+    return path.stem
 
 
 def _val_parser(sub: argparse._SubParsersAction) -> None:
@@ -107,8 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _domain_errors() -> tuple[type[BaseException], ...]:
     from .checkpoint import CheckpointError
+    from .engine.loggers import LoggerError
     from .engine.trainer import TrainingError
     from .interop import UnsafeCheckpointError
     from .loss import DivergenceError
 
-    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError)
+    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError)

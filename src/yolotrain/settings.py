@@ -94,7 +94,10 @@ def _describe(tp: Any) -> str:
     if origin in (Union, types.UnionType):
         return " or ".join(_describe(a) for a in typing.get_args(tp))
     if origin is tuple:
-        return f"a list of {_describe(typing.get_args(tp)[0])}s"
+        item = typing.get_args(tp)[0]
+        if typing.get_origin(item) is Literal:
+            return "a list of " + ", ".join(repr(v) for v in typing.get_args(item))
+        return f"a list of {_describe(item)}s"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
             type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
 
@@ -115,7 +118,7 @@ def _coerce(value: Any, tp: Any) -> Any:
         raise TypeError
     if origin is tuple:  # tuple[X, ...]: a list in YAML/JSON, one or more values on the command line
         items = value if isinstance(value, (list, tuple)) else [value]
-        return tuple(_coerce(item, typing.get_args(tp)[0]) for item in items)
+        return tuple(_coerce(part, typing.get_args(tp)[0]) for item in items for part in _comma_parts(item))
     if tp is type(None):
         if value is None:
             return None
@@ -143,12 +146,33 @@ def _coerce(value: Any, tp: Any) -> Any:
     raise TypeError
 
 
+def _comma_parts(item: Any) -> list[Any]:
+    """``"mlflow,wandb"`` as two list items (a comma-separated list is one command-line value)."""
+    return [part.strip() for part in item.split(",")] if isinstance(item, str) and "," in item else [item]
+
+
+def _closest_choice(value: Any, tp: Any) -> str:
+    """``; did you mean 'X'?`` for a misspelt choice of a setting with fixed choices (or a list of them)."""
+    tp = _base_type(tp)
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if typing.get_origin(tp) is tuple:
+        tp = typing.get_args(tp)[0]
+    if typing.get_origin(tp) is not Literal:
+        return ""
+    choices = [c for c in typing.get_args(tp) if isinstance(c, str)]
+    for part in (p for item in values for p in _comma_parts(item)):
+        if isinstance(part, str) and part not in choices:
+            close = difflib.get_close_matches(part, choices, n=1, cutoff=0.6)
+            return f"; did you mean {close[0]!r}?" if close else ""
+    return ""
+
+
 def check_value(path: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     """``value`` coerced to the field's type and checked against its bounds; ``ConfigError`` otherwise."""
     try:
         value = _coerce(value, tp)
     except TypeError:
-        raise ConfigError(f"{path}: expected {_describe(tp)}, got {value!r}") from None
+        raise ConfigError(f"{path}: expected {_describe(tp)}, got {value!r}{_closest_choice(value, tp)}") from None
     for number in value if isinstance(value, tuple) else (value,):
         _check_bounds(path, f, number)
     return value
@@ -254,7 +278,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         group = groups.get(section) or groups.setdefault(section, parser.add_argument_group(f"{section} settings"))
         flags = f.metadata.get("flags") or (f"--{f.name.replace('_', '-')}",)
         default = f.default if f.default is not dataclasses.MISSING else None
-        shown = "" if default is None else f" (default {default})"
+        shown = "" if default in (None, ()) else f" (default {default})"
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": f.metadata["help"] + shown}
         base = _base_type(tp)
         if base is bool:
@@ -265,7 +289,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         elif typing.get_origin(base) is Literal:
             kwargs["choices"] = typing.get_args(base)
         elif typing.get_origin(base) is tuple:
-            kwargs.update(nargs="+", type=typing.get_args(base)[0], metavar="N")
+            item = typing.get_args(base)[0]
+            if typing.get_origin(item) is Literal:  # names checked with the setting, which suggests the closest
+                kwargs.update(nargs="+", metavar="NAME")
+            else:
+                kwargs.update(nargs="+", type=item, metavar="N")
         else:
             kwargs["type"] = base
             kwargs["metavar"] = {int: "N", float: "X", str: "TEXT"}.get(base, None)

@@ -60,6 +60,11 @@ class TrainConfig:
     freeze: tuple[int, ...] = setting((0,), "freeze layers: one N = the first N (backbone = 10), several = "
                                       "those layer indices", min=0)
     tensorboard: bool = setting(True, "TensorBoard event files in the run folder (when tensorboard is installed)")
+    loggers: tuple[Literal["mlflow", "wandb"], ...] = setting(
+        (), "also log to these experiment trackers: mlflow, wandb (each needs its package: pip install "
+        "'yolotrain[mlflow]'); MLflow uses $MLFLOW_TRACKING_URI, else a store in the run folder",
+        flags=("--logger",))
+    entity: str | None = setting(None, "W&B team or user of --logger wandb runs (default: your own)")
     autoanchor: bool = setting(True, "check the anchors against the training labels before training; refit "
                                "them when the best possible recall is below 0.98", off_flags=("--noautoanchor",))
     amp: Literal["auto", "off", "bf16", "fp16"] = setting(

@@ -1,18 +1,32 @@
-"""Experiment loggers beside ``results.csv``: TensorBoard event files in the run folder when installed.
+"""Experiment loggers beside ``results.csv``: TensorBoard event files in the run folder when installed,
+and MLflow and Weights & Biases when asked for (``--logger mlflow wandb``).
 
 Each epoch's row of ``results.csv`` is sent as scalars under the reference's tags (``train/box_loss``,
-``metrics/mAP_0.5``, ``x/lr0`` …), so dashboards built for the reference read these runs too; the
-final validation's drawn predictions go in as one image mosaic.
+``metrics/mAP_0.5``, ``x/lr0`` …) to TensorBoard and W&B, so dashboards built for the reference read
+these runs too; the final validation's drawn predictions go to TensorBoard as one image mosaic. MLflow
+gets the same values under the ``results.csv`` column names, the resolved settings as parameters and
+the best and last weights as artifacts.
+
+The MLflow and W&B packages are imported only when their logger is asked for. A resumed run goes on
+logging into the same MLflow run and W&B run: their ids are kept in ``loggers.json`` in the run folder.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable
+import importlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
+
+from ..atomic import write_atomic
 
 # results.csv column → the reference's TensorBoard tag.
 TAGS = {
@@ -23,15 +37,160 @@ TAGS = {
 }
 MOSAIC_TILE = 320  # pixels per side of each image in the validation mosaic
 MOSAIC_COLUMNS = 4
+# Where a run keeps the ids of its MLflow and W&B runs, so that a resumed run logs into the same ones.
+STATE_FILE = "loggers.json"
+# The reference's W&B project for runs under the default project folder.
+WANDB_DEFAULT_PROJECT = "YOLOv5"
+_MLFLOW_BATCH = 100  # the most parameters MLflow takes in one request
+
+
+class LoggerError(RuntimeError):
+    """A logger asked for with ``--logger`` cannot start; the message says why and what to do."""
+
+
+def require_loggers(names: Iterable[str]) -> None:
+    """Import the package of each logger in ``names`` now, so a missing one stops the run before training.
+
+    Raises:
+        LoggerError: a package is not installed (the message names the extra that installs it).
+    """
+    for name in names:
+        _import(name)
+        if name == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI"):
+            # The default store, a SQLite file in the run folder, needs these two.
+            for module in ("sqlalchemy", "alembic"):
+                _import(module, needed_by=name)
+
+
+def _import(module: str, needed_by: str | None = None) -> Any:
+    logger = needed_by or module
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise LoggerError(f"--logger {logger} needs the {module} package: pip install 'yolotrain[{logger}]'") \
+            from None
+
+
+def flat_settings(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested configuration as ``{"data.img_size": 640, ...}`` (MLflow parameters are flat)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def mlflow_name(column: str) -> str:
+    """A ``results.csv`` column as an MLflow metric name (letters, digits, ``_ - . /`` and spaces)."""
+    return re.sub(r"[^\w\-./ ]", "_", column)
+
+
+def _last_row(results_csv: Path) -> dict[str, str] | None:
+    with Path(results_csv).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return rows[-1] if rows else None
+
+
+def _values(row: Mapping[str, str]) -> dict[str, float]:
+    """The numbers of a results.csv row, without the epoch and the empty validation cells."""
+    return {k: float(v) for k, v in row.items() if k != "epoch" and v not in (None, "")}
+
+
+class MLflowLogger:
+    """One MLflow run per training run, in ``$MLFLOW_TRACKING_URI`` or, when unset, in ``mlflow.db`` with
+    artifacts under ``mlruns``, both in the run folder (nothing goes to a home folder or the network)."""
+
+    def __init__(self, save_dir: Path, config: Mapping[str, Any], saved: Mapping[str, Any],
+                 log: Callable[[str], None]) -> None:
+        mlflow = _import("mlflow")
+        self.entities = importlib.import_module("mlflow.entities")
+        default_uri = f"sqlite:///{(save_dir / 'mlflow.db').resolve()}"
+        self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or saved.get("tracking_uri") or default_uri
+        self.client = mlflow.MlflowClient(self.tracking_uri)
+        # A resumed run continues its MLflow run when it logs to the same store; otherwise it starts one.
+        self.run_id = saved.get("run_id") if saved.get("tracking_uri") == self.tracking_uri else None
+        if self.run_id is not None:
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            artifacts = (save_dir / "mlruns").resolve().as_uri() if self.tracking_uri == default_uri else None
+            experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or str(config["project"])
+            found = self.client.get_experiment_by_name(experiment)
+            experiment_id = found.experiment_id if found is not None else \
+                self.client.create_experiment(experiment, artifact_location=artifacts)
+            self.run_id = self.client.create_run(experiment_id, run_name=save_dir.name).info.run_id
+            params = [self.entities.Param(k, str(v)) for k, v in flat_settings(config).items()]
+            for start in range(0, len(params), _MLFLOW_BATCH):
+                self.client.log_batch(self.run_id, params=params[start:start + _MLFLOW_BATCH])
+        log(f"MLflow: run {self.run_id} in {self.tracking_uri}")
+
+    def state(self) -> dict[str, str]:
+        return {"tracking_uri": self.tracking_uri, "run_id": self.run_id}
+
+    def log_row(self, epoch: int, values: Mapping[str, float]) -> None:
+        stamp = int(time.time() * 1000)
+        metrics = [self.entities.Metric(mlflow_name(k), v, stamp, epoch) for k, v in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def finish(self, weights: Path, failed: bool) -> None:
+        if not failed:
+            for name in ("best", "last"):
+                for suffix in (".safetensors", ".json"):
+                    if (weights / f"{name}{suffix}").is_file():
+                        self.client.log_artifact(self.run_id, str(weights / f"{name}{suffix}"), "weights")
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+
+
+class WandbLogger:
+    """One W&B run per training run, its files under ``wandb`` in the run folder; ``WANDB_MODE`` and the
+    other ``WANDB_*`` variables apply as usual (``WANDB_MODE=offline`` needs no account)."""
+
+    def __init__(self, save_dir: Path, config: Mapping[str, Any], saved: Mapping[str, Any],
+                 log: Callable[[str], None]) -> None:
+        wandb = _import("wandb")
+        project = config["project"]
+        default_project = WANDB_DEFAULT_PROJECT if Path(project) == Path("runs/train") else Path(project).name
+        try:
+            self.run = wandb.init(project=saved.get("project", default_project), entity=config.get("entity"),
+                                  name=save_dir.name, dir=str(save_dir), config=dict(config),
+                                  id=saved.get("id"), resume="allow" if saved.get("id") else None)
+        except Exception as error:  # login, network and settings failures: one line, training not started
+            raise LoggerError(f"--logger wandb could not start a run ({type(error).__name__}: {error}); "
+                              f"WANDB_MODE=offline logs without an account") from None
+        log(f"W&B: run {self.run.id} in project {self.run.project}, files in {save_dir / 'wandb'}")
+
+    def state(self) -> dict[str, str]:
+        return {"project": self.run.project, "id": self.run.id}
+
+    def log_row(self, epoch: int, values: Mapping[str, float]) -> None:
+        self.run.log({TAGS.get(k, k): v for k, v in values.items()}, step=epoch)
+
+    def finish(self, weights: Path, failed: bool) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
+
+
+INTEGRATIONS: dict[str, type[MLflowLogger] | type[WandbLogger]] = {"mlflow": MLflowLogger, "wandb": WandbLogger}
 
 
 class RunLoggers:
-    """The loggers of one run (rank 0 only). Without ``tensorboard`` installed it logs nothing and
-    says once how to get it."""
+    """The loggers of one run (rank 0 only). Without ``tensorboard`` installed TensorBoard logs nothing
+    and says once how to get it; ``integrations`` (``mlflow``, ``wandb``) must be installed
+    (:func:`require_loggers`). ``config`` is the run's resolved settings (:meth:`TrainConfig.to_dict`)."""
 
-    def __init__(self, save_dir: Path, enabled: bool, log: Callable[[str], None]) -> None:
+    def __init__(self, save_dir: Path, enabled: bool, log: Callable[[str], None], integrations: Iterable[str] = (),
+                 config: Mapping[str, Any] | None = None, resumed: bool = False) -> None:
         self.save_dir = Path(save_dir)
         self.writer = None
+        self.integrations: list[MLflowLogger | WandbLogger] = []
+        state_path = self.save_dir / STATE_FILE
+        saved = json.loads(state_path.read_text()) if resumed and state_path.is_file() else {}
+        names = tuple(integrations)
+        for name in names:
+            self.integrations.append(INTEGRATIONS[name](self.save_dir, dict(config or {}), saved.get(name, {}), log))
+        if self.integrations:
+            state = {name: logger.state() for name, logger in zip(names, self.integrations)}
+            write_atomic(state_path, lambda temp: temp.write_text(json.dumps(state, indent=1)))
         if not enabled:
             return
         try:
@@ -44,17 +203,17 @@ class RunLoggers:
 
     def log_epoch(self, results_csv: Path) -> None:
         """The last row of ``results_csv`` as scalars at its epoch (empty validation cells are skipped)."""
+        row = _last_row(results_csv)
+        if row is None:
+            return
+        epoch, values = int(row["epoch"]), _values(row)
+        for logger in self.integrations:
+            logger.log_row(epoch, values)
         if self.writer is None:
             return
-        with Path(results_csv).open(newline="") as f:
-            rows = list(csv.DictReader(f))
-        if not rows:
-            return
-        row = rows[-1]
-        epoch = int(row["epoch"])
         for column, tag in TAGS.items():
-            if row.get(column) not in (None, ""):
-                self.writer.add_scalar(tag, float(row[column]), epoch)
+            if column in values:
+                self.writer.add_scalar(tag, values[column], epoch)
         self.writer.flush()
 
     def log_images(self, folder: Path, tag: str, epoch: int) -> None:
@@ -80,7 +239,11 @@ class RunLoggers:
         self.writer.add_image(tag, mosaic, epoch, dataformats="HWC")
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """End every logger (once); ``failed``: the run stopped on an error, which MLflow and W&B record."""
+        for logger in self.integrations:
+            logger.finish(self.save_dir / "weights", failed)
+        self.integrations = []
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -31,7 +31,7 @@ from ..settings import ConfigError
 from . import distributed as D
 from .config import TrainConfig, resolve_config, with_runtime
 from .ema import ModelEMA
-from .loggers import RunLoggers
+from .loggers import RunLoggers, require_loggers
 from .optim import apply_warmup, build_optimizer, lr_lambda, warmup_iterations
 
 # Validation columns of results.csv (left empty in epochs that skip validation).
@@ -76,6 +76,8 @@ class Trainer:
             raise ValueError(f"batch {cfg.data.batch_size} is not divisible by {self.ctx.world_size} processes")
         if not (Path(cfg.model).suffix or Path(cfg.model).exists()):
             parse_version(cfg.model)  # an unknown model name fails now, not after the data scan
+        require_loggers(cfg.loggers)  # a missing package too
+        self.loggers: RunLoggers | None = None
 
     # ----------------------------------------------------------------------------------- data
     def _build_data(self) -> None:
@@ -240,6 +242,10 @@ class Trainer:
             if self.resume_from is not None:
                 self._load_resumed_state(self.resume_from)
             return self._fit()
+        except BaseException:
+            if self.loggers is not None:
+                self.loggers.close(failed=True)
+            raise
         finally:
             D.destroy_process_group()
 
@@ -257,7 +263,8 @@ class Trainer:
                       f"{len(self.train_set)} train / {len(self.val_set)} val images, {cfg.epochs} epochs, "
                       f"batch {cfg.data.batch_size} on {ctx.world_size} process(es), {self.device}; "
                       f"results in {self.save_dir}")
-            self.loggers = RunLoggers(self.save_dir, cfg.tensorboard, self._log)
+            self.loggers = RunLoggers(self.save_dir, cfg.tensorboard, self._log, integrations=cfg.loggers,
+                                      config=cfg.to_dict(), resumed=self.resume_from is not None)
         metrics: dict[str, float] = {}
         epochs_run = 0
         self.best_epoch = self.start_epoch  # a resumed run counts its patience from where it resumes

@@ -1,8 +1,8 @@
 """Official YOLOv5 weights by name: ``yolov5s.pt`` is found on disk, or downloaded once, verified and kept.
 
-A bare official file name (``yolov5n.pt`` … ``yolov5x.pt``) that is not a file in the working folder
-is looked up in the weights folder (``$YOLOTRAIN_WEIGHTS``, default ``<cache>/weights``, see
-:func:`yolotrain.data.cachedir.cache_root`). When it is not there either, the release asset is
+A bare official file name (``yolov5n.pt`` … ``yolov5x.pt``, ``yolov5n6.pt`` … ``yolov5x6.pt``) that is
+not a file in the working folder is looked up in the weights folder (``$YOLOTRAIN_WEIGHTS``, default
+``<cache>/weights``, see :func:`yolotrain.data.cachedir.cache_root`). When it is not there either, the release asset is
 downloaded with a progress bar, its SHA-256 is checked against :data:`SHA256`, and only a verified
 file is moved into the folder (atomically: an interrupted download never leaves a partial file
 under the real name). An asset without a known hash is never downloaded, since it could not be
@@ -25,12 +25,27 @@ from ..data.cachedir import cache_root
 
 # The ultralytics/yolov5 v7.0 release; ``$YOLOTRAIN_WEIGHTS_URL`` replaces it (a mirror, a local server).
 RELEASE_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
-# Official detection checkpoints this package can build (P6 models are not supported yet).
-OFFICIAL_WEIGHTS = ("yolov5n.pt", "yolov5s.pt", "yolov5m.pt", "yolov5l.pt", "yolov5x.pt")
-# SHA-256 of release assets, each computed here from a copy of the file. Names missing from this table
-# are not downloaded: a file that cannot be verified is not used.
+# Official detection checkpoints this package can build: P5 (three levels) and P6 (four levels), which
+# interop/official.py loads alike.
+OFFICIAL_WEIGHTS = ("yolov5n.pt", "yolov5s.pt", "yolov5m.pt", "yolov5l.pt", "yolov5x.pt",
+                    "yolov5n6.pt", "yolov5s6.pt", "yolov5m6.pt", "yolov5l6.pt", "yolov5x6.pt")
+# SHA-256 of the v7.0 release assets. Names missing from this table are not downloaded: a file that
+# cannot be verified is not used. yolov5n.pt was hashed here from a copy of the file. The others come
+# from the weights catalogue of github.com/Pitohui-Dichrous/SentinelVision-Workspace (pretrained_weights.py
+# at commit dc47c904), which lists each v7.0 asset with its size and hash; it was accepted because it
+# gives yolov5n.pt exactly the hash and size (4,062,133 bytes) of our own copy, and the yolov5s.pt and
+# yolov5m.pt entries (with their sizes) match those published independently by other projects.
 SHA256 = {
     "yolov5n.pt": "4f180cf23ba0717ada0badd6c685026d73d48f184d00fc159c2641284b2ac0a3",
+    "yolov5s.pt": "8b3b748c1e592ddd8868022e8732fde20025197328490623cc16c6f24d0782ee",
+    "yolov5m.pt": "61d933360ba5a7733a36764996c800287d973889d875227f5beedd2473a97a56",
+    "yolov5l.pt": "2f603b7354c25454d1270663a14d8ddc1eea98e5eebc1d84ce0c6e3150fa155f",
+    "yolov5x.pt": "9f27a794fa0308e2606f90565164571d6f0a0ba18a3ce2e5e5d323b71c157859",
+    "yolov5n6.pt": "496c05a2b991da15acc6c4408c63da287f2513a46c6756618776d4dd71170781",
+    "yolov5s6.pt": "95bda9019ada63f37338308d0c81a66047a6fbaba061abaff271ba9334cf2a6f",
+    "yolov5m6.pt": "7afe7fa0f29a8351467200a2a5a33c7996d1155ed6636c7edd8ca70b14951c64",
+    "yolov5l6.pt": "b357b77f646b0190912985937c44e2923441369d5fda69ba86da2aa919212618",
+    "yolov5x6.pt": "257c991b216d625427dc4d9c7c76d6c6d93cf3732797538da34bdc02f97bfef0",
 }
 _CHUNK = 1 << 20
 _TIMEOUT_S = 30
