@@ -165,6 +165,20 @@ def time_alternating(steps: dict[str, Callable[[], None]], rounds: int) -> dict[
                    "rounds": rounds} for name in names}
 
 
+def profile_steps(steps: dict[str, Callable[[], None]], rows: int = 15) -> str:
+    """torch.profiler's table of the operators where each step spends its CPU time (after a warm-up call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sections = []
+    for name, step in steps.items():
+        step()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=48)
+        sections.append(f"## {name}\n\n```\n{table}```\n")
+    return "\n".join(sections)
+
+
 def run_command(argv: list[str], env: dict[str, str], cwd: Path, results_csv: Path) -> dict[str, float | list[float]]:
     """Wall and CPU seconds (workers included), peak RSS (largest process, GB) of one command, and the
     seconds at which each epoch's row appeared in its ``results.csv`` (both trainers write one per epoch)."""
@@ -272,11 +286,13 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3, help="epochs of the longer commands")
     p.add_argument("--images", type=int, default=128, help="coco128 images used (the train and val split)")
     p.add_argument("--threads", type=int, default=0, help="torch threads for the step rows (0: PyTorch's default)")
-    p.add_argument("--smoke", action="store_true", help="tiny run: n at 64 px, 2 rounds, 16 images, no commands")
+    p.add_argument("--profile", default="", help="model@size whose steps are profiled into train_profile.md")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny run: n at 64 px, 2 rounds, 16 images, profiled, no commands")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for train.json/.md")
     a = p.parse_args()
     if a.smoke:
-        a.models, a.sizes, a.rounds, a.e2e, a.images = "n", "64", 2, "", 16
+        a.models, a.sizes, a.rounds, a.e2e, a.images, a.profile = "n", "64", 2, "", 16, "n@64"
     if not COCO128.is_dir():
         sys.exit(f"needs {COCO128}")
     import importlib.util
@@ -308,6 +324,15 @@ def main() -> None:
             }
             steps[f"yolov5{version}@{size}"] = time_alternating(contenders, a.rounds)
             print(f"yolov5{version}@{size}", json.dumps(steps[f"yolov5{version}@{size}"]), flush=True)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.profile:
+        version, size = a.profile.split("@")
+        profiled = {"ours": our_step(model_source(version), data, int(size), work / "runs"),
+                    "ours_bf16": our_step(model_source(version), data, int(size), work / "runs", amp="bf16"),
+                    "reference": reference_step(reference_root, version, data, int(size))}
+        (out / "train_profile.md").write_text(f"# Where the training step spends its time: yolov5{version} at "
+                                              f"{size}, batch {BATCH}, CPU\n\n" + profile_steps(profiled))
     e2e = {}
     for item in filter(None, a.e2e.split(",")):
         version, size = item.split("@")
@@ -315,8 +340,6 @@ def main() -> None:
         print(item, json.dumps(e2e[f"yolov5{version}@{size}"]), flush=True)
     setup["load_average_1min_at_end"] = os.getloadavg()[0]
     result, table = summarise(setup, steps, e2e, a.epochs)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "train.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "train.md").write_text(table)
     print(table)

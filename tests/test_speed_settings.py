@@ -154,3 +154,18 @@ def test_the_training_benchmark_runs(tmp_path):
     assert row["config"] == "yolov5n@64"
     assert all(row[k] > 0 for k in ("floor_ms", "ours_ms", "ours_bf16_ms", "reference_ms", "step_speedup"))
     assert "| yolov5n | 64 |" in (tmp_path / "train.md").read_text()
+    profile = (tmp_path / "train_profile.md").read_text()
+    assert all(f"## {side}" in profile for side in ("ours", "ours_bf16", "reference"))
+    assert "convolution" in profile
+
+
+@pytest.mark.slow
+def test_compiled_training_reports_its_compile_time_and_learns_the_same(tiny_data, tmp_path, capsys):
+    """``--compile``: the first step says how long it took; the weights follow the eager run's."""
+    compiled = train(data=str(tiny_data), project=str(tmp_path), name="compiled", compile=True, **QUICK)
+    assert "torch.compile: the first step took" in capsys.readouterr().out
+    eager = train(data=str(tiny_data), project=str(tmp_path), name="eager", **QUICK)
+    a, b = (read_checkpoint(r.last).model_state for r in (compiled, eager))
+    assert a.keys() == b.keys()  # no "_orig_mod." prefixes: checkpoints stay loadable by every tool
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4, msg=key)

@@ -72,6 +72,8 @@ class TrainConfig:
         "convolutions in bfloat16 (fast on CPUs with AVX512-BF16/AMX and on recent GPUs)")
     channels_last: bool = setting(True, "channels-last (NHWC) memory layout for the model and batches, the "
                                   "layout oneDNN and cuDNN convolutions run fastest in")
+    compile: bool = setting(False, "torch.compile the training forward and backward: faster steps after a "
+                            "compilation of minutes (pays off on long runs; the first step reports its time)")
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     loss: LossConfig = field(default_factory=LossConfig)

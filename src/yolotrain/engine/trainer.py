@@ -71,6 +71,7 @@ class Trainer:
         self.resume_from = resume_from
         self.ctx = ctx or D.context_from_env()
         self.device = select_device(self.config.device, self.ctx.local_rank)
+        self.amp_dtype = autocast_dtype(self.config.amp, self.device)  # a bad choice fails before the data scan
         cfg = self.config
         if cfg.data.batch_size % self.ctx.world_size:
             raise ValueError(f"batch {cfg.data.batch_size} is not divisible by {self.ctx.world_size} processes")
@@ -146,6 +147,10 @@ class Trainer:
         self.model = model
         self.ddp = (nn.parallel.DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda"
                                                          else None) if ctx.enabled else model)
+        # The module that runs the training forward: compiled on request; weights, EMA and checkpoints
+        # keep using the plain modules, so state-dict names do not change.
+        self.forward = torch.compile(self.ddp) if cfg.compile else self.ddp
+        self.compiled = False
         optim, batch = cfg.optim, cfg.data.batch_size
         self.accumulate = max(round(optim.nominal_batch / batch), 1)
         weight_decay = optim.weight_decay * batch * self.accumulate / optim.nominal_batch
@@ -153,13 +158,15 @@ class Trainer:
         self.lf = lr_lambda(cfg.epochs, optim.lrf, optim.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
         self.ema = ModelEMA(model, cfg.ema.decay, cfg.ema.tau) if ctx.is_main else None
-        self.amp_dtype = autocast_dtype(cfg.amp, self.device)
         if self.device.type == "cuda":
             # Training batches keep a few shapes (square, or the rect/multi-scale sizes), so timing the
             # cuDNN algorithms once per shape pays back within the first epoch (the reference does too).
             torch.backends.cudnn.benchmark = True
         if self.amp_dtype is not None and ctx.is_main:
-            self._log(f"Mixed precision: {str(self.amp_dtype).removeprefix('torch.')} autocast on {self.device.type}")
+            slow = (self.device.type == "cpu" and self.amp_dtype == torch.bfloat16
+                    and not torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            self._log(f"Mixed precision: {str(self.amp_dtype).removeprefix('torch.')} autocast on {self.device.type}"
+                      + ("; this CPU has no native bfloat16, so expect it to be slower than float32" if slow else ""))
         # Only float16 needs loss scaling: bfloat16 has float32's exponent range, so gradients do not underflow.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         img_size = cfg.data.img_size
@@ -327,7 +334,11 @@ class Trainer:
         targets = targets.to(self.device, non_blocking=True)
         if self.config.data.multi_scale:
             imgs = self._multi_scale(imgs, epoch, batch)
+        started = time.perf_counter()
         loss = self._step_forward_backward(imgs, targets, epoch, batch, first=step == 0)
+        if self.config.compile and not self.compiled and self.ctx.is_main:
+            self._log(f"torch.compile: the first step took {time.perf_counter() - started:.1f} s, compilation included")
+        self.compiled = True
         if step - self.last_opt_step >= self.accumulate:
             self._optimizer_step(epoch, batch)
             self.last_opt_step = step
@@ -337,7 +348,7 @@ class Trainer:
         try:
             with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                                 enabled=self.amp_dtype is not None):
-                outputs = self.ddp(imgs)
+                outputs = self.forward(imgs)
             loss = self.criterion(outputs, targets, pred_size=imgs.shape[2:4])
             if self.ctx.enabled:
                 loss = loss * self.ctx.world_size  # DDP averages gradients; the loss is a sum over images
@@ -412,7 +423,8 @@ class Trainer:
         if cfg.eval.val or final:
             result = val(self.ema.module, self.val_loader, conf=cfg.eval.conf, iou=cfg.eval.iou,
                          max_det=cfg.eval.max_det, criterion=self.val_criterion, verbose=final,
-                         save_dir=self.save_dir if final and plots else None, plots=final and plots)
+                         save_dir=self.save_dir if final and plots else None, plots=final and plots,
+                         half=self.amp_dtype is not None)  # as the reference: half-precision val under AMP
             metrics = {"precision": result.mp, "recall": result.mr, "mAP50": result.map50, "mAP50-95": result.map}
             metrics.update({f"val_{k}": v for k, v in (result.loss or {}).items()})
             score = result.fitness()
