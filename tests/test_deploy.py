@@ -137,8 +137,9 @@ def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision
 
 
 def test_onnx_int8_keeps_head_decode_and_stem_in_float(setup):
-    """The int8 ONNX graph: every convolution reads int8 weights except the stem and the head's output
-    convolutions, and nothing after the head is quantized (box coordinates in pixels stay float)."""
+    """The int8 ONNX graph: every convolution reads int8 weights except the stem, the head's output
+    convolutions and the convolutions feeding them, and nothing after the head is quantized (box
+    coordinates in pixels stay float)."""
     import onnx
 
     model, _, _ = setup
@@ -160,8 +161,20 @@ def test_onnx_int8_keeps_head_decode_and_stem_in_float(setup):
     head = [n for n in convs if out_channels(n) == head_channels]
     stem = [n for n in convs if n.input[0] == "images"]
     assert len(head) == len(model.head.m) and len(stem) == 1
-    assert not any(weight_quantized(n) for n in head + stem)
-    assert all(weight_quantized(n) for n in convs if n not in head + stem)  # the rest is int8
+    def computed_by(name: str):
+        """The node computing a tensor, behind any quantize/dequantize pair."""
+        node = producers[name]
+        while node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            node = producers[node.input[0]]
+        return node
+
+    silus = [computed_by(n.input[0]) for n in head]  # each head convolution reads a SiLU's output
+    assert {n.op_type for n in silus} == {"Mul"}
+    feeding = [producers[name] for n in silus for name in n.input if producers[name].op_type == "Conv"]
+    assert len(feeding) == len(head)
+    kept = head + feeding + stem
+    assert not any(weight_quantized(n) for n in kept)
+    assert all(weight_quantized(n) for n in convs if n not in kept)  # the rest is int8
 
     consumers: dict[str, list] = {}
     for node in graph.node:

@@ -5,15 +5,15 @@ The part that always stays is the *decode tail*: everything between the head's l
 the outputs (sigmoid, grid offsets, anchor scaling, and NMS when it is built in). Its single output
 holds pixel coordinates (0..640) next to probabilities (0..1); one 8-bit scale for both would move
 boxes by pixels and round scores to multiples of 1/255, so quantizers are told to leave it alone.
-onnxruntime int8 exports also keep the head's output convolutions and the stem convolution in float
-(:func:`onnx_int8_float_nodes`; measured in :func:`yolotrain.interop.export._onnx_int8`).
+onnxruntime int8 exports also keep the head's convolutions, the layers that feed them and the stem in
+float (:func:`onnx_int8_float_nodes`; measured in :mod:`yolotrain.interop.export`).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import cv2
@@ -73,9 +73,6 @@ class CalibrationImages:
     def __iter__(self) -> Iterator[np.ndarray]:
         return (calibration_batch(f, self.size) for f in self.files)
 
-    def __getitem__(self, index: int) -> np.ndarray:
-        return calibration_batch(self.files[index], self.size)
-
 
 def onnx_decode_tail(proto) -> list[str]:
     """Names of the ONNX nodes from the last convolutions to the outputs (see the module docstring)."""
@@ -92,26 +89,37 @@ def onnx_decode_tail(proto) -> list[str]:
 
 
 def onnx_int8_float_nodes(proto) -> list[str]:
-    """Names of the ONNX nodes an int8 export keeps in float: the decode tail, the head's output
-    convolutions (whose outputs become box coordinates) and the stem: the first convolution and the
-    activation after it, up to the next convolution."""
+    """Names of the ONNX nodes an int8 export keeps in float: the decode tail; the head's output
+    convolutions (their outputs become box coordinates) and the convolution with activation feeding
+    each of them; and the stem, the first convolution with its activation."""
     tail = onnx_decode_tail(proto)
     producers = {out: node for node in proto.graph.node for out in node.output}
-    tail_inputs = [name for node in proto.graph.node if node.name in set(tail) for name in node.input]
-    head = {producers[name].name for name in tail_inputs + [o.name for o in proto.graph.output]
-            if name in producers and producers[name].op_type == "Conv"}
     consumers: dict[str, list] = {}
     for node in proto.graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
+    tail_names = set(tail)
+    ends = [name for node in proto.graph.node if node.name in tail_names for name in node.input]
+    head = [producers[name] for name in dict.fromkeys(ends + [o.name for o in proto.graph.output])
+            if name in producers and producers[name].op_type == "Conv"]
+
+    feeding, pending = [], [head_conv.input[0] for head_conv in head]
+    while pending:  # back from each head convolution's input to the convolution before it
+        node = producers.get(pending.pop())
+        if node is None or node.name in feeding:
+            continue
+        feeding.append(node.name)
+        if node.op_type != "Conv":
+            pending.extend(node.input)
+
     stem, pending = [], [proto.graph.input[0].name]
-    while pending:
+    while pending:  # forward from the input to the second convolution
         for node in consumers.get(pending.pop(), []):
             if node.name in stem or (node.op_type == "Conv" and stem):
                 continue
             stem.append(node.name)
             pending.extend(node.output)
-    return tail + sorted(head) + stem
+    return list(dict.fromkeys(tail + [n.name for n in head] + feeding + stem))
 
 
 def openvino_decode_tail(model) -> list[str]:
@@ -129,19 +137,12 @@ def openvino_decode_tail(model) -> list[str]:
 
 
 class OnnxCalibrationReader:
-    """onnxruntime's ``CalibrationDataReader`` protocol over :class:`CalibrationImages`, with the
-    ``__len__`` and ``set_range`` its strided calibration (``CalibStridedMinMax``) reads in chunks by."""
+    """onnxruntime's ``CalibrationDataReader`` protocol over :class:`CalibrationImages`."""
 
-    def __init__(self, images: CalibrationImages, input_name: str) -> None:
-        self.images, self.input_name = images, input_name
-        self._indices = iter(range(len(images)))
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def set_range(self, start_index: int, end_index: int) -> None:
-        self._indices = iter(range(start_index, min(end_index, len(self.images))))
+    def __init__(self, images: Iterable[np.ndarray], input_name: str) -> None:
+        self._batches = iter(images)
+        self.input_name = input_name
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        index = next(self._indices, None)
-        return None if index is None else {self.input_name: self.images[index]}
+        batch = next(self._batches, None)
+        return None if batch is None else {self.input_name: batch}

@@ -14,8 +14,8 @@ Precision: ``half`` stores fp16 weights (ONNX: fp16 compute with float32 inputs 
 decode tail kept in float32; OpenVINO: fp16 weights; Core ML: fp16 compute; TensorRT: fp16 layers,
 the decode tail in float32); ``int8`` is post-training
 static quantization calibrated on images from ``data`` (onnxruntime QDQ, OpenVINO via NNCF), the
-decode tail left in float32, and for ONNX the head's output convolutions and the stem too (see
-:mod:`yolotrain.interop.calibration`).
+decode tail left in float32, and for ONNX the head's convolutions, the layers feeding them and the
+stem too (see :mod:`yolotrain.interop.calibration`).
 
 Files are written under a temporary name in the destination folder and renamed at the end, so a
 failed export leaves nothing behind.
@@ -372,35 +372,31 @@ def _sort_nodes(graph: Any) -> None:
     graph.node.extend(ordered)
 
 
-# onnxruntime int8 settings, chosen on official yolov5n, coco128 (calibrated on its 128 images), 640 px,
-# mAP50-95 against 0.3620 in float32 (QDQ, int8 weights per channel, uint8 activations throughout):
-#   min/max ranges, decode tail in float                                   0.3379 (-0.0241)
-#   min/max, + head output convolutions in float                           0.3451 (-0.0169)
-#   min/max, + head and stem convolutions in float                         0.3458 (-0.0163)
-#   entropy, head in float                                                 0.3374 (-0.0246)
-#   99.99 / 99.9999 percentile ranges, head in float                       0.3465 / 0.3412
-#   99.999 percentile, decode tail only / + head                           0.3401 / 0.3480
-#   99.999 percentile, + head and stem convolutions in float (kept)        0.3536 (-0.0084)
-#   min/max, head and every SiLU in float                                  0.3506 (-0.0115), ~1.4x slower
-# Clipping the rare activation outliers (percentile) keeps resolution for the bulk of the values; the
-# head's outputs become box coordinates, and the stem sees the whole image at full resolution.
-INT8_PERCENTILE = 99.999
-# The percentile calibrator holds every activation of the images it histograms at once (~300 MB per
-# 640 px image), so onnxruntime is given them in chunks of at most this many (a divisor of the count).
-INT8_CALIBRATION_CHUNK = 8
+# onnxruntime int8: QDQ, int8 weights per channel, uint8 activations with min/max ranges; which nodes stay
+# float was chosen on official yolov5n, coco128 at 640 px (calibrated on its 128 images), mAP50-95
+# against 0.3620 in float32. Float nodes beyond the decode tail:
+#   none                                                         0.3379 (-0.0241)
+#   head convolutions                                            0.3451 (-0.0169)
+#   head convolutions and stem                                   0.3458 (-0.0163)
+#   head convolutions and the layers feeding them                0.3412 (-0.0208)
+#   head convolutions, the layers feeding them and stem (kept)   0.3495 (-0.0125)
+#   head convolutions and every SiLU                             0.3506 (-0.0115), 1.4x slower
+# Entropy ranges (0.3374 with the head in float) and moving-average min/max (0.3413 with head and stem)
+# did worse. Percentile ranges (99.999, head and stem in float) scored 0.3408 to 0.3536 depending only on
+# how many images onnxruntime histograms at once (4, 8, 16, 32: it bins by the first chunk's range),
+# which is too fragile to rely on; range changes that small move mAP by ~0.005 either way, so smaller
+# differences between the rows above mean little. Calibrated on coco128's first 64 images, the kept
+# setting loses 0.0021 on the other 64 (0.3767 against 0.3788). Where a fed layer's output also feeds
+# the next stage (P3, P4), onnxruntime quantizes it for both readers; giving the head the float tensor
+# instead scored the same (0.3497). The kept nodes cost little time: the stem is one convolution, the
+# rest run at 1/8 to 1/32 of the input resolution.
 
 
 def _onnx_int8(proto: Any, out: Path, calibration: CalibrationImages) -> None:
-    """Static QDQ quantization (int8 weights per channel, uint8 activations) with percentile ranges;
-    the decode tail, the head's output convolutions and the stem stay in float32 (see above)."""
+    """Static QDQ quantization (int8 weights per channel, uint8 activations) calibrated by min/max;
+    the decode tail, the head's convolutions and the layers feeding them, and the stem stay float32."""
     try:
-        from onnxruntime.quantization import (
-            CalibrationMethod,
-            QuantFormat,
-            QuantType,
-            quant_pre_process,
-            quantize_static,
-        )
+        from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
     except ImportError:
         raise ImportError(f"int8 ONNX export needs 'onnxruntime' ({EXPORT_PACKAGES_HINT})") from None
     onnx = _onnx_module()
@@ -412,13 +408,8 @@ def _onnx_int8(proto: Any, out: Path, calibration: CalibrationImages) -> None:
     quant_pre_process(str(prepared), str(prepared), skip_symbolic_shape=True)
     float_nodes = onnx_int8_float_nodes(onnx.load(str(prepared)))
     reader = OnnxCalibrationReader(calibration, proto.graph.input[0].name)
-    chunk = max(n for n in range(1, INT8_CALIBRATION_CHUNK + 1) if len(calibration) % n == 0)
-    with contextlib.redirect_stdout(sys.stderr):  # the percentile calibrator prints its settings
-        quantize_static(str(prepared), str(out), reader, quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        nodes_to_exclude=float_nodes, calibrate_method=CalibrationMethod.Percentile,
-                        extra_options={"CalibStridedMinMax": chunk, "CalibTensorRangeSymmetric": False,
-                                       "CalibPercentile": INT8_PERCENTILE})
+    quantize_static(str(prepared), str(out), reader, quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=float_nodes)
     prepared.unlink()
 
 
