@@ -16,11 +16,17 @@ The ``--nms`` exports (ONNX, OpenVINO; conf 0.001, iou 0.6, multi-label, max_det
 settings) are checked against our NMS run on PyTorch's output for every coco128 image.
 
     python benchmarks/bench_export.py [--img 640] [--images 128] [--repeats 20]
+
+``--formats onnx:int8,openvino:int8`` re-runs only those rows (with both PyTorch passes, the reference
+of their deltas and speed ratios) and replaces them in an existing ``--out``; the other rows, the
+square PyTorch reference (unless a tflite row is re-run) and the NMS checks are kept from it. Re-run
+rows are marked in the table, with the date and load of their run.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import json
 import os
@@ -109,6 +115,18 @@ def nms_agreement(path: Path, data: Path, img: int) -> dict:
             "max_score_diff": worst_score}
 
 
+def selected_rows(spec: str | None) -> list[tuple[str, str]]:
+    """The ``format:precision`` rows named in ``spec`` (all rows when None), in table order."""
+    if spec is None:
+        return list(ROWS)
+    asked = {tuple(item.strip().split(":", 1)) for item in spec.split(",") if item.strip()}
+    unknown = sorted(":".join(row) for row in asked - set(ROWS))
+    if unknown or not asked:
+        raise ValueError(f"--formats: unknown rows {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{', '.join(f'{f}:{p}' for f, p in ROWS)}")
+    return [row for row in ROWS if row in asked]
+
+
 def markdown(result: dict) -> str:
     base = result["pytorch"]
     square = result["pytorch_square"]
@@ -120,9 +138,16 @@ def markdown(result: dict) -> str:
              f"{square['val_images_per_s']:.2f} | {square['val_images_per_s'] / base['val_images_per_s']:.2f} | "
              f"{square['predict_ms']:.1f} | {base['predict_ms'] / square['predict_ms']:.2f} |"]
     for row in result["formats"]:
-        lines.append(f"| {row['format']} | {row['precision']} | {row['mAP50-95']:.4f} | {row['delta_mAP']:+.4f} | "
+        precision = row["precision"] + (" (re-run)" if "rerun" in row else "")
+        lines.append(f"| {row['format']} | {precision} | {row['mAP50-95']:.4f} | {row['delta_mAP']:+.4f} | "
                      f"{row['val_images_per_s']:.2f} | {row['val_speedup']:.2f} | {row['predict_ms']:.1f} | "
                      f"{row['predict_speedup']:.2f} |")
+    for rerun in result.get("reruns", []):
+        ref = rerun["pytorch"]
+        lines.append(f"\nRe-run {rerun['date']} (`--formats {rerun['formats']}`, 1-minute load average "
+                     f"{rerun['load_average_1min_at_start']:.1f}): PyTorch mAP50-95 {ref['mAP50-95']:.4f}, "
+                     f"{ref['val_images_per_s']:.2f} val images/s, predict {ref['predict_ms']:.1f} ms; the re-run "
+                     "rows' ratios are to these.")
     return "\n".join(lines) + "\n"
 
 
@@ -132,9 +157,21 @@ def main() -> None:
     p.add_argument("--images", type=int, default=128)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "export.json"))
+    p.add_argument("--formats", default=None, help="comma list of format:precision rows to re-run in an "
+                   "existing --out (default: run every row and write --out afresh)")
     a = p.parse_args()
     if not (COCO128.is_dir() and WEIGHTS.is_file()):
         sys.exit(f"needs {COCO128} and {WEIGHTS}")
+    try:
+        selected = selected_rows(a.formats)
+    except ValueError as exc:
+        p.error(str(exc))
+    out = Path(a.out)
+    previous = None
+    if a.formats is not None:
+        if not out.is_file():
+            p.error(f"--formats replaces rows of an existing {out}: run every row first")
+        previous = json.loads(out.read_text())
     import cv2
 
     from yolotrain.interop import export
@@ -145,9 +182,10 @@ def main() -> None:
     load_before = os.getloadavg()[0]
 
     first = scored(str(WEIGHTS), data, a.img, True, image, a.repeats)
-    square = scored(str(WEIGHTS), data, a.img, False, image, a.repeats)
+    rerun_square = previous is None or any(fmt == "tflite" for fmt, _ in selected)
+    square = scored(str(WEIGHTS), data, a.img, False, image, a.repeats) if rerun_square else previous["pytorch_square"]
     rows, skipped = [], {}
-    for fmt, precision in ROWS:
+    for fmt, precision in selected:
         if not available(fmt):
             skipped[f"{fmt} {precision}"] = f"needs {', '.join(NEEDS[fmt])} (not installed)"
             continue
@@ -173,6 +211,20 @@ def main() -> None:
         row["val_speedup"] = row["val_images_per_s"] / pytorch["val_images_per_s"]
         row["predict_speedup"] = pytorch["predict_ms"] / row["predict_ms"]
 
+    if previous is not None:
+        rerun = {"date": datetime.date.today().isoformat(), "formats": a.formats,
+                 "load_average_1min_at_start": load_before, "pytorch": pytorch}
+        for row in rows:
+            row["rerun"] = rerun["date"]
+        replaced = {(row["format"], row["precision"]): row for row in previous["formats"] + rows}
+        previous.update(formats=[replaced[row] for row in ROWS if row in replaced], pytorch_square=square,
+                        reruns=previous.get("reruns", []) + [rerun])
+        for key in [f"{fmt} {precision}" for fmt, precision in selected]:
+            previous["skipped"].pop(key, None)
+        previous["skipped"].update(skipped)
+        write(out, previous)
+        return
+
     nms = {}
     for fmt in ("onnx", "openvino"):
         if available(fmt):
@@ -192,7 +244,10 @@ def main() -> None:
                   "predict_repeats": a.repeats},
         "pytorch": pytorch, "pytorch_square": square, "formats": rows, "nms_exports": nms, "skipped": skipped,
     }
-    out = Path(a.out)
+    write(out, result)
+
+
+def write(out: Path, result: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(result))

@@ -9,6 +9,7 @@ import copy
 import importlib.util
 import json
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from yolotrain.checkpoint import CheckpointError, save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.eval import non_max_suppression
 from yolotrain.interop import add_export_arguments, export, load_exported, run_export
+from yolotrain.interop.tensorrt_backend import tensorrt_unavailable
 
 pytest.importorskip("onnxruntime", reason="needs the export extra: pip install 'yolotrain[export]'")
 
@@ -33,7 +35,8 @@ def installed(*modules: str) -> bool:
 OPENVINO = pytest.mark.skipif(not installed("openvino", "nncf"), reason="pip install 'yolotrain[openvino]'")
 TFLITE = pytest.mark.skipif(not installed("litert_torch", "ai_edge_litert"), reason="pip install 'yolotrain[tflite]'")
 COREML = pytest.mark.skipif(not installed("coremltools"), reason="pip install 'yolotrain[coreml]'")
-SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "tflite": ".tflite"}
+TENSORRT = pytest.mark.skipif(tensorrt_unavailable() is not None, reason="needs a CUDA GPU and tensorrt")
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "tflite": ".tflite", "engine": ".engine"}
 # (format, precision) → allowed |export - PyTorch| on scores and on boxes (px, 96 px input): fp32 runtimes
 # agree to float32 rounding, fp16 keeps ~3 significant digits, int8 a few percent of the value range.
 CASES = [
@@ -44,6 +47,9 @@ CASES = [
     pytest.param("openvino", "fp16", 5e-3, 0.5, id="openvino-fp16", marks=OPENVINO),
     pytest.param("openvino", "int8", 0.05, 4.0, id="openvino-int8", marks=OPENVINO),
     pytest.param("tflite", "fp32", 1e-4, 1e-3, id="tflite-fp32", marks=TFLITE),
+    # GPU float32 kernels sum in another order than the CPU's.
+    pytest.param("engine", "fp32", 1e-3, 1e-2, id="engine-fp32", marks=TENSORRT),
+    pytest.param("engine", "fp16", 5e-3, 0.5, id="engine-fp16", marks=TENSORRT),
 ]
 
 
@@ -104,7 +110,8 @@ def test_export_runs_in_its_runtime_like_torch(setup, fmt, precision, score_tol,
 @pytest.mark.parametrize(("fmt", "precision"), [("onnx", "fp16"), ("onnx", "int8"),
                                                 pytest.param("openvino", "fp32", marks=OPENVINO),
                                                 pytest.param("openvino", "int8", marks=OPENVINO),
-                                                pytest.param("tflite", "fp32", marks=TFLITE)])
+                                                pytest.param("tflite", "fp32", marks=TFLITE),
+                                                pytest.param("engine", "fp32", marks=TENSORRT)])
 def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision):
     model, data, _ = setup
     path = export_case(setup, fmt, precision)
@@ -127,6 +134,61 @@ def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision
             torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
         else:
             assert len(b.boxes) > 0
+
+
+def test_onnx_int8_keeps_head_decode_and_stem_in_float(setup):
+    """The int8 ONNX graph: every convolution reads int8 weights except the stem, the head's output
+    convolutions and the convolutions feeding them, and nothing after the head is quantized (box
+    coordinates in pixels stay float)."""
+    import onnx
+
+    model, _, _ = setup
+    graph = onnx.load(str(export_case(setup, "onnx", "int8"))).graph
+    producers = {out: node for node in graph.node for out in node.output}
+    initializers = {t.name: t for t in graph.initializer}
+    head_channels = model.head.na * (model.head.nc + 5)
+
+    def weight_quantized(conv) -> bool:
+        return getattr(producers.get(conv.input[1]), "op_type", None) == "DequantizeLinear"
+
+    def out_channels(conv) -> int:
+        weight = conv.input[1]
+        if weight in initializers:
+            return initializers[weight].dims[0]
+        return initializers[producers[weight].input[0]].dims[0]
+
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    head = [n for n in convs if out_channels(n) == head_channels]
+    stem = [n for n in convs if n.input[0] == "images"]
+    assert len(head) == len(model.head.m) and len(stem) == 1
+    def computed_by(name: str):
+        """The node computing a tensor, behind any quantize/dequantize pair."""
+        node = producers[name]
+        while node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            node = producers[node.input[0]]
+        return node
+
+    silus = [computed_by(n.input[0]) for n in head]  # each head convolution reads a SiLU's output
+    assert {n.op_type for n in silus} == {"Mul"}
+    feeding = [producers[name] for n in silus for name in n.input if producers[name].op_type == "Conv"]
+    assert len(feeding) == len(head)
+    kept = head + feeding + stem
+    assert not any(weight_quantized(n) for n in kept)
+    assert all(weight_quantized(n) for n in convs if n not in kept)  # the rest is int8
+
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    after_head, pending = set(), [out for n in head for out in n.output]
+    while pending:
+        for node in consumers.get(pending.pop(), []):
+            if node.name not in after_head:
+                after_head.add(node.name)
+                pending.extend(node.output)
+    ops_after_head = {n.op_type for n in graph.node if n.name in after_head}
+    assert {"Sigmoid", "Concat"} <= ops_after_head
+    assert not ops_after_head & {"QuantizeLinear", "DequantizeLinear"}
 
 
 @pytest.fixture(scope="module")
@@ -213,8 +275,7 @@ def test_bad_export_requests_fail_in_one_line_without_files(setup, tmp_path, cap
     (tmp_path / "empty").mkdir()
     cases = [
         (["--format", "keras"], "unknown export format 'keras'"),
-        (["--format", "engine"], "TensorRT engines are not built"),
-        (["--format", "tflite", "--half"], "fp16 (--half) export is available for coreml, onnx, openvino"),
+        (["--format", "tflite", "--half"], "fp16 (--half) export is available for coreml, engine, onnx, openvino"),
         (["--format", "torchscript", "--nms"], "NMS inside (--nms) export is available for onnx, openvino"),
         (["--format", "onnx", "--int8"], "int8 export needs calibration images"),
         (["--format", "onnx", "--int8", "--data", str(tmp_path / "empty")], "no images to calibrate on"),
@@ -269,7 +330,7 @@ def test_cli_exports_several_formats_and_precisions(setup, tmp_path, capsys):
 
 def test_exports_that_cannot_be_loaded_get_one_line_errors(tmp_path):
     for name, expected in [("absent.onnx", "no such file"), ("absent.xml", "no such file"),
-                           ("model.engine", "not an exported model")]:
+                           ("model.trt", "not an exported model")]:
         with pytest.raises(CheckpointError) as info:
             load_exported(tmp_path / name)
         assert expected in str(info.value) and "\n" not in str(info.value)
@@ -277,6 +338,26 @@ def test_exports_that_cannot_be_loaded_get_one_line_errors(tmp_path):
         (tmp_path / "lonely.xml").write_text("<net/>")
         with pytest.raises(CheckpointError, match="weights file lonely.bin is missing"):
             load_exported(tmp_path / "lonely.xml")
+
+
+def test_tensorrt_without_cuda_or_package_is_a_one_line_error(setup, tmp_path, capsys, monkeypatch):
+    """On a machine without a CUDA GPU or without tensorrt, exporting and loading an engine say which is
+    missing in one line, and nothing is written."""
+    model, _, _ = setup
+    save_checkpoint(tmp_path / "best", model)
+    argv = ["--weights", str(tmp_path / "best.json"), "--img-size", "64", "--format", "engine"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for module, missing in [(None, "here the 'tensorrt' package is not installed and no CUDA GPU is visible"),
+                            (types.ModuleType("tensorrt"), "here no CUDA GPU is visible to torch")]:
+        monkeypatch.setitem(sys.modules, "tensorrt", module)
+        assert run_export(parse(argv)) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("yolotrain export: error: TensorRT engines are built and run on a CUDA GPU")
+        assert missing in err and "export --format onnx" in err and err.count("\n") == 1, err
+        assert leftovers(tmp_path) == []
+        with pytest.raises(CheckpointError) as info:
+            load_exported(tmp_path / "model.engine")
+        assert missing in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.slow

@@ -128,7 +128,8 @@ def val(
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy, never modified) or
             a weights path (our checkpoint, an official YOLOv5 ``.pt``, or an export: ``.onnx``, OpenVINO
-            ``.xml``, ``.tflite``; exports fixed at one size are evaluated on square batches).
+            ``.xml``, ``.tflite``, TensorRT ``.engine``; exports fixed at one size are evaluated on square
+            batches).
         data: dataset folder or YAML (its ``val`` split), or a val DataLoader from
             :func:`yolotrain.get_loaders` (then ``img_size``, ``batch_size``, ``rect`` and ``workers``
             come from it).
@@ -319,7 +320,7 @@ def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path)
 def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain val`` options to ``parser``."""
     parser.add_argument("--weights", required=True, help="checkpoint, official YOLOv5 .pt, or an export "
-                        "(.onnx, OpenVINO .xml, .tflite)")
+                        "(.onnx, OpenVINO .xml, .tflite, TensorRT .engine)")
     parser.add_argument("--data", required=True, help="dataset folder or YAML (its val split is used)")
     parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
                         help="inference size (px; default 640, 1280 for P6 models)")

@@ -1,10 +1,12 @@
 """Post-training quantization helpers: calibration images from a dataset, and which part of an exported
 graph must stay in floating point.
 
-The part that stays is the *decode tail*: everything between the head's last convolutions and the
-outputs (sigmoid, grid offsets, anchor scaling, and NMS when it is built in). Its single output holds
-pixel coordinates (0..640) next to probabilities (0..1); one 8-bit scale for both would move boxes by
-pixels and round scores to multiples of 1/255, so quantizers are told to leave it alone.
+The part that always stays is the *decode tail*: everything between the head's last convolutions and
+the outputs (sigmoid, grid offsets, anchor scaling, and NMS when it is built in). Its single output
+holds pixel coordinates (0..640) next to probabilities (0..1); one 8-bit scale for both would move
+boxes by pixels and round scores to multiples of 1/255, so quantizers are told to leave it alone.
+onnxruntime int8 exports also keep the head's convolutions, the layers that feed them and the stem in
+float (:func:`onnx_int8_float_nodes`; measured in :mod:`yolotrain.interop.export`).
 """
 
 from __future__ import annotations
@@ -84,6 +86,40 @@ def onnx_decode_tail(proto) -> list[str]:
         tail.append(node.name)
         pending.extend(node.input)
     return tail
+
+
+def onnx_int8_float_nodes(proto) -> list[str]:
+    """Names of the ONNX nodes an int8 export keeps in float: the decode tail; the head's output
+    convolutions (their outputs become box coordinates) and the convolution with activation feeding
+    each of them; and the stem, the first convolution with its activation."""
+    tail = onnx_decode_tail(proto)
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    consumers: dict[str, list] = {}
+    for node in proto.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    tail_names = set(tail)
+    ends = [name for node in proto.graph.node if node.name in tail_names for name in node.input]
+    head = [producers[name] for name in dict.fromkeys(ends + [o.name for o in proto.graph.output])
+            if name in producers and producers[name].op_type == "Conv"]
+
+    feeding, pending = [], [head_conv.input[0] for head_conv in head]
+    while pending:  # back from each head convolution's input to the convolution before it
+        node = producers.get(pending.pop())
+        if node is None or node.name in feeding:
+            continue
+        feeding.append(node.name)
+        if node.op_type != "Conv":
+            pending.extend(node.input)
+
+    stem, pending = [], [proto.graph.input[0].name]
+    while pending:  # forward from the input to the second convolution
+        for node in consumers.get(pending.pop(), []):
+            if node.name in stem or (node.op_type == "Conv" and stem):
+                continue
+            stem.append(node.name)
+            pending.extend(node.output)
+    return list(dict.fromkeys(tail + [n.name for n in head] + feeding + stem))
 
 
 def openvino_decode_tail(model) -> list[str]:
