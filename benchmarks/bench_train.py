@@ -14,7 +14,7 @@ reporting each one's median. Then, for the end-to-end rows, whole commands in su
 against the reference's ``train.py``, each run for 3 epochs with ``--noval`` (validation after the
 last epoch only; the steady-state epoch is the time between the first and second rows of its
 ``results.csv``) and for 3 epochs validating every epoch (the whole short fine-tuning command).
-Wall time, CPU time and the peak RSS of the largest process come from ``wait4``.
+Wall and CPU time come from ``wait4``, the peak RSS of each command's main process from ``/proc``.
 
     python benchmarks/bench_train.py                       # the full table (about half an hour on 2 cores)
     python benchmarks/bench_train.py --smoke               # tiny sizes, one round: checks the script runs
@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,13 +47,29 @@ SHARED = ROOT.parent / "shared"
 COCO128 = SHARED / "datasets" / "coco128"
 WEIGHTS = SHARED / "weights"
 BATCH = 16
-# Runs the reference's train.py as a program, with numpy 2's name for the function it calls.
-REFERENCE_TRAIN = ("import runpy, sys, numpy as np; np.trapz = np.trapezoid; sys.argv = sys.argv[1:]; "
-                   "runpy.run_path(sys.argv[0], run_name='__main__')")
+# Runs the reference's train.py as a program, with numpy 2's name for the function it calls, and with
+# the one line that makes its packaged 7.0.14 crash after a --noval epoch (it logs ``map50s``, which
+# only validation defines) reading the per-class zeros it already logs as ``maps`` instead. Nothing
+# else in it changes.
+REFERENCE_TRAIN = (
+    "import sys, numpy as np; np.trapz = np.trapezoid; path = sys.argv[1]; sys.argv = sys.argv[1:]; "
+    "code = open(path).read().replace('list(maps) + list(map50s)', "
+    "'list(maps) + list(locals().get(\"map50s\", maps))'); "
+    "exec(compile(code, path, 'exec'), {'__name__': '__main__', '__file__': path})")
 
 
 def reference_env(config_dir: Path) -> dict[str, str]:
-    """The reference offline, writing its settings into ``config_dir``, loading its pickled checkpoints."""
+    """The reference offline, writing its settings into ``config_dir``, loading its pickled checkpoints.
+
+    Its ``train.py`` downloads Arial fonts into that folder before training; matplotlib's DejaVu Sans
+    stands in for them, so nothing is downloaded."""
+    import matplotlib
+
+    config_dir.mkdir(parents=True, exist_ok=True)
+    font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    for name in ("Arial.ttf", "Arial.Unicode.ttf"):
+        if not (config_dir / name).exists():
+            shutil.copyfile(font, config_dir / name)
     return {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(config_dir),
             "YOLOV5_CONFIG_DIR": str(config_dir), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 
@@ -180,13 +197,19 @@ def profile_steps(steps: dict[str, Callable[[], None]], rows: int = 15) -> str:
 
 
 def run_command(argv: list[str], env: dict[str, str], cwd: Path, results_csv: Path) -> dict[str, float | list[float]]:
-    """Wall and CPU seconds (workers included), peak RSS (largest process, GB) of one command, and the
-    seconds at which each epoch's row appeared in its ``results.csv`` (both trainers write one per epoch)."""
+    """Wall and CPU seconds (workers included), the peak RSS of its main process (GB) and the seconds at
+    which each epoch's row appeared in its ``results.csv`` (both trainers write one per epoch).
+
+    The peak is the kernel's high-water mark of the process (``VmHWM``), read while it runs:
+    ``wait4``'s ``ru_maxrss`` would also count this process's own memory, which the child inherits
+    at ``fork``."""
     started = time.perf_counter()
     rows_at: list[float] = []
+    peak_kb = 0
     with open(cwd / "log.txt", "ab") as log:
         process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         while True:
+            peak_kb = max(peak_kb, _high_water_kb(process.pid))
             pid, status, usage = os.wait4(process.pid, os.WNOHANG)
             rows = results_csv.read_text().count("\n") - 1 if results_csv.is_file() else 0
             rows_at += [time.perf_counter() - started] * max(rows - len(rows_at), 0)
@@ -196,8 +219,17 @@ def run_command(argv: list[str], env: dict[str, str], cwd: Path, results_csv: Pa
     wall = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status):
         sys.exit(f"failed ({os.waitstatus_to_exitcode(status)}): {' '.join(argv)}; see {cwd / 'log.txt'}")
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_gb": usage.ru_maxrss / 2**20,
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_gb": peak_kb / 2**20,
             "epoch_rows_at_s": rows_at}
+
+
+def _high_water_kb(pid: int) -> int:
+    """``VmHWM`` of a running process in KiB (0 once it has exited)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
 
 
 def end_to_end(version: str, img_size: int, data: Path, work: Path, reference_root: Path,
@@ -215,8 +247,9 @@ def end_to_end(version: str, img_size: int, data: Path, work: Path, reference_ro
         shift = len(runs) % len(sides)
         for side in sides[shift:] + sides[:shift]:
             name = f"{version}{img_size}-{side}-{label}"
+            # No plots on either side: the reference's plotting needs a Pillow older than this one.
             common = ["--data", str(data), "--img", str(img_size), "--workers", "2", "--epochs", str(epochs),
-                      "--batch-size", str(BATCH), "--device", "cpu", "--exist-ok", "--name", name] + \
+                      "--batch-size", str(BATCH), "--device", "cpu", "--exist-ok", "--name", name, "--noplots"] + \
                 (["--noval"] if label == "noval" else [])
             if side == "reference":
                 project = work / "reference"
