@@ -29,20 +29,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import COCO128, ROOT, alias_numpy_trapz, latency, reference_env
+from common import YOLOV5N as WEIGHTS
 
 from yolotrain.data.sources import link_subset
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-COCO128 = SHARED / "datasets" / "coco128"
-WEIGHTS = SHARED / "weights" / "yolov5n.pt"
 
 
 def import_reference(config_dir: str):
     """The reference package, offline, with its NMS time limit off and no font download."""
-    os.environ.update(YOLO_OFFLINE="1", YOLO_CONFIG_DIR=config_dir, YOLOV5_CONFIG_DIR=config_dir,
-                      TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
-    np.trapz = getattr(np, "trapz", np.trapezoid)
+    os.environ.update(reference_env(config_dir))
+    alias_numpy_trapz()
     import yolov5.utils.general as general
     import yolov5.val as reference_val
 
@@ -65,17 +61,6 @@ def alternating_passes(sides: dict[str, Callable[[], object]], rounds: int) -> d
         for name in names if r % 2 == 0 else names[::-1]:
             passes[name].append(timed(sides[name]))
     return passes
-
-
-def latency(fn, repeats: int) -> float:
-    """Median seconds of ``fn()`` after two warm-up calls."""
-    fn(), fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
 
 
 def main() -> None:

@@ -38,33 +38,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import COCO128, ROOT, latency
+from common import YOLOV5N as WEIGHTS
 
 from yolotrain.data.sources import link_subset
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-COCO128 = SHARED / "datasets" / "coco128"
-WEIGHTS = SHARED / "weights" / "yolov5n.pt"
-
 # (format, precision) rows, each run when its packages are installed.
 ROWS = [("onnx", "fp32"), ("onnx", "fp16"), ("onnx", "int8"), ("openvino", "fp32"), ("openvino", "fp16"),
-        ("openvino", "int8"), ("tflite", "fp32")]
-NEEDS = {"onnx": ("onnxruntime",), "openvino": ("openvino", "nncf"), "tflite": ("litert_torch", "ai_edge_litert")}
+        ("openvino", "int8"), ("tflite", "fp32"), ("tflite", "fp16"), ("tflite", "int8")]
+NEEDS = {"onnx": ("onnxruntime",), "openvino": ("openvino", "nncf"),
+         "tflite": ("litert_torch", "ai_edge_litert", "ai_edge_quantizer")}
 
 
 def available(fmt: str) -> bool:
     return all(importlib.util.find_spec(name) is not None for name in NEEDS[fmt])
-
-
-def latency(fn, repeats: int) -> float:
-    """Median seconds of ``fn()`` after two warm-up calls."""
-    fn(), fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
 
 
 def scored(weights, data: Path, img: int, rect: bool, image: np.ndarray | None, repeats: int) -> dict:
@@ -127,6 +114,21 @@ def selected_rows(spec: str | None) -> list[tuple[str, str]]:
     return [row for row in ROWS if row in asked]
 
 
+def merge_rerun(previous: dict, rows: list[dict], selected: list[tuple[str, str]], skipped: dict[str, str],
+                square: dict, rerun: dict) -> dict:
+    """``previous`` with the re-run ``rows`` (marked with the re-run's date) in place of its own, in
+    table order, and the re-run recorded under ``reruns``."""
+    for row in rows:
+        row["rerun"] = rerun["date"]
+    replaced = {(row["format"], row["precision"]): row for row in previous["formats"] + rows}
+    previous.update(formats=[replaced[row] for row in ROWS if row in replaced], pytorch_square=square,
+                    reruns=previous.get("reruns", []) + [rerun])
+    for key in [f"{fmt} {precision}" for fmt, precision in selected]:
+        previous["skipped"].pop(key, None)
+    previous["skipped"].update(skipped)
+    return previous
+
+
 def markdown(result: dict) -> str:
     base = result["pytorch"]
     square = result["pytorch_square"]
@@ -175,6 +177,7 @@ def main() -> None:
     import cv2
 
     from yolotrain.interop import export
+    from yolotrain.interop.export import DYNAMIC_FORMATS, NMS_FORMATS
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-export-"))
     data = link_subset(COCO128 / "data.yaml", tmp / "data", a.images)
@@ -191,10 +194,10 @@ def main() -> None:
             continue
         t = time.perf_counter()
         path = export(str(WEIGHTS), fmt, out=tmp / f"yolov5n_{fmt}_{precision}.{'xml' if fmt == 'openvino' else fmt}",
-                      img_size=a.img, dynamic_size=fmt in ("onnx", "openvino"), half=precision == "fp16",
+                      img_size=a.img, dynamic_size=fmt in DYNAMIC_FORMATS, half=precision == "fp16",
                       int8=precision == "int8", data=data, calibration_images=a.images)
         export_s = time.perf_counter() - t
-        dynamic = fmt in ("onnx", "openvino")
+        dynamic = fmt in DYNAMIC_FORMATS
         rows.append({"format": fmt, "precision": precision, "export_s": export_s, "rect_batches": dynamic,
                      "calibration": f"the {a.images} scored coco128 images" if precision == "int8" else None,
                      "file_mb": sum(f.stat().st_size for f in path.parent.glob(path.stem + ".*")) / 2**20,
@@ -214,19 +217,11 @@ def main() -> None:
     if previous is not None:
         rerun = {"date": datetime.date.today().isoformat(), "formats": a.formats,
                  "load_average_1min_at_start": load_before, "pytorch": pytorch}
-        for row in rows:
-            row["rerun"] = rerun["date"]
-        replaced = {(row["format"], row["precision"]): row for row in previous["formats"] + rows}
-        previous.update(formats=[replaced[row] for row in ROWS if row in replaced], pytorch_square=square,
-                        reruns=previous.get("reruns", []) + [rerun])
-        for key in [f"{fmt} {precision}" for fmt, precision in selected]:
-            previous["skipped"].pop(key, None)
-        previous["skipped"].update(skipped)
-        write(out, previous)
+        write(out, merge_rerun(previous, rows, selected, skipped, square, rerun))
         return
 
     nms = {}
-    for fmt in ("onnx", "openvino"):
+    for fmt in sorted(NMS_FORMATS):
         if available(fmt):
             path = export(str(WEIGHTS), fmt, out=tmp / f"yolov5n_{fmt}_nms.{'xml' if fmt == 'openvino' else fmt}",
                           img_size=a.img, dynamic_size=True, nms=True, conf=0.001, iou=0.6, max_det=300,

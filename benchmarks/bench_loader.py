@@ -23,15 +23,7 @@ import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-
-def _reference_env(tmp: Path) -> None:
-    # The reference reads and writes settings files and may try the network on import.
-    for key in ("YOLO_CONFIG_DIR", "YOLOV5_CONFIG_DIR"):
-        os.environ[key] = str(tmp / "config")
-    os.environ["YOLO_OFFLINE"] = "1"
+from common import COCO128, ROOT, reference_env
 
 
 def _time_epochs(loader, epochs: int, set_epoch=None) -> float:
@@ -49,7 +41,7 @@ def _time_epochs(loader, epochs: int, set_epoch=None) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", default=str(ROOT.parent / "shared" / "datasets" / "coco128"))
+    p.add_argument("--data", default=str(COCO128))
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loader.json"))
@@ -57,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-loader-"))
     try:
-        _reference_env(tmp)
+        os.environ.update(reference_env(tmp / "config"))
         os.environ["YOLOTRAIN_CACHE"] = str(tmp / "cache")
         data = tmp / "coco128"
         shutil.copytree(Path(a.data) / "images", data / "images")

@@ -37,15 +37,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
+from common import COCO128, ROOT, alias_numpy_trapz, reference_env
+from common import WEIGHTS_DIR as WEIGHTS
 
 from yolotrain.data.sources import link_subset
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-COCO128 = SHARED / "datasets" / "coco128"
-WEIGHTS = SHARED / "weights"
 BATCH = 16
 # Runs the reference's train.py as a program, with numpy 2's name for the function it calls, and with
 # the one line that makes its packaged 7.0.14 crash after a --noval epoch (it logs ``map50s``, which
@@ -53,16 +50,17 @@ BATCH = 16
 # else in it changes.
 REFERENCE_TRAIN = (
     "import sys, numpy as np; np.trapz = np.trapezoid; path = sys.argv[1]; sys.argv = sys.argv[1:]; "
-    "code = open(path).read().replace('list(maps) + list(map50s)', "
-    "'list(maps) + list(locals().get(\"map50s\", maps))'); "
+    "code = open(path).read(); line = 'list(maps) + list(map50s)'; "
+    "assert line in code, 'the reference train.py changed: ' + line + ' not found'; "
+    "code = code.replace(line, 'list(maps) + list(locals().get(\"map50s\", maps))'); "
     "exec(compile(code, path, 'exec'), {'__name__': '__main__', '__file__': path})")
 
 
-def reference_env(config_dir: Path) -> dict[str, str]:
-    """The reference offline, writing its settings into ``config_dir``, loading its pickled checkpoints.
+def reference_train_env(config_dir: Path) -> dict[str, str]:
+    """The environment of the reference's ``train.py``: offline (see :func:`common.reference_env`).
 
-    Its ``train.py`` downloads Arial fonts into that folder before training; matplotlib's DejaVu Sans
-    stands in for them, so nothing is downloaded."""
+    It downloads Arial fonts into ``config_dir`` before training; matplotlib's DejaVu Sans stands in
+    for them, so nothing is downloaded."""
     import matplotlib
 
     config_dir.mkdir(parents=True, exist_ok=True)
@@ -70,8 +68,7 @@ def reference_env(config_dir: Path) -> dict[str, str]:
     for name in ("Arial.ttf", "Arial.Unicode.ttf"):
         if not (config_dir / name).exists():
             shutil.copyfile(font, config_dir / name)
-    return {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(config_dir),
-            "YOLOV5_CONFIG_DIR": str(config_dir), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+    return {**os.environ, **reference_env(config_dir)}
 
 
 def model_source(version: str) -> str:
@@ -80,13 +77,13 @@ def model_source(version: str) -> str:
     return str(path) if path.is_file() else f"yolov5{version}"
 
 
-def fixed_batch(data: Path, img_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def fixed_batch(data: Path, img_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first mosaic batch of the training split, as the trainer's loader makes it."""
     from yolotrain.data.augment import AugmentConfig
     from yolotrain.data.loaders import DataConfig, build_loaders
 
     config = DataConfig(path=str(data), img_size=img_size, batch_size=BATCH, workers=0)
-    loaders = build_loaders(config, AugmentConfig(), seed=seed, splits=("train",), require_names=True)
+    loaders = build_loaders(config, AugmentConfig(), seed=0, splits=("train",), require_names=True)
     imgs, targets = next(iter(loaders.train))
     return imgs, targets
 
@@ -238,7 +235,7 @@ def end_to_end(version: str, img_size: int, data: Path, work: Path, reference_ro
     validation only after the last epoch (its second epoch is the steady-state one) and with
     validation after every epoch (the whole command), the order of the sides rotating."""
     source = model_source(version)
-    env = reference_env(work / "reference-config")
+    env = reference_train_env(work / "reference-config")
     weights = ["--weights", source] if source.endswith(".pt") else ["--weights", "", "--cfg", f"yolov5{version}.yaml"]
     runs: dict[str, dict[str, dict]] = {}
     for label in ("noval", "val"):
@@ -305,8 +302,7 @@ def summarise(setup: dict, steps: dict, e2e: dict, epochs: int) -> tuple[dict, s
             f"{command['ours']:.1f} / {command['ours_bf16']:.1f} / {command['reference']:.1f} | "
             f"{row['command_speedup']:.2f}x ({row['command_speedup_bf16']:.2f}x) | "
             f"{cpu['ours']:.0f} / {cpu['reference']:.0f} | {rss['ours']:.2f} / {rss['reference']:.2f} |")
-    result = {"setup": setup, "steps": rows, "end_to_end": e2e_rows, "raw_steps": steps,
-              "gpu": "not measured (no CUDA device on this machine)"}
+    result = {"setup": setup, "steps": rows, "end_to_end": e2e_rows, "raw_steps": steps}
     return result, "\n".join(table) + "\n"
 
 
@@ -336,13 +332,14 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    os.environ.update(reference_env(work / "reference-config"))
-    np.trapz = getattr(np, "trapz", np.trapezoid)
+    os.environ.update(reference_train_env(work / "reference-config"))
+    alias_numpy_trapz()
     import yolov5
 
     reference_root = Path(yolov5.__file__).parent
     data = link_subset(COCO128 / "data.yaml", work / "data", a.images)
-    setup = {"batch_size": BATCH, "images": a.images, "cpu": platform.processor() or platform.machine(),
+    setup = {"device": "cpu", "batch_size": BATCH, "images": a.images,
+             "cpu": platform.processor() or platform.machine(),
              "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
              "load_average_1min_at_start": os.getloadavg()[0], "rounds": a.rounds, "epochs": a.epochs}
     steps = {}

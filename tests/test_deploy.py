@@ -33,7 +33,9 @@ def installed(*modules: str) -> bool:
 
 
 OPENVINO = pytest.mark.skipif(not installed("openvino", "nncf"), reason="pip install 'yolotrain[openvino]'")
-TFLITE = pytest.mark.skipif(not installed("litert_torch", "ai_edge_litert"), reason="pip install 'yolotrain[tflite]'")
+# `make test` runs these in the LiteRT environment (.venv-litert) and deselects them elsewhere.
+TFLITE = (pytest.mark.litert,
+          pytest.mark.skipif(not installed("litert_torch", "ai_edge_litert"), reason="pip install 'yolotrain[tflite]'"))
 COREML = pytest.mark.skipif(not installed("coremltools"), reason="pip install 'yolotrain[coreml]'")
 TENSORRT = pytest.mark.skipif(tensorrt_unavailable() is not None, reason="needs a CUDA GPU and tensorrt")
 SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "tflite": ".tflite", "engine": ".engine"}
@@ -47,6 +49,8 @@ CASES = [
     pytest.param("openvino", "fp16", 5e-3, 0.5, id="openvino-fp16", marks=OPENVINO),
     pytest.param("openvino", "int8", 0.05, 4.0, id="openvino-int8", marks=OPENVINO),
     pytest.param("tflite", "fp32", 1e-4, 1e-3, id="tflite-fp32", marks=TFLITE),
+    pytest.param("tflite", "fp16", 5e-3, 0.5, id="tflite-fp16", marks=TFLITE),
+    pytest.param("tflite", "int8", 0.05, 4.0, id="tflite-int8", marks=TFLITE),
     # GPU float32 kernels sum in another order than the CPU's.
     pytest.param("engine", "fp32", 1e-3, 1e-2, id="engine-fp32", marks=TENSORRT),
     pytest.param("engine", "fp16", 5e-3, 0.5, id="engine-fp16", marks=TENSORRT),
@@ -111,6 +115,7 @@ def test_export_runs_in_its_runtime_like_torch(setup, fmt, precision, score_tol,
                                                 pytest.param("openvino", "fp32", marks=OPENVINO),
                                                 pytest.param("openvino", "int8", marks=OPENVINO),
                                                 pytest.param("tflite", "fp32", marks=TFLITE),
+                                                pytest.param("tflite", "int8", marks=TFLITE),
                                                 pytest.param("engine", "fp32", marks=TENSORRT)])
 def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision):
     model, data, _ = setup
@@ -134,6 +139,47 @@ def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision
             torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
         else:
             assert len(b.boxes) > 0
+
+
+@OPENVINO
+def test_openvino_compiles_a_repeated_shape_for_itself(setup):
+    """A shape that comes twice in a row gets its own compiled model, which computes what the
+    any-shape model computes; the oldest is dropped beyond the limit."""
+    path = export_case(setup, "openvino", "fp32")
+    runner = load_exported(path)
+    generator = torch.Generator().manual_seed(2)
+    wide, tall = torch.rand(1, 3, 64, SIZE, generator=generator), torch.rand(1, 3, SIZE, 64, generator=generator)
+    general = runner(wide)
+    assert not runner._specialised
+    specialised = runner(wide)
+    assert list(runner._specialised) == [(1, 3, 64, SIZE)]
+    torch.testing.assert_close(specialised, general, atol=1e-4, rtol=0)
+    runner(tall), runner(wide)  # alternating shapes compile nothing new
+    assert list(runner._specialised) == [(1, 3, 64, SIZE)]
+    for side in (32, 128, 160, 192):
+        square = torch.rand(1, 3, side, side, generator=generator)
+        runner(square), runner(square)
+    assert list(runner._specialised) == [(1, 3, s, s) for s in (32, 128, 160, 192)]
+
+
+@pytest.mark.parametrize("precision", [pytest.param("fp16", marks=TFLITE), pytest.param("int8", marks=TFLITE)])
+def test_tflite_reduced_precision_graph(setup, precision):
+    """fp16: every convolution's weights stored as float16. int8: the backbone's convolutions run on
+    int8 tensors, the head's output convolutions (the last three) stay float32."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(export_case(setup, "tflite", precision)))
+    tensors = {t["index"]: t for t in interpreter.get_tensor_details()}
+    convs = [op for op in interpreter._get_ops_details() if op["op_name"] == "CONV_2D"]
+    assert len(convs) == 60  # yolov5n: 57 in the backbone and neck, 3 in the head
+    if precision == "fp16":
+        stored = {tensors[i]["dtype"] for op in interpreter._get_ops_details() if op["op_name"] == "DEQUANTIZE"
+                  for i in op["inputs"]}
+        assert stored == {np.float16}
+        assert all(tensors[op["inputs"][1]]["dtype"] == np.float32 for op in convs)  # dequantized on load
+    else:
+        weights = [tensors[op["inputs"][1]]["dtype"] for op in convs]
+        assert weights[:-3] == [np.int8] * 57 and weights[-3:] == [np.float32] * 3
 
 
 def test_onnx_int8_keeps_head_decode_and_stem_in_float(setup):
@@ -275,7 +321,8 @@ def test_bad_export_requests_fail_in_one_line_without_files(setup, tmp_path, cap
     (tmp_path / "empty").mkdir()
     cases = [
         (["--format", "keras"], "unknown export format 'keras'"),
-        (["--format", "tflite", "--half"], "fp16 (--half) export is available for coreml, engine, onnx, openvino"),
+        (["--format", "torchscript", "--half"],
+         "fp16 (--half) export is available for coreml, engine, onnx, openvino, tflite"),
         (["--format", "torchscript", "--nms"], "NMS inside (--nms) export is available for onnx, openvino"),
         (["--format", "onnx", "--int8"], "int8 export needs calibration images"),
         (["--format", "onnx", "--int8", "--data", str(tmp_path / "empty")], "no images to calibrate on"),

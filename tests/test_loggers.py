@@ -163,10 +163,13 @@ def test_wandb_offline_run_has_the_settings_and_each_epochs_results(tmp_path, mo
     wandb.teardown()  # the W&B service writes the run file in the background; this waits for it
     (run_file,) = (run.save_dir / "wandb").glob("offline-run-*/run-*.wandb")
     history: dict[int, dict[str, float]] = {}
-    kinds = []
+    kinds, artifacts = [], []
     for record in _wandb_records(run_file):
         kind = record.WhichOneof("record_type")
         kinds.append(kind)
+        if kind == "artifact":
+            artifacts.append((record.artifact.type, record.artifact.name,
+                              sorted(entry.path for entry in record.artifact.manifest.contents)))
         if kind == "run":
             assert (record.run.project, record.run.display_name) == ("runs", "exp")
             config = {item.key: json.loads(item.value_json) for item in record.run.config.update}
@@ -182,7 +185,9 @@ def test_wandb_offline_run_has_the_settings_and_each_epochs_results(tmp_path, mo
         logged = history[int(row["epoch"])]
         for column, tag in TAGS.items():
             assert logged[tag] == pytest.approx(float(row[column]), rel=1e-5), tag
-    assert json.loads((run.save_dir / "loggers.json").read_text())["wandb"]["id"] in run_file.name
+    run_id = json.loads((run.save_dir / "loggers.json").read_text())["wandb"]["id"]
+    assert run_id in run_file.name
+    assert artifacts == [("model", f"run_{run_id}_model", ["best.json", "best.safetensors"])]
 
 
 def test_without_logger_neither_package_is_imported(tmp_path):

@@ -5,7 +5,7 @@ Each epoch's row of ``results.csv`` is sent as scalars under the reference's tag
 ``metrics/mAP_0.5``, ``x/lr0`` …) to TensorBoard and W&B, so dashboards built for the reference read
 these runs too; the final validation's drawn predictions go to TensorBoard as one image mosaic. MLflow
 gets the same values under the ``results.csv`` column names, the resolved settings as parameters and
-the best and last weights as artifacts.
+the best and last weights as artifacts; W&B gets the best weights as the run's model artifact.
 
 The MLflow and W&B packages are imported only when their logger is asked for. A resumed run goes on
 logging into the same MLflow run and W&B run: their ids are kept in ``loggers.json`` in the run folder.
@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import cv2
 import numpy as np
@@ -148,7 +148,7 @@ class WandbLogger:
 
     def __init__(self, save_dir: Path, config: Mapping[str, Any], saved: Mapping[str, Any],
                  log: Callable[[str], None]) -> None:
-        wandb = _import("wandb")
+        wandb = self._wandb = _import("wandb")
         project = config["project"]
         default_project = WANDB_DEFAULT_PROJECT if Path(project) == Path("runs/train") else Path(project).name
         try:
@@ -167,10 +167,28 @@ class WandbLogger:
         self.run.log({TAGS.get(k, k): v for k, v in values.items()}, step=epoch)
 
     def finish(self, weights: Path, failed: bool) -> None:
+        files = [weights / f"best{suffix}" for suffix in (".safetensors", ".json")]
+        if not failed and all(f.is_file() for f in files):
+            # The best weights as the run's model artifact, named as the reference's W&B logger names it.
+            artifact = self._wandb.Artifact(f"run_{self.run.id}_model", type="model")
+            for file in files:
+                artifact.add_file(str(file))
+            self.run.log_artifact(artifact, aliases=["latest", "best"])
         self.run.finish(exit_code=1 if failed else 0)
 
 
-INTEGRATIONS: dict[str, type[MLflowLogger] | type[WandbLogger]] = {"mlflow": MLflowLogger, "wandb": WandbLogger}
+class IntegrationLogger(Protocol):
+    """An experiment tracker beside TensorBoard: one run per training run, found again on resume
+    through :meth:`state`, closed with the weights folder when training ends."""
+
+    def state(self) -> dict[str, str]: ...
+
+    def log_row(self, epoch: int, values: Mapping[str, float]) -> None: ...
+
+    def finish(self, weights: Path, failed: bool) -> None: ...
+
+
+INTEGRATIONS: dict[str, Callable[..., IntegrationLogger]] = {"mlflow": MLflowLogger, "wandb": WandbLogger}
 
 
 class RunLoggers:
@@ -182,12 +200,18 @@ class RunLoggers:
                  config: Mapping[str, Any] | None = None, resumed: bool = False) -> None:
         self.save_dir = Path(save_dir)
         self.writer = None
-        self.integrations: list[MLflowLogger | WandbLogger] = []
+        self.integrations: list[IntegrationLogger] = []
         state_path = self.save_dir / STATE_FILE
         saved = json.loads(state_path.read_text()) if resumed and state_path.is_file() else {}
         names = tuple(integrations)
         for name in names:
-            self.integrations.append(INTEGRATIONS[name](self.save_dir, dict(config or {}), saved.get(name, {}), log))
+            try:
+                self.integrations.append(INTEGRATIONS[name](self.save_dir, dict(config or {}), saved.get(name, {}),
+                                                            log))
+            except LoggerError:  # the trackers already started must not stay open as running
+                for started in self.integrations:
+                    started.finish(self.save_dir / "weights", failed=True)
+                raise
         if self.integrations:
             state = {name: logger.state() for name, logger in zip(names, self.integrations)}
             write_atomic(state_path, lambda temp: temp.write_text(json.dumps(state, indent=1)))

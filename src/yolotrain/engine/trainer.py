@@ -150,7 +150,7 @@ class Trainer:
         # The module that runs the training forward: compiled on request; weights, EMA and checkpoints
         # keep using the plain modules, so state-dict names do not change.
         self.forward = torch.compile(self.ddp) if cfg.compile else self.ddp
-        self.compiled = False
+        self.first_step_done = False
         optim, batch = cfg.optim, cfg.data.batch_size
         self.accumulate = max(round(optim.nominal_batch / batch), 1)
         weight_decay = optim.weight_decay * batch * self.accumulate / optim.nominal_batch
@@ -336,9 +336,9 @@ class Trainer:
             imgs = self._multi_scale(imgs, epoch, batch)
         started = time.perf_counter()
         loss = self._step_forward_backward(imgs, targets, epoch, batch, first=step == 0)
-        if self.config.compile and not self.compiled and self.ctx.is_main:
+        if self.config.compile and not self.first_step_done and self.ctx.is_main:
             self._log(f"torch.compile: the first step took {time.perf_counter() - started:.1f} s, compilation included")
-        self.compiled = True
+        self.first_step_done = True
         if step - self.last_opt_step >= self.accumulate:
             self._optimizer_step(epoch, batch)
             self.last_opt_step = step

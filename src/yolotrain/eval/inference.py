@@ -33,7 +33,8 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
     The caller's model is never changed: fusing Conv+BN (faster inference, same outputs), the
     channels-last layout and the move to ``device``/half precision happen on a copy. ``half`` means
     float16 on CUDA (as the reference) and bfloat16 on the CPU, where oneDNN runs bf16 convolutions
-    natively on processors with AVX512-BF16/AMX; the decoded boxes stay float32 either way.
+    natively on processors with AVX512-BF16/AMX. bf16 head maps are decoded in float32 (8 significant
+    bits would move boxes by pixels); fp16 ones in fp16, as the reference does.
 
     Raises:
         TypeError: ``model_or_weights`` is neither a :class:`Yolov5` nor a path.

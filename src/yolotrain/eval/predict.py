@@ -26,7 +26,7 @@ from ..names import class_names
 from ..runs import add_run_dir_arguments, next_run_dir
 from .inference import ModelOrWeights, input_dtype, load_inference_model
 from .nms import non_max_suppression, scale_boxes_to_original
-from .streams import LatestFrameReader, is_stream
+from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
 _GLOB_CHARS = frozenset("*?[")
@@ -169,22 +169,13 @@ class Predictor:
 
 
 def _frames(path: Path, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray, float]]:
-    """Every ``vid_stride``-th frame of a video (the others are grabbed, not decoded) with its index and
-    the frame rate of the frames kept; nothing when the video cannot be opened."""
+    """Every ``vid_stride``-th frame of a video with its index and the frame rate of the frames kept;
+    nothing when the video cannot be opened."""
     cap = cv2.VideoCapture(str(path))
     try:
-        fps = (cap.get(cv2.CAP_PROP_FPS) or 30.0) / vid_stride
-        index = 0
-        while True:
-            if index % vid_stride:
-                if not cap.grab():
-                    return
-            else:
-                ok, frame = cap.read()
-                if not ok:
-                    return
-                yield index, frame, fps
-            index += 1
+        fps = frame_rate(cap, vid_stride)
+        for index, frame in strided_frames(cap, vid_stride):
+            yield index, frame, fps
     finally:
         cap.release()
 

@@ -31,6 +31,29 @@ def is_stream(source: object) -> bool:
     return text.isdigit() or text.lower().startswith(STREAM_SCHEMES)
 
 
+def frame_rate(cap: cv2.VideoCapture, vid_stride: int = 1) -> float:
+    """Frames per second of the frames kept from ``cap``; 30 when the source reports none or nonsense
+    (streams and some files report 0, nan or a timebase such as 90000; high-speed cameras reach 1000)."""
+    fps = cap.get(cv2.CAP_PROP_FPS)
+    return (fps if math.isfinite(fps) and 0 < fps <= 1000 else 30.0) / vid_stride
+
+
+def strided_frames(cap: cv2.VideoCapture, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray]]:
+    """``(index, BGR frame)`` of every ``vid_stride``-th frame of ``cap`` until it ends; the frames in
+    between are only grabbed, not decoded."""
+    index = 0
+    while True:
+        if index % vid_stride:
+            if not cap.grab():
+                return
+        else:
+            ok, frame = cap.read()
+            if not ok:
+                return
+            yield index, frame
+        index += 1
+
+
 class LatestFrameReader:
     """Reads a camera or stream on a background thread; iterating yields ``(frame_index, BGR frame)``
     of the newest frame not yet seen, waiting for the next one, and ends when the stream does.
@@ -50,9 +73,7 @@ class LatestFrameReader:
         if not self._cap.isOpened():
             self._cap.release()
             raise ValueError(f"cannot open stream {self.source}")
-        fps = self._cap.get(cv2.CAP_PROP_FPS)
-        # Streams often report 0, nan or a timebase (90000) instead of a frame rate.
-        self.fps = (fps if math.isfinite(fps) and 0 < fps <= 120 else 30.0) / vid_stride
+        self.fps = frame_rate(self._cap, vid_stride)
         self._stride = vid_stride
         self._changed = threading.Condition()
         self._latest: tuple[int, np.ndarray] | None = None
@@ -62,20 +83,13 @@ class LatestFrameReader:
         self._thread.start()
 
     def _read(self) -> None:
-        index = 0
         try:
-            while not self._stop.is_set():
-                if index % self._stride:
-                    ok, frame = self._cap.grab(), None
-                else:
-                    ok, frame = self._cap.read()
-                if not ok:
+            for index, frame in strided_frames(self._cap, self._stride):
+                if self._stop.is_set():
                     break
-                if frame is not None:
-                    with self._changed:
-                        self._latest = (index, frame)
-                        self._changed.notify_all()
-                index += 1
+                with self._changed:
+                    self._latest = (index, frame)
+                    self._changed.notify_all()
         finally:
             # Released here, by the only thread that reads it, never while a read is in progress.
             self._cap.release()

@@ -6,7 +6,8 @@ the outputs (sigmoid, grid offsets, anchor scaling, and NMS when it is built in)
 holds pixel coordinates (0..640) next to probabilities (0..1); one 8-bit scale for both would move
 boxes by pixels and round scores to multiples of 1/255, so quantizers are told to leave it alone.
 onnxruntime int8 exports also keep the head's convolutions, the layers that feed them and the stem in
-float (:func:`onnx_int8_float_nodes`; measured in :mod:`yolotrain.interop.export`).
+float (:func:`onnx_int8_float_nodes`; measured in :mod:`yolotrain.interop.export`); LiteRT int8
+exports keep the head's convolutions (:data:`TFLITE_FLOAT_SCOPES`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,25 @@ import os
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS, list_images, resolve_source
+from ..model import Detect
+
+if TYPE_CHECKING:
+    import onnx
+    import openvino
 
 DEFAULT_CALIBRATION_IMAGES = 300
+# The AI Edge Quantizer matches a regex against each LiteRT op's scope, the module path of the PyTorch
+# code that made it ("..._ExportGraph/yolotrain.model.detect.Detect_24/torch.nn.modules.conv.Conv2d_1").
+# The head's ops carry the Detect module in their scope; the decode tail, traced from the export
+# graph's own forward, sits at the top level with no "/" in its scope.
+TFLITE_FLOAT_SCOPES = rf"\.{Detect.__name__}_\d+|^[^/]*$"
 
 
 def calibration_files(data: str | os.PathLike, limit: int = DEFAULT_CALIBRATION_IMAGES) -> list[Path]:
@@ -74,7 +86,7 @@ class CalibrationImages:
         return (calibration_batch(f, self.size) for f in self.files)
 
 
-def onnx_decode_tail(proto) -> list[str]:
+def onnx_decode_tail(proto: onnx.ModelProto) -> list[str]:
     """Names of the ONNX nodes from the last convolutions to the outputs (see the module docstring)."""
     producers = {out: node for node in proto.graph.node for out in node.output}
     tail, pending, seen = [], [o.name for o in proto.graph.output], set()
@@ -88,7 +100,7 @@ def onnx_decode_tail(proto) -> list[str]:
     return tail
 
 
-def onnx_int8_float_nodes(proto) -> list[str]:
+def onnx_int8_float_nodes(proto: onnx.ModelProto) -> list[str]:
     """Names of the ONNX nodes an int8 export keeps in float: the decode tail; the head's output
     convolutions (their outputs become box coordinates) and the convolution with activation feeding
     each of them; and the stem, the first convolution with its activation."""
@@ -122,7 +134,7 @@ def onnx_int8_float_nodes(proto) -> list[str]:
     return list(dict.fromkeys(tail + [n.name for n in head] + feeding + stem))
 
 
-def openvino_decode_tail(model) -> list[str]:
+def openvino_decode_tail(model: openvino.Model) -> list[str]:
     """Friendly names of the OpenVINO operations from the last convolutions to the results."""
     tail, pending, seen = [], [result for result in model.get_results()], set()
     while pending:
@@ -146,3 +158,17 @@ class OnnxCalibrationReader:
     def get_next(self) -> dict[str, np.ndarray] | None:
         batch = next(self._batches, None)
         return None if batch is None else {self.input_name: batch}
+
+
+class TfliteCalibrationInputs:
+    """:class:`CalibrationImages` as the ``{input name: image}`` dicts the AI Edge Quantizer reads; it
+    walks them twice (counting, then calibrating), so this is iterable any number of times."""
+
+    def __init__(self, images: CalibrationImages, input_name: str) -> None:
+        self.images, self.input_name = images, input_name
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return ({self.input_name: image} for image in self.images)

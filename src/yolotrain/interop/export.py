@@ -11,11 +11,12 @@ to the flatbuffer, Core ML in the model's user-defined metadata, TorchScript in 
 TensorRT in a header before the engine.
 
 Precision: ``half`` stores fp16 weights (ONNX: fp16 compute with float32 inputs and outputs and the
-decode tail kept in float32; OpenVINO: fp16 weights; Core ML: fp16 compute; TensorRT: fp16 layers,
-the decode tail in float32); ``int8`` is post-training
-static quantization calibrated on images from ``data`` (onnxruntime QDQ, OpenVINO via NNCF), the
-decode tail left in float32, and for ONNX the head's convolutions, the layers feeding them and the
-stem too (see :mod:`yolotrain.interop.calibration`).
+decode tail kept in float32; OpenVINO: fp16 weights; LiteRT: fp16 weights, float32 compute; Core ML:
+fp16 compute; TensorRT: fp16 layers, the decode tail in float32); ``int8`` is post-training
+static quantization calibrated on images from ``data`` (onnxruntime QDQ, OpenVINO via NNCF, LiteRT
+int8 weights and activations via the AI Edge Quantizer), the decode tail left in float32, for ONNX
+the head's convolutions, the layers feeding them and the stem too, for LiteRT the head's
+convolutions (see :mod:`yolotrain.interop.calibration`).
 
 Files are written under a temporary name in the destination folder and renamed at the end, so a
 failed export leaves nothing behind.
@@ -51,12 +52,14 @@ from .pretrained import load_model
 FORMATS: dict[str, str] = {"onnx": ".onnx", "torchscript": ".torchscript", "openvino": ".xml",
                            "tflite": ".tflite", "coreml": ".mlpackage", "engine": ".engine"}
 # What each format can do beyond plain float32.
-HALF_FORMATS = frozenset({"onnx", "openvino", "coreml", "engine"})
-INT8_FORMATS = frozenset({"onnx", "openvino"})
+HALF_FORMATS = frozenset({"onnx", "openvino", "tflite", "coreml", "engine"})
+INT8_FORMATS = frozenset({"onnx", "openvino", "tflite"})
 NMS_FORMATS = frozenset({"onnx", "openvino"})
 RAW_FORMATS = frozenset({"onnx", "torchscript"})
 # Formats whose graphs keep a free batch axis and image size (the others are fixed at img_size, batch 1).
 DYNAMIC_FORMATS = frozenset({"onnx", "openvino", "engine"})
+# Formats converted from our ONNX graph (the others are converted from the PyTorch module).
+ONNX_BASED_FORMATS = frozenset({"onnx", "openvino", "engine"})
 DEFAULT_OPSET = 17
 DECODED_OUTPUT = "output0"
 DETECTIONS_OUTPUT = "detections"
@@ -241,17 +244,16 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     with warnings.catch_warnings():
         # The input-shape checks in forward_maps are Python conditions the tracer reports as constants.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        if fmt == "onnx":
+        if fmt in ONNX_BASED_FORMATS:
             proto = _onnx_proto(graph, example, dynamic_batch, dynamic_size, simplify, opset)
-            _write_onnx(proto, out, metadata, half, calibration)
-        elif fmt == "openvino":
-            proto = _onnx_proto(graph, example, dynamic_batch, dynamic_size, simplify, opset)
-            _write_openvino(proto, out, metadata, half, calibration)
-        elif fmt == "engine":
-            proto = _onnx_proto(graph, example, dynamic_batch, dynamic_size, simplify, opset)
-            _write_engine(proto, out, metadata, half, size, model.max_stride)
+            if fmt == "onnx":
+                _write_onnx(proto, out, metadata, half, calibration)
+            elif fmt == "openvino":
+                _write_openvino(proto, out, metadata, half, calibration)
+            else:
+                _write_engine(proto, out, metadata, half, size, model.max_stride)
         elif fmt == "tflite":
-            _write_tflite(graph, example, out, metadata)
+            _write_tflite(graph, example, out, metadata, half, calibration)
         elif fmt == "coreml":
             _write_coreml(graph, example, out, metadata, half)
         else:
@@ -455,7 +457,8 @@ def _write_engine(proto: Any, out: Path, metadata: dict[str, str], half: bool, s
         build_engine(proto, staged, metadata, half, size, min_side, onnx_decode_tail(proto) if half else [])
 
 
-def _write_tflite(graph: _ExportGraph, example: torch.Tensor, out: Path, metadata: dict[str, str]) -> None:
+def _write_tflite(graph: _ExportGraph, example: torch.Tensor, out: Path, metadata: dict[str, str], half: bool,
+                  calibration: CalibrationImages | None) -> None:
     try:
         import litert_torch
     except ImportError:
@@ -464,8 +467,40 @@ def _write_tflite(graph: _ExportGraph, example: torch.Tensor, out: Path, metadat
 
     with _staged(out) as staged, contextlib.redirect_stdout(sys.stderr):  # the converter prints progress
         litert_torch.convert(graph, (example,)).export(str(staged))
+        if half or calibration is not None:
+            _tflite_quantized(staged, calibration)
         with zipfile.ZipFile(staged, "a") as archive:
             archive.writestr(METADATA_NAME, json.dumps(metadata))
+
+
+def _tflite_quantized(path: Path, calibration: CalibrationImages | None) -> None:
+    """Rewrite the float LiteRT model at ``path`` with fp16 weights (``calibration`` None) or int8 weights
+    and activations calibrated on ``calibration``, the head's convolutions and decode tail in float."""
+    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_quantizer import qtyping, quantizer
+    from ai_edge_quantizer.algorithm_manager import AlgorithmName
+
+    from .calibration import TFLITE_FLOAT_SCOPES, TfliteCalibrationInputs
+
+    every_op = qtyping.TFLOperationName.ALL_SUPPORTED
+    model = quantizer.Quantizer(path.read_bytes())
+    if calibration is None:
+        model.add_weight_only_config(regex=".*", operation_name=every_op, num_bits=16,
+                                     algorithm_key=AlgorithmName.FLOAT_CASTING)
+        ranges = None
+    else:
+        model.add_static_config(regex=".*", operation_name=every_op, activation_num_bits=8, weight_num_bits=8)
+        model.update_quantization_recipe(regex=TFLITE_FLOAT_SCOPES, operation_name=every_op,
+                                         algorithm_key=AlgorithmName.NO_QUANTIZE)
+        signature, inputs = next(iter(Interpreter(model_path=str(path)).get_signature_list().items()))
+        (name,) = inputs["inputs"]
+        with warnings.catch_warnings():  # calibration keeps every tensor on purpose; its interpreter warns about that
+            warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors")
+            ranges = model.calibrate({signature: TfliteCalibrationInputs(calibration, name)},
+                                     num_threads=os.cpu_count())
+    result = model.quantize(ranges, enable_progress_report=False)
+    path.unlink()
+    result.export_model(str(path))
 
 
 def _write_coreml(graph: _ExportGraph, example: torch.Tensor, out: Path, metadata: dict[str, str],
@@ -519,10 +554,10 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--raw", action="store_true", help="output the raw head maps (one per level) instead of "
                         "decoded boxes (ONNX, TorchScript)")
     precision = parser.add_mutually_exclusive_group()
-    precision.add_argument("--half", action="store_true", help="fp16 weights (ONNX, OpenVINO, Core ML, "
-                           "TensorRT)")
+    precision.add_argument("--half", action="store_true", help="fp16 weights (ONNX, OpenVINO, LiteRT, "
+                           "Core ML, TensorRT)")
     precision.add_argument("--int8", action="store_true", help="int8 post-training quantization calibrated on "
-                           "--data (ONNX, OpenVINO)")
+                           "--data (ONNX, OpenVINO, LiteRT)")
     parser.add_argument("--data", default=None, help="dataset folder or YAML (its train images), or an image "
                         "folder, for int8 calibration")
     parser.add_argument("--calibration-images", type=int, default=DEFAULT_CALIBRATION_IMAGES,

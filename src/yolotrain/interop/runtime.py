@@ -9,6 +9,7 @@ NMS's settings. Each runtime (onnxruntime, OpenVINO, LiteRT, TensorRT) only supp
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -51,7 +52,7 @@ def load_exported(path: str | os.PathLike) -> ExportedModel:
     return getattr(import_module(f"{__package__}.{module}"), name)(path)
 
 
-class ExportedModel:
+class ExportedModel(abc.ABC):
     """Base of the runtime backends: metadata, shape checks and decoding shared by every format.
 
     ``model(imgs)`` takes ``[B, 3, H, W]`` float images (0..1) and returns the decoded ``[B, N, 5+nc]``
@@ -93,9 +94,9 @@ class ExportedModel:
     def dynamic_size(self) -> bool:
         return self.input_shape[2] is None or self.input_shape[3] is None
 
+    @abc.abstractmethod
     def _run(self, images: np.ndarray) -> list[np.ndarray]:
         """The runtime's outputs for a float32 NCHW batch whose shape the model accepts."""
-        raise NotImplementedError
 
     def _check(self, imgs: torch.Tensor) -> None:
         expected = self.input_shape

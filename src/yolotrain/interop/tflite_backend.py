@@ -30,8 +30,9 @@ def read_tflite_metadata(path: str | os.PathLike) -> dict[str, str]:
 class TfliteModel(ExportedModel):
     """A ``.tflite`` file written by :func:`~yolotrain.interop.export.export`, run with LiteRT's interpreter.
 
-    Inputs are NCHW float32 like the other formats (the converter keeps PyTorch's layout); the
-    interpreter's shapes are fixed, so batches run one image at a time.
+    Inputs are NCHW float32 like the other formats (the converter keeps PyTorch's layout); an int8
+    export's integer input is fed the images on its quantization grid. The interpreter's shapes are
+    fixed, so batches run one image at a time.
     """
 
     format_name = "LiteRT"
@@ -54,6 +55,25 @@ class TfliteModel(ExportedModel):
         super().__init__(path, read_tflite_metadata(path), [int(s) for s in self.input["shape"]])
 
     def _run(self, images: np.ndarray) -> list[np.ndarray]:
-        self.interpreter.set_tensor(self.input["index"], images)
+        self.interpreter.set_tensor(self.input["index"], _quantize(images, self.input))
         self.interpreter.invoke()
-        return [self.interpreter.get_tensor(o["index"]) for o in self.outputs]
+        return [_dequantize(self.interpreter.get_tensor(o["index"]), o) for o in self.outputs]
+
+
+def _quantize(values: np.ndarray, tensor: dict) -> np.ndarray:
+    """``values`` in the dtype of an interpreter tensor: as they are for float, on its integer grid
+    (``value / scale + zero_point``, rounded and clipped) for an int8 export's integer input."""
+    dtype = tensor["dtype"]
+    if np.issubdtype(dtype, np.floating):
+        return values.astype(dtype, copy=False)
+    scale, zero_point = tensor["quantization"]
+    limits = np.iinfo(dtype)
+    return np.clip(np.round(values / scale + zero_point), limits.min, limits.max).astype(dtype)
+
+
+def _dequantize(values: np.ndarray, tensor: dict) -> np.ndarray:
+    """float32 values of an interpreter output (integer outputs scaled back)."""
+    if np.issubdtype(values.dtype, np.floating):
+        return values.astype(np.float32, copy=False)
+    scale, zero_point = tensor["quantization"]
+    return (values.astype(np.float32) - zero_point) * np.float32(scale)
