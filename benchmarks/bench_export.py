@@ -6,8 +6,8 @@ model → NMS → boxes in original pixels; median latency), all on this machine
 runs first and last; speeds are ratios to the faster of its two passes.
 
 ONNX and OpenVINO exports keep a dynamic image size, so they are scored on the same rectangular
-batches as PyTorch. LiteRT exports are fixed at ``--img`` square (batch 1): they are compared with
-PyTorch scored on square letterboxed batches too (``pytorch_square`` below).
+batches as PyTorch. LiteRT and TorchScript exports are fixed at ``--img`` square (batch 1): they are
+compared with PyTorch scored on square letterboxed batches too (``pytorch_square`` below).
 
 int8 exports are calibrated on the coco128 images themselves (coco128 has no separate split), so
 they are scored on their calibration images; the table says so.
@@ -19,7 +19,7 @@ settings) are checked against our NMS run on PyTorch's output for every coco128 
 
 ``--formats onnx:int8,openvino:int8`` re-runs only those rows (with both PyTorch passes, the reference
 of their deltas and speed ratios) and replaces them in an existing ``--out``; the other rows, the
-square PyTorch reference (unless a tflite row is re-run) and the NMS checks are kept from it. Re-run
+square PyTorch reference (unless a fixed-size row is re-run) and the NMS checks are kept from it. Re-run
 rows are marked in the table, with the date and load of their run.
 """
 
@@ -45,9 +45,9 @@ from yolotrain.data.sources import link_subset
 
 # (format, precision) rows, each run when its packages are installed.
 ROWS = [("onnx", "fp32"), ("onnx", "fp16"), ("onnx", "int8"), ("openvino", "fp32"), ("openvino", "fp16"),
-        ("openvino", "int8"), ("tflite", "fp32"), ("tflite", "fp16"), ("tflite", "int8")]
+        ("openvino", "int8"), ("tflite", "fp32"), ("tflite", "fp16"), ("tflite", "int8"), ("torchscript", "fp32")]
 NEEDS = {"onnx": ("onnxruntime",), "openvino": ("openvino", "nncf"),
-         "tflite": ("litert_torch", "ai_edge_litert", "ai_edge_quantizer")}
+         "tflite": ("litert_torch", "ai_edge_litert", "ai_edge_quantizer"), "torchscript": ()}
 
 
 def available(fmt: str) -> bool:
@@ -117,12 +117,14 @@ def selected_rows(spec: str | None) -> list[tuple[str, str]]:
 def merge_rerun(previous: dict, rows: list[dict], selected: list[tuple[str, str]], skipped: dict[str, str],
                 square: dict, rerun: dict) -> dict:
     """``previous`` with the re-run ``rows`` (marked with the re-run's date) in place of its own, in
-    table order, and the re-run recorded under ``reruns``."""
+    table order, and the re-run recorded under ``reruns`` (earlier re-runs whose rows it all replaced
+    are dropped)."""
     for row in rows:
         row["rerun"] = rerun["date"]
     replaced = {(row["format"], row["precision"]): row for row in previous["formats"] + rows}
+    shown = [r for r in previous.get("reruns", []) if not set(selected_rows(r["formats"])) <= set(selected)]
     previous.update(formats=[replaced[row] for row in ROWS if row in replaced], pytorch_square=square,
-                    reruns=previous.get("reruns", []) + [rerun])
+                    reruns=shown + [rerun])
     for key in [f"{fmt} {precision}" for fmt, precision in selected]:
         previous["skipped"].pop(key, None)
     previous["skipped"].update(skipped)
@@ -177,7 +179,7 @@ def main() -> None:
     import cv2
 
     from yolotrain.interop import export
-    from yolotrain.interop.export import DYNAMIC_FORMATS, NMS_FORMATS
+    from yolotrain.interop.export import DYNAMIC_FORMATS, FORMATS, NMS_FORMATS
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-export-"))
     data = link_subset(COCO128 / "data.yaml", tmp / "data", a.images)
@@ -185,7 +187,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
 
     first = scored(str(WEIGHTS), data, a.img, True, image, a.repeats)
-    rerun_square = previous is None or any(fmt == "tflite" for fmt, _ in selected)
+    rerun_square = previous is None or any(fmt not in DYNAMIC_FORMATS for fmt, _ in selected)
     square = scored(str(WEIGHTS), data, a.img, False, image, a.repeats) if rerun_square else previous["pytorch_square"]
     rows, skipped = [], {}
     for fmt, precision in selected:
@@ -193,7 +195,7 @@ def main() -> None:
             skipped[f"{fmt} {precision}"] = f"needs {', '.join(NEEDS[fmt])} (not installed)"
             continue
         t = time.perf_counter()
-        path = export(str(WEIGHTS), fmt, out=tmp / f"yolov5n_{fmt}_{precision}.{'xml' if fmt == 'openvino' else fmt}",
+        path = export(str(WEIGHTS), fmt, out=tmp / f"yolov5n_{fmt}_{precision}{FORMATS[fmt]}",
                       img_size=a.img, dynamic_size=fmt in DYNAMIC_FORMATS, half=precision == "fp16",
                       int8=precision == "int8", data=data, calibration_images=a.images)
         export_s = time.perf_counter() - t

@@ -21,6 +21,7 @@ from yolotrain.checkpoint import CheckpointError, save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.eval import non_max_suppression
 from yolotrain.interop import add_export_arguments, export, load_exported, run_export
+from yolotrain.interop.export import DYNAMIC_FORMATS
 from yolotrain.interop.tensorrt_backend import tensorrt_unavailable
 
 pytest.importorskip("onnxruntime", reason="needs the export extra: pip install 'yolotrain[export]'")
@@ -38,7 +39,7 @@ TFLITE = (pytest.mark.litert,
           pytest.mark.skipif(not installed("litert_torch", "ai_edge_litert"), reason="pip install 'yolotrain[tflite]'"))
 COREML = pytest.mark.skipif(not installed("coremltools"), reason="pip install 'yolotrain[coreml]'")
 TENSORRT = pytest.mark.skipif(tensorrt_unavailable() is not None, reason="needs a CUDA GPU and tensorrt")
-SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "tflite": ".tflite", "engine": ".engine"}
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "tflite": ".tflite", "engine": ".engine", "torchscript": ".torchscript"}
 # (format, precision) → allowed |export - PyTorch| on scores and on boxes (px, 96 px input): fp32 runtimes
 # agree to float32 rounding, fp16 keeps ~3 significant digits, int8 a few percent of the value range.
 CASES = [
@@ -51,6 +52,7 @@ CASES = [
     pytest.param("tflite", "fp32", 1e-4, 1e-3, id="tflite-fp32", marks=TFLITE),
     pytest.param("tflite", "fp16", 5e-3, 0.5, id="tflite-fp16", marks=TFLITE),
     pytest.param("tflite", "int8", 0.05, 4.0, id="tflite-int8", marks=TFLITE),
+    pytest.param("torchscript", "fp32", 1e-4, 1e-3, id="torchscript-fp32"),
     # GPU float32 kernels sum in another order than the CPU's.
     pytest.param("engine", "fp32", 1e-3, 1e-2, id="engine-fp32", marks=TENSORRT),
     pytest.param("engine", "fp16", 5e-3, 0.5, id="engine-fp16", marks=TENSORRT),
@@ -74,7 +76,7 @@ def export_case(setup, fmt: str, precision: str, **options):
     model, data, folder = setup
     out = folder / f"{fmt}-{precision}{'-nms' if options.get('nms') else ''}{SUFFIX[fmt]}"
     if not out.exists():
-        export(model, fmt, out=out, img_size=SIZE, dynamic_size=fmt != "tflite", half=precision == "fp16",
+        export(model, fmt, out=out, img_size=SIZE, dynamic_size=fmt in DYNAMIC_FORMATS, half=precision == "fp16",
                int8=precision == "int8", data=data, **options)
     return out
 
@@ -116,11 +118,12 @@ def test_export_runs_in_its_runtime_like_torch(setup, fmt, precision, score_tol,
                                                 pytest.param("openvino", "int8", marks=OPENVINO),
                                                 pytest.param("tflite", "fp32", marks=TFLITE),
                                                 pytest.param("tflite", "int8", marks=TFLITE),
+                                                ("torchscript", "fp32"),
                                                 pytest.param("engine", "fp32", marks=TENSORRT)])
 def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision):
     model, data, _ = setup
     path = export_case(setup, fmt, precision)
-    rect = fmt != "tflite"  # the LiteRT graph is fixed at one size: val letterboxes square then
+    rect = fmt in DYNAMIC_FORMATS  # LiteRT and TorchScript graphs are fixed at one size: val letterboxes square
     ours = val(model, str(data), img_size=SIZE, batch_size=4, workers=0, rect=rect, verbose=False, plots=False)
     theirs = val(str(path), str(data), img_size=SIZE, batch_size=4, workers=0, verbose=False, plots=False)
     tolerance = 1e-3 if precision == "fp32" else 0.05
@@ -385,6 +388,15 @@ def test_exports_that_cannot_be_loaded_get_one_line_errors(tmp_path):
         (tmp_path / "lonely.xml").write_text("<net/>")
         with pytest.raises(CheckpointError, match="weights file lonely.bin is missing"):
             load_exported(tmp_path / "lonely.xml")
+    (tmp_path / "garbage.torchscript").write_bytes(b"not a zip archive")
+    with pytest.raises(CheckpointError) as info:
+        load_exported(tmp_path / "garbage.torchscript")
+    assert "not a loadable TorchScript model" in str(info.value) and "\n" not in str(info.value)
+    foreign = tmp_path / "foreign.torchscript"
+    with pytest.warns(FutureWarning):  # TorchScript is deprecated upstream
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(foreign))
+    with pytest.raises(CheckpointError, match="TorchScript file without yolotrain metadata"):
+        load_exported(foreign)
 
 
 def test_tensorrt_without_cuda_or_package_is_a_one_line_error(setup, tmp_path, capsys, monkeypatch):

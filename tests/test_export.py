@@ -12,7 +12,7 @@ from conftest import YOLOV5N_WEIGHTS
 
 from yolotrain import Yolov5
 from yolotrain.checkpoint import CheckpointError, save_checkpoint
-from yolotrain.interop import OnnxModel, add_export_arguments, export, run_export
+from yolotrain.interop import OnnxModel, add_export_arguments, export, load_exported, run_export
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -110,6 +110,15 @@ def test_torchscript_export_matches_and_carries_metadata(tmp_path, model):
     imgs = torch.rand(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(scripted(imgs), fused(model)(imgs), atol=1e-5, rtol=0)
+
+
+def test_raw_torchscript_export_is_decoded_by_its_runtime(tmp_path, model):
+    """Raw head maps out of the TorchScript graph, decoded by the runtime like the model's own output."""
+    runner = load_exported(export(model, "torchscript", out=tmp_path / "raw.torchscript", img_size=64, raw=True))
+    assert runner.raw and runner.input_shape == [1, 3, 64, 64]
+    imgs = torch.rand(3, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(runner(imgs), fused(model)(imgs), atol=1e-4, rtol=0)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

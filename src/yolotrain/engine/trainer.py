@@ -158,17 +158,7 @@ class Trainer:
         self.lf = lr_lambda(cfg.epochs, optim.lrf, optim.cos_lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda=self.lf)
         self.ema = ModelEMA(model, cfg.ema.decay, cfg.ema.tau) if ctx.is_main else None
-        if self.device.type == "cuda":
-            # Training batches keep a few shapes (square, or the rect/multi-scale sizes), so timing the
-            # cuDNN algorithms once per shape pays back within the first epoch (the reference does too).
-            torch.backends.cudnn.benchmark = True
-        if self.amp_dtype is not None and ctx.is_main:
-            slow = (self.device.type == "cpu" and self.amp_dtype == torch.bfloat16
-                    and not torch.ops.mkldnn._is_mkldnn_bf16_supported())
-            self._log(f"Mixed precision: {str(self.amp_dtype).removeprefix('torch.')} autocast on {self.device.type}"
-                      + ("; this CPU has no native bfloat16, so expect it to be slower than float32" if slow else ""))
-        # Only float16 needs loss scaling: bfloat16 has float32's exponent range, so gradients do not underflow.
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
+        self._setup_precision()
         img_size = cfg.data.img_size
         self.criterion = (self.loss_factory(model, cfg.data.rect) if self.loss_factory is not None
                           else YoloLoss(model, rect_training=cfg.data.rect, img_size=img_size, hyp=cfg.loss))
@@ -180,6 +170,20 @@ class Trainer:
         self.last_opt_step = -1
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
                          else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
+
+    def _setup_precision(self) -> None:
+        """cuDNN autotuning, the mixed-precision notice and the gradient scaler."""
+        if self.device.type == "cuda":
+            # Training batches keep a few shapes (square, or the rect/multi-scale sizes), so timing the
+            # cuDNN algorithms once per shape pays back within the first epoch (the reference does too).
+            torch.backends.cudnn.benchmark = True
+        if self.amp_dtype is not None and self.ctx.is_main:
+            slow = (self.device.type == "cpu" and self.amp_dtype == torch.bfloat16
+                    and not torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            self._log(f"Mixed precision: {str(self.amp_dtype).removeprefix('torch.')} autocast on {self.device.type}"
+                      + ("; this CPU has no native bfloat16, so expect it to be slower than float32" if slow else ""))
+        # Only float16 needs loss scaling: bfloat16 has float32's exponent range, so gradients do not underflow.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
 
     def _check_anchors(self, model: Yolov5) -> None:
         """AutoAnchor on the training labels; every process computes the same anchors from the seed."""

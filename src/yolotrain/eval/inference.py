@@ -27,8 +27,8 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
                          fuse: bool = True, half: bool = False) -> tuple[Detector, torch.device]:
     """A detector in eval mode on ``device``: a copy of the given :class:`Yolov5`, or one loaded from a
     weights path (our checkpoints and official YOLOv5 ``.pt`` files, via :func:`yolotrain.interop.load_model`;
-    exports (``.onnx``, OpenVINO ``.xml``, ``.tflite``; TensorRT ``.engine`` on the GPU) run through their
-    runtimes, fed from the CPU).
+    exports (``.onnx``, OpenVINO ``.xml``, ``.tflite``, ``.torchscript``; TensorRT ``.engine`` on the GPU)
+    run through their runtimes, fed from the CPU).
 
     The caller's model is never changed: fusing Conv+BN (faster inference, same outputs), the
     channels-last layout and the move to ``device``/half precision happen on a copy. ``half`` means

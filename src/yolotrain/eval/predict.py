@@ -376,7 +376,7 @@ def _predict_frames(predictor: Predictor, outputs: _Outputs, frames: Iterable[tu
 def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain predict`` options to ``parser``."""
     parser.add_argument("--weights", required=True, help="checkpoint, official YOLOv5 .pt, or an export "
-                        "(.onnx, OpenVINO .xml, .tflite, TensorRT .engine)")
+                        "(.onnx, OpenVINO .xml, .tflite, .torchscript, TensorRT .engine)")
     parser.add_argument("--source", required=True, nargs="+",
                         help="image, video, folder, glob, camera index (0, 1 ...) or rtsp://, rtmp://, "
                              "http(s):// stream (several allowed)")

@@ -128,8 +128,8 @@ def val(
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy, never modified) or
             a weights path (our checkpoint, an official YOLOv5 ``.pt``, or an export: ``.onnx``, OpenVINO
-            ``.xml``, ``.tflite``, TensorRT ``.engine``; exports fixed at one size are evaluated on square
-            batches).
+            ``.xml``, ``.tflite``, ``.torchscript``, TensorRT ``.engine``; exports fixed at one size are
+            evaluated on square batches).
         data: dataset folder or YAML (its ``val`` split), or a val DataLoader from
             :func:`yolotrain.get_loaders` (then ``img_size``, ``batch_size``, ``rect`` and ``workers``
             come from it).
@@ -182,13 +182,8 @@ def val(
     out_dir = Path(save_dir) if save_dir is not None else None
     if (save_json or save_txt) and out_dir is None:
         raise ValueError("save_json and save_txt need a save_dir to write their files into")
-    if save_txt:
-        (out_dir / "labels").mkdir(parents=True, exist_ok=True)
-
-    stats = DetectionStats(nc)
-    confusion = ConfusionMatrix(nc) if plots and out_dir is not None else None
-    coco_dets: list[dict] = []
-    coco_ids = image_ids(dataset.im_files) if save_json else []
+    scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
+                          out_dir / "labels" if save_txt else None, save_conf, save_json)
     timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
     loss_sum, batches = torch.zeros(3), 0
     dtype = input_dtype(model)
@@ -228,29 +223,10 @@ def val(
                 if single_cls:
                     dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:])), 1) for d in dets]
 
-            gains, pads = batch_geometry(dataset, seen, b, (h, w))
-            counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
-            order = targets[:, 0].argsort(stable=True)
-            per_image = targets[order].split(counts)
-            gt_pixels = xywh_to_xyxy(targets[order][:, 2:6] * targets.new_tensor((w, h, w, h))).split(counts)
-            for i in range(b):
-                w0, h0 = (int(v) for v in dataset.shapes[seen + i])
-                geometry = (tuple(gains[i]), tuple(pads[i]), (h0, w0))
-                det = dets[i] if class_map is None else _remap(dets[i], class_map.to(dets[i].device))
-                det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:]), 1)
-                gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
-                gt_cls = per_image[i][:, 1]
-                stats.update(det_native, gt_boxes, gt_cls)
-                if confusion is not None:
-                    confusion.update(det_native, gt_boxes, gt_cls)
-                if save_json:
-                    coco_dets += detections_to_coco(det_native.cpu(), coco_ids[seen + i])
-                if save_txt:
-                    stem = Path(dataset.im_files[seen + i]).stem
-                    (out_dir / "labels" / f"{stem}.txt").write_text(_yolo_rows(det_native, (h0, w0), save_conf))
+            scorer.add_batch(dets, targets, seen, (h, w))
             seen += b
 
-    metrics = stats.compute(names)
+    metrics = scorer.stats.compute(names)
     metrics.speed = {k: t.total / max(seen, 1) * 1e3 for k, t in timers.items()}
     if criterion is not None:
         components = (loss_sum / max(batches, 1)).tolist()
@@ -260,18 +236,64 @@ def val(
         _print_speed(metrics.speed, (loader.batch_sampler.batch_size if loader.batch_sampler else b, 3,
                                      dataset.img_size, dataset.img_size))
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if confusion is not None:
-            from .plots import plot_confusion_matrix, plot_curves
-
-            metrics.confusion = confusion
-            plot_confusion_matrix(confusion, names, out_dir / "confusion_matrix.png")
-            if metrics.curves is not None:
-                plot_curves(metrics, out_dir)
-        if save_json:
-            metrics.coco = _coco_eval(dataset, names, coco_dets, out_dir)
-        (out_dir / "metrics.json").write_text(json.dumps(metrics.as_dict(), indent=2))
+        _save_results(metrics, scorer, names, out_dir)
     return metrics
+
+
+class _ImageScorer:
+    """Scores each image's detections against its labels in original-image pixels, and collects or
+    writes what the options ask for: the confusion matrix, COCO detections, YOLO label files."""
+
+    def __init__(self, dataset, nc: int, class_map: torch.Tensor | None, confusion: bool,
+                 labels_dir: Path | None, save_conf: bool, save_json: bool) -> None:
+        self.dataset, self.class_map = dataset, class_map
+        self.stats = DetectionStats(nc)
+        self.confusion = ConfusionMatrix(nc) if confusion else None
+        self.labels_dir, self.save_conf = labels_dir, save_conf
+        self.coco_ids = image_ids(dataset.im_files) if save_json else None
+        self.coco_dets: list[dict] = []
+        if labels_dir is not None:
+            labels_dir.mkdir(parents=True, exist_ok=True)
+
+    def add_batch(self, dets: list[torch.Tensor], targets: torch.Tensor, first: int, shape: tuple[int, int]) -> None:
+        """``dets`` (per image, xyxy in the ``(h, w)`` batch's pixels) and the batch's ``targets`` rows
+        (image, class, normalised cx cy w h) of the images from index ``first`` of the dataset."""
+        (h, w), b = shape, len(dets)
+        gains, pads = batch_geometry(self.dataset, first, b, shape)
+        counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
+        order = targets[:, 0].argsort(stable=True)
+        per_image = targets[order].split(counts)
+        gt_pixels = xywh_to_xyxy(targets[order][:, 2:6] * targets.new_tensor((w, h, w, h))).split(counts)
+        for i in range(b):
+            w0, h0 = (int(v) for v in self.dataset.shapes[first + i])
+            geometry = (tuple(gains[i]), tuple(pads[i]), (h0, w0))
+            det = dets[i] if self.class_map is None else _remap(dets[i], self.class_map.to(dets[i].device))
+            det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:]), 1)
+            gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
+            gt_cls = per_image[i][:, 1]
+            self.stats.update(det_native, gt_boxes, gt_cls)
+            if self.confusion is not None:
+                self.confusion.update(det_native, gt_boxes, gt_cls)
+            if self.coco_ids is not None:
+                self.coco_dets += detections_to_coco(det_native.cpu(), self.coco_ids[first + i])
+            if self.labels_dir is not None:
+                stem = Path(self.dataset.im_files[first + i]).stem
+                (self.labels_dir / f"{stem}.txt").write_text(_yolo_rows(det_native, (h0, w0), self.save_conf))
+
+
+def _save_results(metrics: Metrics, scorer: _ImageScorer, names: list[str], out_dir: Path) -> None:
+    """Plots, COCO evaluation (when its detections were collected) and ``metrics.json`` in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if scorer.confusion is not None:
+        from .plots import plot_confusion_matrix, plot_curves
+
+        metrics.confusion = scorer.confusion
+        plot_confusion_matrix(scorer.confusion, names, out_dir / "confusion_matrix.png")
+        if metrics.curves is not None:
+            plot_curves(metrics, out_dir)
+    if scorer.coco_ids is not None:
+        metrics.coco = _coco_eval(scorer.dataset, names, scorer.coco_dets, out_dir)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics.as_dict(), indent=2))
 
 
 def _yolo_rows(det: torch.Tensor, shape: tuple[int, int], with_conf: bool) -> str:
@@ -320,7 +342,7 @@ def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path)
 def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain val`` options to ``parser``."""
     parser.add_argument("--weights", required=True, help="checkpoint, official YOLOv5 .pt, or an export "
-                        "(.onnx, OpenVINO .xml, .tflite, TensorRT .engine)")
+                        "(.onnx, OpenVINO .xml, .tflite, .torchscript, TensorRT .engine)")
     parser.add_argument("--data", required=True, help="dataset folder or YAML (its val split is used)")
     parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
                         help="inference size (px; default 640, 1280 for P6 models)")

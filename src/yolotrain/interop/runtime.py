@@ -4,7 +4,8 @@ Every export written by :func:`~yolotrain.interop.export.export` carries the sam
 (class names, strides, anchors, image size, precision, and for ``--nms`` exports the built-in NMS
 settings). :class:`ExportedModel` reads it and does the format-independent part: input-shape checks,
 running fixed-batch models one image at a time, decoding raw head maps, and applying a built-in
-NMS's settings. Each runtime (onnxruntime, OpenVINO, LiteRT, TensorRT) only supplies :meth:`ExportedModel._run`.
+NMS's settings. Each runtime (onnxruntime, OpenVINO, LiteRT, TensorRT, TorchScript) only supplies
+:meth:`ExportedModel._run`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     ".xml": ("openvino_backend", "OpenVinoModel"),
     ".tflite": ("tflite_backend", "TfliteModel"),
     ".engine": ("tensorrt_backend", "TensorRtModel"),
+    ".torchscript": ("torchscript_backend", "TorchScriptModel"),
 }
 # Exports that this platform cannot run, with the reason given to the user.
 NOT_RUNNABLE = {".mlpackage": "yolotrain does not run Core ML models: Core ML prediction needs macOS "
@@ -40,7 +42,8 @@ def is_exported(path: str | os.PathLike) -> bool:
 
 
 def load_exported(path: str | os.PathLike) -> ExportedModel:
-    """The runtime-backed detector for an exported file (``.onnx``, ``.xml``, ``.tflite``, ``.engine``)."""
+    """The runtime-backed detector for an exported file (``.onnx``, ``.xml``, ``.tflite``, ``.engine``,
+    ``.torchscript``)."""
     suffix = Path(path).suffix.lower()
     if suffix in NOT_RUNNABLE:
         raise CheckpointError(f"{path}: {NOT_RUNNABLE[suffix]}")
