@@ -213,3 +213,29 @@ def test_a_missing_package_is_one_line_before_training(tmp_path):
         "yolotrain train: error: --logger mlflow needs the mlflow package: pip install 'yolotrain[mlflow]'",
         "yolotrain train: error: --logger wandb needs the wandb package: pip install 'yolotrain[wandb]'"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_tracker_that_cannot_start_closes_the_ones_already_started(tmp_path, monkeypatch):
+    """W&B online without an account fails at once: one-line error, and the MLflow run that had
+    already started is closed as failed instead of staying RUNNING."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from yolotrain.engine.loggers import LoggerError
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    for name in ("DIR", "CONFIG_DIR", "CACHE_DIR", "DATA_DIR", "ARTIFACT_DIR"):
+        monkeypatch.setenv(f"WANDB_{name}", str(tmp_path / "wandb-home" / name.lower()))
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LoggerError, match="--logger wandb could not start a run") as info:
+        train(data=str(_shapes(tmp_path)), epochs=1, img_size=64, batch_size=4, workers=0, autoanchor=False,
+              tensorboard=False, plots=False, loggers=("mlflow", "wandb"), project=str(tmp_path / "runs"))
+    assert "\n" not in str(info.value)
+    client = MlflowClient(f"sqlite:///{(tmp_path / 'runs' / 'exp').resolve() / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name(str(tmp_path / "runs")).experiment_id])
+    assert run.info.status == "FAILED"
