@@ -406,7 +406,8 @@ def test_tensorrt_without_cuda_or_package_is_a_one_line_error(setup, tmp_path, c
     save_checkpoint(tmp_path / "best", model)
     argv = ["--weights", str(tmp_path / "best.json"), "--img-size", "64", "--format", "engine"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    for module, missing in [(None, "here the 'tensorrt' package is not installed and no CUDA GPU is visible"),
+    for module, missing in [(None, "here the 'tensorrt' package is not installed (pip install 'yolotrain[tensorrt]') "
+                                   "and no CUDA GPU is visible"),
                             (types.ModuleType("tensorrt"), "here no CUDA GPU is visible to torch")]:
         monkeypatch.setitem(sys.modules, "tensorrt", module)
         assert run_export(parse(argv)) == 1

@@ -33,7 +33,7 @@ def tensorrt_unavailable() -> str | None:
     try:
         import tensorrt  # noqa: F401
     except ImportError:
-        missing.append("the 'tensorrt' package is not installed")
+        missing.append("the 'tensorrt' package is not installed (pip install 'yolotrain[tensorrt]')")
     if not torch.cuda.is_available():
         missing.append("no CUDA GPU is visible to torch")
     if not missing:
