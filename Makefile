@@ -10,19 +10,23 @@ LITERT_STAMP := $(LITERT_VENV)/.installed
 
 .PHONY: demo test test-slow clean
 
+MAIN_PACKAGES := -e ".[test,parity,export,deploy]"
+LITERT_PACKAGES := -e ".[tflite,export]" "pytest>=8"
+
+# $(call make_venv,FOLDER,PACKAGES): a virtual environment with the doctor's distribution, then PACKAGES.
+define make_venv
+	test -x $(1)/bin/python || python3 -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade "pip>=23"
+	$(1)/bin/python -m pip install -q -e ./packages/inplace-doctor
+	$(1)/bin/python -m pip install -q $(2)
+	touch $(1)/.installed
+endef
+
 $(STAMP): pyproject.toml packages/inplace-doctor/pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade "pip>=23"
-	$(PY) -m pip install -q -e ./packages/inplace-doctor
-	$(PY) -m pip install -q -e ".[test,parity,export,deploy]"
-	touch $(STAMP)
+	$(call make_venv,$(VENV),$(MAIN_PACKAGES))
 
 $(LITERT_STAMP): pyproject.toml packages/inplace-doctor/pyproject.toml
-	test -x $(LITERT_PY) || python3 -m venv $(LITERT_VENV)
-	$(LITERT_PY) -m pip install -q --upgrade "pip>=23"
-	$(LITERT_PY) -m pip install -q -e ./packages/inplace-doctor
-	$(LITERT_PY) -m pip install -q -e ".[tflite,export]" "pytest>=8"
-	touch $(LITERT_STAMP)
+	$(call make_venv,$(LITERT_VENV),$(LITERT_PACKAGES))
 
 demo: $(STAMP)
 	$(PY) examples/demo.py

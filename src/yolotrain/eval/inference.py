@@ -16,6 +16,9 @@ from ..model import Yolov5
 ModelOrWeights = nn.Module | str | os.PathLike
 # A torch detector, or an exported one run by its runtime (``yolotrain.interop.ExportedModel``).
 Detector = Any
+# The --weights help of val and predict: every file load_inference_model takes.
+WEIGHTS_HELP = ("checkpoint, official YOLOv5 .pt, or an export (.onnx, OpenVINO .xml, .tflite, .torchscript, "
+                "TensorRT .engine)")
 
 
 def input_dtype(model: Detector) -> torch.dtype:

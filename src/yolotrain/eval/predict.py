@@ -24,7 +24,7 @@ from ..data.sources import IMG_FORMATS
 from ..draw import draw_detections
 from ..names import class_names
 from ..runs import add_run_dir_arguments, next_run_dir
-from .inference import ModelOrWeights, input_dtype, load_inference_model
+from .inference import WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
 from .nms import non_max_suppression, scale_boxes_to_original
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
@@ -375,8 +375,7 @@ def _predict_frames(predictor: Predictor, outputs: _Outputs, frames: Iterable[tu
 
 def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain predict`` options to ``parser``."""
-    parser.add_argument("--weights", required=True, help="checkpoint, official YOLOv5 .pt, or an export "
-                        "(.onnx, OpenVINO .xml, .tflite, .torchscript, TensorRT .engine)")
+    parser.add_argument("--weights", required=True, help=WEIGHTS_HELP)
     parser.add_argument("--source", required=True, nargs="+",
                         help="image, video, folder, glob, camera index (0, 1 ...) or rtsp://, rtmp://, "
                              "http(s):// stream (several allowed)")

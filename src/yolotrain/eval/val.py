@@ -28,7 +28,7 @@ from ..names import class_names
 from ..runs import add_run_dir_arguments, next_run_dir
 from ..settings import setting
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
-from .inference import ModelOrWeights, input_dtype, load_inference_model
+from .inference import WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
 from .nms import non_max_suppression, scale_boxes_to_original
 
@@ -264,10 +264,11 @@ class _ImageScorer:
         order = targets[:, 0].argsort(stable=True)
         per_image = targets[order].split(counts)
         gt_pixels = xywh_to_xyxy(targets[order][:, 2:6] * targets.new_tensor((w, h, w, h))).split(counts)
+        class_map = self.class_map.to(targets.device) if self.class_map is not None else None
         for i in range(b):
             w0, h0 = (int(v) for v in self.dataset.shapes[first + i])
             geometry = (tuple(gains[i]), tuple(pads[i]), (h0, w0))
-            det = dets[i] if self.class_map is None else _remap(dets[i], self.class_map.to(dets[i].device))
+            det = dets[i] if class_map is None else _remap(dets[i], class_map)
             det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:]), 1)
             gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
             gt_cls = per_image[i][:, 1]
@@ -341,8 +342,7 @@ def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path)
 
 def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain val`` options to ``parser``."""
-    parser.add_argument("--weights", required=True, help="checkpoint, official YOLOv5 .pt, or an export "
-                        "(.onnx, OpenVINO .xml, .tflite, .torchscript, TensorRT .engine)")
+    parser.add_argument("--weights", required=True, help=WEIGHTS_HELP)
     parser.add_argument("--data", required=True, help="dataset folder or YAML (its val split is used)")
     parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
                         help="inference size (px; default 640, 1280 for P6 models)")
