@@ -1,6 +1,7 @@
 """The command line as users run it: subcommands present, data check end to end."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,14 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_help_lists_every_command(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for command in ("train", "val", "predict", "export", "data", "doctor"):
-        assert command in result.stdout
+    # The sub-command choices line, e.g. "{train,val,...}", names every command exactly once.
+    choices = re.search(r"\{([a-z,]+)\}", result.stdout)
+    assert choices is not None, result.stdout
+    assert choices.group(1).split(",") == ["train", "val", "predict", "export", "data", "doctor"]
+    # Export's help (wrapped over lines up to the next command's) names every format it writes.
+    export_help = " ".join(result.stdout.split("\n    export ", 1)[1].split("\n    data ", 1)[0].split())
+    for fmt in ("ONNX", "OpenVINO", "LiteRT", "Core ML", "TensorRT", "TorchScript"):
+        assert fmt in export_help
 
 
 def test_data_check_writes_preview_and_statistics(tmp_path):

@@ -123,7 +123,8 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
 def _export_parser(sub: argparse._SubParsersAction) -> None:
     from .interop.export import add_export_arguments, run_export
 
-    add_export_arguments(sub.add_parser("export", help="export weights to ONNX or TorchScript"))
+    add_export_arguments(sub.add_parser(
+        "export", help="export weights to ONNX, OpenVINO, LiteRT, Core ML, TensorRT or TorchScript"))
     sub.choices["export"].set_defaults(run=run_export)
 
 
