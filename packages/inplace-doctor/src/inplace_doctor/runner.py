@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from .api import watch
-from .messages import SavedTensorModifiedError
+from .messages import DoctorError
 from .report import Report
 
 
@@ -77,7 +77,7 @@ def run_script(script: str, args: list[str], check: bool = False) -> RunResult:
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as exit_request:
                 result.exit_code = _exit_code(exit_request.code)
-            except SavedTensorModifiedError as error:
+            except DoctorError as error:
                 result.errors = list(error.reports)
                 result.exit_code = 1
             except BaseException as error:  # noqa: BLE001 - mirror the interpreter for any failure
