@@ -35,9 +35,10 @@ from .report import GraphReport, Patch, Site
 from .torch_shim import next_sequence_nr
 
 FREED_ERROR = "Trying to backward through the graph a second time"
-# Roots of this many earlier backward passes are kept (nodes cannot be weakly referenced; after a
-# backward the nodes hold no saved tensors, so keeping them costs a few hundred bytes per node).
-MAX_BACKWARDS = 8
+# Roots of this many earlier backward passes are kept (nodes cannot be weakly referenced). After a
+# backward the nodes it ran hold no saved tensors; nodes it did not need (``autograd.grad`` for some
+# inputs only) keep theirs until their root is dropped, so only a few are kept.
+MAX_BACKWARDS = 4
 USED_KEY = "inplace_doctor_first_use"  # node metadata: the first line that used it after its graph was freed
 _ACCUMULATE = "AccumulateGrad"
 _AUTOGRAD_DIR = torch.autograd.__file__.rsplit("/", 1)[0]
