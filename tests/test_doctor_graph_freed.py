@@ -127,6 +127,14 @@ def test_clean_programs_report_nothing(name: str) -> None:
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 
 
+def test_check_mode_reports_the_freed_graph_too() -> None:
+    proc = _doctor("--check", "--json", "tests/doctor_cases/graph_freed/custom_function_state.py")
+    assert proc.returncode == 1, proc.stderr
+    report = _json(proc.stdout)
+    assert report["kind"] == "graph_freed"
+    assert [p["code"] for p in report["patches"]] == ["state = ClipGrad.apply(torch.sigmoid(state.detach() @ w))"]
+
+
 def test_watch_raises_pytorch_error_with_the_report() -> None:
     w = torch.randn(3, 3, requires_grad=True)
     h = torch.zeros(2, 3)
