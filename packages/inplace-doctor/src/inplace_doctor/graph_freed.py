@@ -328,8 +328,18 @@ def _lookup(name: str, namespaces: list[dict[str, Any]]) -> Iterator[object]:
             for owner in ([namespace[head]] if head in namespace else list(namespace.values())):
                 value = owner
                 for attr in rest:
-                    value = getattr(value, attr, None) if not isinstance(value, type) else None
+                    value = _attribute(value, attr)
                 yield value
+
+
+def _attribute(owner: object, name: str) -> object:
+    """``owner.name`` of an instance, or None: a class, a missing name or a failing property."""
+    if owner is None or isinstance(owner, type):
+        return None
+    try:
+        return getattr(owner, name, None)
+    except Exception:  # noqa: BLE001 - a property of the user's object may raise anything
+        return None
 
 
 def _carried_names(sites: list[Site], old_nodes: list[Any], frame: FrameType | None) -> list[str]:
