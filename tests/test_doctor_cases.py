@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "tests" / "doctor_cases"
 MARK = re.compile(r"#\s*doctor:\s*(saved|modified)\s+(\S+)")
 MESSAGE = re.compile(r"\[(torch\.[\w.]+) \[([\d, ]*)\]\].*is at version (\d+); expected version (\d+) instead")
-REPORT_KEYS = {"error", "tensor", "saved_by", "modified_by", "fix", "severity", "observed", "notes", "count"}
+REPORT_KEYS = {
+    "schema", "kind", "error", "tensor", "saved_by", "modified_by", "fix", "severity", "observed", "notes", "count"
+}
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
 
 

@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in PARSERS:
         add(sub)
     # `doctor` parses its own arguments: everything after SCRIPT belongs to the script.
-    sub.add_parser("doctor", help="find the in-place operation that broke backward()", add_help=False)
+    sub.add_parser("doctor", help="find the lines that broke backward() (in-place write, freed graph)", add_help=False)
     return parser
 
 

@@ -27,6 +27,17 @@ FAILING = textwrap.dedent(
 ).lstrip()
 
 
+CARRIED_STATE = textwrap.dedent(
+    """
+    w = torch.randn(3, 3, requires_grad=True)
+    h = torch.zeros(2, 3)
+    for step in range(2):
+        h = torch.tanh(h @ w)
+        h.sum().backward()
+    """
+).lstrip()
+
+
 def _env() -> dict[str, str]:
     """The doctor under test, importable in a subprocess whether installed or not."""
     paths = [PACKAGE_PATH, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -62,9 +73,9 @@ def test_a_missing_or_broken_script_fails_as_python_would(tmp_path: Path) -> Non
         assert doctor.stderr.strip().splitlines()[-1] == python.stderr.strip().splitlines()[-1]
 
 
-def _pytest(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+def _pytest(tmp_path: Path, *options: str, failing: str = FAILING) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_model.py").write_text(
-        "def test_step():\n" + textwrap.indent(FAILING, "    ") + "\n\ndef test_clean():\n    assert True\n"
+        "def test_step():\n" + textwrap.indent(failing, "    ") + "\n\ndef test_clean():\n    assert True\n"
     )
     # The plugin is named explicitly, and its entry point blocked, so the run is the same installed or not.
     command = [sys.executable, "-m", "pytest", "-p", "no:inplace_doctor", "-p", "inplace_doctor.pytest_plugin"]
@@ -81,6 +92,15 @@ def test_pytest_plugin_attaches_the_report_to_the_failure(tmp_path: Path) -> Non
     assert "modified by: aten::mul_ at test_model.py:6" in proc.stdout
     plain = _pytest(tmp_path)
     assert "1 failed, 1 passed" in plain.stdout and "modified by:" not in plain.stdout
+
+
+def test_pytest_plugin_attaches_the_graph_freed_report(tmp_path: Path) -> None:
+    proc = _pytest(tmp_path, "--inplace-doctor", failing="import torch\n" + CARRIED_STATE)
+    assert proc.returncode == 1, proc.stdout
+    assert "1 failed, 1 passed" in proc.stdout
+    assert "freed by:    backward() at test_model.py:7" in proc.stdout
+    assert "carried by:  MmBackward0 at test_model.py:6" in proc.stdout
+    assert "h = torch.tanh(h.detach() @ w)" in proc.stdout
 
 
 def test_ipython_cell_magic_reports_lines_of_the_cell() -> None:
@@ -105,5 +125,25 @@ def test_ipython_cell_magic_reports_lines_of_the_cell() -> None:
         with redirect_stderr(stream):
             shell.run_cell_magic("doctor", "--check", silent)
         assert "modified in place before backward used it" in stream.getvalue()
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_ipython_cell_magic_reports_a_graph_freed_twice() -> None:
+    pytest.importorskip("IPython", reason="IPython not installed (pip install 'inplace-doctor[ipython]')")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "inplace_doctor")
+        shell.user_ns["torch"] = __import__("torch")
+        stream = io.StringIO()
+        with redirect_stderr(stream), pytest.raises(inplace_doctor.GraphFreedError) as info:
+            shell.run_cell_magic("doctor", "", CARRIED_STATE)
+        (report,) = info.value.reports
+        roles = [(role, site.line) for role, site in report.sites]
+        assert roles == [("freed by", 5), ("carried by", 4), ("failed at", 5)]
+        assert [patch.code for patch in report.patches] == ["h = torch.tanh(h.detach() @ w)"]
+        assert "carried by:  MmBackward0 at <doctor-cell-" in stream.getvalue()
     finally:
         InteractiveShell.clear_instance()

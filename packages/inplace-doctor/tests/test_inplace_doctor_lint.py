@@ -5,7 +5,10 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pytest
+import torch
 from inplace_doctor.cli import main
+from inplace_doctor.fixes import out_of_place
 from inplace_doctor.lint import lint_source
 
 HAZARDS = textwrap.dedent(
@@ -88,3 +91,22 @@ def test_cli_lint_exit_codes(tmp_path: Path, capsys) -> None:  # noqa: ANN001 - 
     assert main(["--lint", str(good)]) == 0
     assert main(["--lint", str(tmp_path)]) == 1
     assert f"{bad}:15: augmented" in capsys.readouterr().out
+
+
+RIGHT_HAND_SIDES = ["g.norm() + 1e-12", "a - b", "a * b + 1", "a / b", "a", "2.0", "-a", "a ** 2", "b[0]"]
+
+
+@pytest.mark.parametrize("operator", ["+", "-", "*", "/"])
+@pytest.mark.parametrize("value", RIGHT_HAND_SIDES)
+def test_proposed_out_of_place_assignment_computes_the_same(operator: str, value: str) -> None:
+    g, a, b = torch.tensor([3.0, -4.0]), torch.tensor([1.5, 2.5]), torch.tensor([0.5, 4.0])
+    inplace = {"g": g.clone(), "a": a, "b": b}
+    exec(f"g {operator}= {value}", {}, inplace)
+    fixed = {"g": g.clone(), "a": a, "b": b}
+    exec(out_of_place("g", operator, value), {}, fixed)
+    assert torch.allclose(inplace["g"], fixed["g"])
+
+
+def test_normalising_a_gradient_keeps_the_epsilon_in_the_division() -> None:
+    assert out_of_place("g", "/", "g.norm() + 1e-12") == "g = g / (g.norm() + 1e-12)"
+    assert out_of_place("probs", "+", "1e-6") == "probs = probs + 1e-6"

@@ -5,14 +5,19 @@ Re-exported here so that ``yolotrain.doctor`` and ``yolotrain doctor`` keep work
 """
 
 from inplace_doctor import (
+    DoctorError,
+    GraphFreedError,
+    GraphReport,
     InplaceWarning,
     LintFinding,
+    Patch,
     Report,
     SavedTensorModifiedError,
     Site,
     TensorInfo,
     Tracker,
     check_step,
+    is_graph_freed_error,
     is_inplace_error,
     lint_paths,
     run_with_report,
@@ -20,14 +25,19 @@ from inplace_doctor import (
 )
 
 __all__ = [
+    "DoctorError",
+    "GraphFreedError",
+    "GraphReport",
     "InplaceWarning",
     "LintFinding",
+    "Patch",
     "Report",
     "SavedTensorModifiedError",
     "Site",
     "TensorInfo",
     "Tracker",
     "check_step",
+    "is_graph_freed_error",
     "is_inplace_error",
     "lint_paths",
     "run_with_report",

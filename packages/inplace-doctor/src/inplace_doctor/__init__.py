@@ -1,16 +1,19 @@
-"""Find the in-place operation behind "modified by an inplace operation" autograd errors.
+"""Find the lines behind autograd errors whose message points at ``backward()``.
 
 ``watch()`` tracks saved tensors and in-place operators at runtime, ``check_step()`` reports
 modifications that do not raise, and ``lint_paths()`` finds the same hazards statically.
+Under ``watch()`` the "backward through the graph a second time" error also names the
+backward that freed the graph and the line that carried a tensor of it into a new one.
 ``%load_ext inplace_doctor`` adds the ``%%doctor`` cell magic to IPython and Jupyter.
 """
 
 from .api import check_step, run_with_report, watch
+from .graph_freed import GraphFreedError, is_graph_freed_error
 from .lint import Finding as LintFinding
 from .lint import lint_paths
-from .messages import InplaceWarning, SavedTensorModifiedError, is_inplace_error
+from .messages import DoctorError, InplaceWarning, SavedTensorModifiedError, is_inplace_error
 from .mode import Tracker
-from .report import Report, Site, TensorInfo
+from .report import GraphReport, Patch, Report, Site, TensorInfo
 
 
 def load_ipython_extension(ipython: object) -> None:
@@ -21,14 +24,19 @@ def load_ipython_extension(ipython: object) -> None:
 
 
 __all__ = [
+    "DoctorError",
+    "GraphFreedError",
+    "GraphReport",
     "InplaceWarning",
     "LintFinding",
+    "Patch",
     "Report",
     "SavedTensorModifiedError",
     "Site",
     "TensorInfo",
     "Tracker",
     "check_step",
+    "is_graph_freed_error",
     "is_inplace_error",
     "lint_paths",
     "load_ipython_extension",

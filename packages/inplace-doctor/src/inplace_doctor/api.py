@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .messages import InplaceWarning, SavedTensorModifiedError
+from .messages import DoctorError, InplaceWarning
 from .mode import Tracker
 from .report import Report, format_reports
 
@@ -82,6 +82,6 @@ def run_with_report(fn: Callable[..., T], *args: Any, file: Any = None, **kwargs
     try:
         with watch():
             return fn(*args, **kwargs)
-    except SavedTensorModifiedError as error:
+    except DoctorError as error:
         print(format_reports(error.reports), file=file or sys.stderr)
         raise

@@ -1,4 +1,4 @@
-"""``inplace-doctor``: run a script and explain in-place autograd errors, or lint sources."""
+"""``inplace-doctor``: run a script and explain in-place and freed-graph autograd errors, or lint sources."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description=(
             "Run SCRIPT like `python SCRIPT ARGS` and, if backward fails because a tensor saved for "
-            "backward was modified in place, report which operation saved it and which modified it."
+            "backward was modified in place, report which operation saved it and which modified it; "
+            "if it fails on a graph already freed, report the backward that freed it and the line that "
+            "carried it into the new graph."
         ),
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")

@@ -5,6 +5,7 @@ The same hints serve the runtime reports and the static lint, so both speak alik
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
@@ -94,6 +95,21 @@ def classify_change(change: Change) -> str:
     return INPLACE_METHOD
 
 
+def out_of_place(target: str, operator: str, value: str) -> str:
+    """``target OP= value`` as the assignment that computes the same: ``target = target OP (value)``.
+
+    ``g /= g.norm() + eps`` divides by the whole right-hand side, so a right-hand side that is
+    itself an operation is parenthesised; a name, call, literal or subscript is not.
+    """
+    try:
+        expression = ast.parse(value, mode="eval").body
+    except SyntaxError:
+        expression = None
+    if expression is None or isinstance(expression, (ast.BinOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Lambda)):
+        value = f"({value})"
+    return f"{target} = {target} {operator} {value}"
+
+
 def specific_hint(kind: str, change: Change) -> str:
     """The generic hint for ``kind``, made concrete with the user's own code where possible."""
     code, ctx = strip_comment(change.code), change.context
@@ -101,7 +117,7 @@ def specific_hint(kind: str, change: Change) -> str:
         match = _AUGMENTED_RE.match(code)
         if match:
             target, operator, value = match["target"].strip(), match["op"], match["value"].strip()
-            return f"`{code}` updates `{target}` in place; write `{target} = {target} {operator} {value}`"
+            return f"`{code}` updates `{target}` in place; write `{out_of_place(target, operator, value)}`"
     if kind == INPLACE_FLAG:
         name = ctx.inplace_module or ctx.inplace_functional
         if name:

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from .api import watch
-from .messages import SavedTensorModifiedError
+from .messages import DoctorError
 from .report import format_reports
 
 _CELLS = itertools.count(1)
@@ -36,7 +36,7 @@ def register(ipython: Any) -> None:
             with watch(os.getcwd()) as tracker:
                 exec(code, ipython.user_ns)
                 found = tracker.reports() if check else []
-        except SavedTensorModifiedError as error:
+        except DoctorError as error:
             print(format_reports(error.reports), file=sys.stderr)
             raise
         if found:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from .report import Report
+from .report import GraphReport, Report
 
 VERSION_ERROR = "one of the variables needed for gradient computation has been modified by an inplace operation"
 ANOMALY_HINT = (
@@ -17,16 +17,20 @@ ANOMALY_HINT = (
 )
 
 
-class SavedTensorModifiedError(RuntimeError):
-    """PyTorch's in-place modification error, raised with the doctor's diagnosis attached.
+class DoctorError(RuntimeError):
+    """An autograd error PyTorch raised, re-raised with the doctor's diagnosis attached.
 
     It is a ``RuntimeError`` with PyTorch's exact message, so existing ``except`` clauses and
-    message matching keep working; ``reports`` holds the :class:`Report` objects.
+    message matching keep working; ``reports`` holds the report objects.
     """
 
-    def __init__(self, message: str, reports: list[Report]) -> None:
+    def __init__(self, message: str, reports: list[Report] | list[GraphReport]) -> None:
         super().__init__(message)
         self.reports = reports
+
+
+class SavedTensorModifiedError(DoctorError):
+    """PyTorch's in-place modification error, raised with the doctor's diagnosis attached."""
 
 
 class InplaceWarning(UserWarning):

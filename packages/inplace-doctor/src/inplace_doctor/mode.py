@@ -32,9 +32,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .fixes import Change, suggest_fix
 from .frames import call_context, is_user_code, resolve, user_site
+from .graph_freed import BackwardHistory, is_graph_freed_error, mark_carried_inputs
 from .messages import (
     PROBE_THREAD_PREFIX,
     VERSION_ERROR,
+    DoctorError,
     SavedTensorModifiedError,
     pytorch_hint,
     pytorch_type_name,
@@ -89,11 +91,22 @@ def _backward_outside_tracker(engine_run: Callable[..., Any], args: tuple, kwarg
     backward saves nothing, and a modified saved tensor is still caught by the unpack hook's
     version check; skipping the mode there removes a Python round trip per backward operator.
     """
-    create_graph = args[3] if len(args) > 3 else kwargs.get("create_graph", False)
     mode = innermost_mode() if innermost_mode is not None else None
+    if not isinstance(mode, Tracker):
+        return engine_run(*args, **kwargs)
+    call = mode.backwards.start(args, kwargs)
+    try:
+        return _run_engine(mode, engine_run, args, kwargs)
+    except RuntimeError as error:
+        if not is_graph_freed_error(error) or isinstance(error, DoctorError):
+            raise
+        raise mode.backwards.explain(error, call).with_traceback(error.__traceback__) from None
+
+
+def _run_engine(mode: Tracker, engine_run: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    create_graph = args[3] if len(args) > 3 else kwargs.get("create_graph", False)
     if (
         create_graph
-        or not isinstance(mode, Tracker)
         # Nodes of other devices run on the engine's device threads, where only the mode (which the
         # engine carries over) sees what hooks write; a profiler already installed keeps its place.
         or not all(t.is_cpu for t in (args[0] if args else ()) if isinstance(t, torch.Tensor))
@@ -191,6 +204,7 @@ class Tracker(TorchDispatchMode):
         # Held strongly: a finished thread's last write is settled only when the tracker reports.
         self._threads: list[ThreadWrites] = []
         self._previous_thread_profile: Any = None
+        self.backwards = BackwardHistory(cwd)  # for "backward through the graph a second time"
 
     # -- activation -------------------------------------------------------------------------
 
@@ -337,6 +351,8 @@ class Tracker(TorchDispatchMode):
             self._settle_writes()
         if self._pending:
             self._resolve_pending(info.name, key)
+        if self.backwards.boundary:
+            mark_carried_inputs(args, self.backwards.boundary)
         if info.writes is None:
             out = info.call(*args, **kwargs) if kwargs else info.call(*args)
         else:

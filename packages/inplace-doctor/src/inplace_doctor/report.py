@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAIN_THREAD = "MainThread"
+# Version of the ``--json`` report: 2 added ``schema`` and ``kind`` and the reports of other failures.
+SCHEMA_VERSION = 2
+INPLACE = "inplace"
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,8 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object documented for ``--json``: everything the text form shows."""
         return {
+            "schema": SCHEMA_VERSION,
+            "kind": INPLACE,
             "error": self.error,
             "tensor": self.tensor.to_dict(),
             "saved_by": self.saved_by.to_dict(),
@@ -132,13 +137,80 @@ class Report:
         return self.format()
 
 
-def reports_to_json(reports: list[Report]) -> str:
+@dataclass(frozen=True)
+class Patch:
+    """A proposed fix as an edit: line ``line`` of ``file`` becomes ``code`` (indentation kept)."""
+
+    file: str
+    line: int
+    code: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: ``{"file", "line", "code"}``."""
+        return {"file": self.file, "line": self.line, "code": self.code}
+
+    def apply(self, source: str) -> str:
+        """``source`` (the file's text) with the line replaced, keeping its indentation."""
+        lines = source.splitlines(keepends=True)
+        old = lines[self.line - 1]
+        indent = old[: len(old) - len(old.lstrip())]
+        lines[self.line - 1] = f"{indent}{self.code}\n"
+        return "".join(lines)
+
+
+@dataclass
+class GraphReport:
+    """Diagnosis of an autograd failure other than the in-place one (``kind`` names it).
+
+    ``sites`` are the lines involved, each with its role (``"freed by"``, ``"carried by"``...),
+    ``patches`` the fix as line edits that can be applied and run.
+    """
+
+    kind: str
+    error: str
+    sites: list[tuple[str, Site]]
+    fix: str
+    patches: list[Patch] = field(default_factory=list)
+    severity: str = "error"
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object documented for ``--json`` (schema 2)."""
+        return {
+            "schema": SCHEMA_VERSION,
+            "kind": self.kind,
+            "error": self.error,
+            "sites": [{"role": role, **site.to_dict()} for role, site in self.sites],
+            "fix": self.fix,
+            "patches": [patch.to_dict() for patch in self.patches],
+            "severity": self.severity,
+            "notes": list(self.notes),
+        }
+
+    def format(self) -> str:
+        """Human-readable multi-line form with ``path:LINE`` for every site."""
+        lines = [f"doctor {self.severity}: {self.error}"]
+        for role, site in self.sites:
+            lines.append(f"  {role + ':':<12} {site.op} at {site.where()}")
+            lines.append(f"                   {site.code}")
+        lines.extend(f"  note:        {note}" for note in self.notes)
+        lines.append(f"  fix:         {self.fix}")
+        for patch in self.patches:
+            lines.append(f"  change:      {patch.file}:{patch.line} to")
+            lines.append(f"                   {patch.code}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def reports_to_json(reports: list[Report] | list[GraphReport]) -> str:
     """One JSON object for a single report, a list when several tensors are involved."""
     if len(reports) == 1:
         return json.dumps(reports[0].to_dict(), indent=2)
     return json.dumps([r.to_dict() for r in reports], indent=2)
 
 
-def format_reports(reports: list[Report]) -> str:
+def format_reports(reports: list[Report] | list[GraphReport]) -> str:
     """Text form of several reports separated by blank lines."""
     return "\n\n".join(r.format() for r in reports)

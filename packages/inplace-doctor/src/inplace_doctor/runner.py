@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from .api import watch
-from .messages import SavedTensorModifiedError
-from .report import Report
+from .messages import DoctorError
+from .report import GraphReport, Report
 
 
 @dataclass
@@ -19,7 +19,7 @@ class RunResult:
     """Outcome of a watched script: its exit code and what the doctor found."""
 
     exit_code: int
-    errors: list[Report] = field(default_factory=list)
+    errors: list[Report | GraphReport] = field(default_factory=list)
     warnings: list[Report] = field(default_factory=list)
 
 
@@ -51,9 +51,9 @@ def _signature(report: Report) -> tuple:
 def run_script(script: str, args: list[str], check: bool = False) -> RunResult:
     """Execute ``script`` as ``__main__`` with ``sys.argv``/``sys.path[0]`` set like the interpreter.
 
-    A backward failure caused by an in-place modification becomes ``errors``; with
-    ``check``, modifications that did not raise become ``warnings``. Other exceptions are
-    printed as Python would print them and give exit code 1.
+    A backward failure the doctor explains (an in-place modification, a freed graph) becomes
+    ``errors``; with ``check``, modifications that did not raise become ``warnings``. Other
+    exceptions are printed as Python would print them and give exit code 1.
     """
     try:
         with open(script, "rb") as handle:
@@ -77,14 +77,14 @@ def run_script(script: str, args: list[str], check: bool = False) -> RunResult:
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as exit_request:
                 result.exit_code = _exit_code(exit_request.code)
-            except SavedTensorModifiedError as error:
+            except DoctorError as error:
                 result.errors = list(error.reports)
                 result.exit_code = 1
             except BaseException as error:  # noqa: BLE001 - mirror the interpreter for any failure
                 traceback.print_exception(type(error), error, _user_traceback(error.__traceback__, script))
                 result.exit_code = 1
             if check:
-                seen = {_signature(r) for r in result.errors}
+                seen = {_signature(r) for r in result.errors if isinstance(r, Report)}
                 result.warnings = [r for r in tracker.reports() if _signature(r) not in seen]
     finally:
         sys.argv, sys.path[0] = saved_argv, saved_path0

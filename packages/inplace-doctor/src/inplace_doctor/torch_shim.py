@@ -113,3 +113,14 @@ def backward_entry_wrapped() -> bool:
     """Whether the engine entry currently goes through the doctor (for tests and diagnostics)."""
     return getattr(getattr(torch.autograd.graph, "_engine_run_backward", None), "__wrapped_by_doctor__", False)
 
+
+
+def next_sequence_nr(roots: tuple[Any, ...]) -> int:
+    """The number the next autograd node made on this thread gets (nodes are numbered in creation order).
+
+    ``torch._C._autograd._get_sequence_nr`` is private; without it, one more than the newest root's.
+    """
+    getter = getattr(torch._C._autograd, "_get_sequence_nr", None)
+    if getter is not None:
+        return int(getter())
+    return 1 + max(node._sequence_nr() for node in roots)
