@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from yolotrain import Yolov5, load, predict, val
-from yolotrain.checkpoint import CheckpointError
+from yolotrain import Yolov5, load, predict, train, val
+from yolotrain.checkpoint import CheckpointError, save_checkpoint
 from yolotrain.cli import main
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import export, load_exported
 from yolotrain.interop.trust import UntrustedModelError
+from yolotrain.outputs import OutputOverlapError
+from yolotrain.runs import LOCK_NAME, RunInUseError, RunLock
 
 SIZE = 64
 
@@ -57,6 +64,24 @@ def hostile_torchscript(path: Path, target: Path) -> Path:
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> Path:
     return generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=4, n_val=4, img_size=SIZE)
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    """A dataset of this test's own, which a failing check could write into."""
+    return generate_shapes_dataset(root=tmp_path / "shapes", n_train=4, n_val=4, img_size=SIZE)
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2, names=["circle", "rectangle"]).eval()
+    return save_checkpoint(tmp_path / "run" / "weights" / "best", model, state={"epoch": 0})
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +154,147 @@ def test_our_trusted_torchscript_export_runs_through_val_and_predict(tmp_path, s
                  "--project", str(tmp_path / "untrusted")]) == 1
     err = capsys.readouterr().err
     assert "yolotrain export of yolov5n (2 classes, image size [64, 64], fp32)" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("weights", "output"), [("best.json", "best.json"), ("best.json", "best.safetensors"),
+                                                  ("best.json", "best.state.pt"), ("best.safetensors", "best.json"),
+                                                  ("best", "best.safetensors"), ("best.json", ".")])
+def test_export_never_writes_over_the_weights_it_reads(checkpoint, capsys, weights, output):
+    folder = checkpoint.parent
+    before = digests(folder)
+    assert main(["export", "--weights", str(folder / weights), "--output", str(folder / output), "--format", "onnx",
+                 "--img-size", str(SIZE)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("yolotrain export: error: the output") and err.count("\n") == 1, err
+    assert "outputs never overwrite inputs: choose another --output" in err
+    assert digests(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(before)
+
+
+def test_val_predict_and_data_check_never_write_into_their_data(tmp_path, data, checkpoint, capsys):
+    images, labels = data / "images" / "val", data / "labels" / "val"
+    before = digests(data)
+    weights = ["--weights", str(checkpoint), "--img", str(SIZE)]
+    for argv, relation in [
+        (["val", *weights, "--data", str(data / "data.yaml"), "--project", str(labels.parent), "--name", "val",
+          "--exist-ok", "--save-txt"], "is the input"),
+        (["val", *weights, "--data", str(data), "--project", str(images), "--name", "scores"], "is inside the input"),
+        (["predict", *weights, "--source", str(images), "--project", str(images.parent), "--name", "val",
+          "--exist-ok"], "contains the input"),
+        (["predict", *weights, "--source", str(next(images.iterdir())), "--project", str(data / "images"),
+          "--name", "val", "--exist-ok"], "contains the input"),
+        (["predict", "--weights", str(checkpoint), "--source", str(images), "--project", str(checkpoint.parent.parent),
+          "--name", "weights", "--exist-ok"], "contains the input"),
+        (["data", "check", str(data / "data.yaml"), "--out", str(data / "images" / "train")], "is the input"),
+    ]:
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert "error: the output" in err and relation in err and err.count("\n") == 1, (argv, err)
+    after = digests(data)
+    assert {k: v for k, v in after.items() if not k.endswith(".cache")} == before  # only our label caches added
+
+
+def test_outputs_beside_a_dataset_rooted_at_the_working_folder_are_allowed(data, checkpoint, monkeypatch):
+    """The generated dataset's YAML says ``path: .``; run from its folder, runs/ outputs are not "inside" it:
+    only the image and label folders that are read count."""
+    assert yaml_path_is_dot(data / "data.yaml")
+    monkeypatch.chdir(data)
+    assert main(["val", "--weights", str(checkpoint), "--data", "data.yaml", "--img", str(SIZE), "--workers", "0"]) == 0
+    image = next((data / "images" / "val").iterdir())
+    assert main(["predict", "--weights", str(checkpoint), "--source", str(image), "--img", str(SIZE)]) == 0
+    assert (data / "runs" / "val" / "exp").is_dir() and (data / "runs" / "predict" / "exp" / image.name).is_file()
+
+
+def yaml_path_is_dot(path: Path) -> bool:
+    return "path: ." in path.read_text().splitlines()
+
+
+def test_training_never_writes_over_its_weights_or_data(tmp_path, data, checkpoint):
+    run = checkpoint.parent.parent  # the checkpoint is weights/best.json of this folder
+    before, data_before = digests(run), digests(data)
+    common = {"data": str(data / "data.yaml"), "epochs": 1, "img_size": SIZE, "batch_size": 4, "workers": 0}
+    with pytest.raises(OutputOverlapError, match=r"contains the input .*best\.\w+ \(weights\)"):
+        train(model=str(checkpoint), project=str(run.parent), name=run.name, exist_ok=True, **common)
+    with pytest.raises(OutputOverlapError, match=r"is inside the input .*images.train \(dataset images\)"):
+        train(project=str(data / "images" / "train"), **common)
+    assert digests(run) == before
+    assert {k: v for k, v in digests(data).items() if not k.endswith(".cache")} == data_before
+
+
+def test_resume_takes_only_a_run_folder_or_its_last_checkpoint(tmp_path, checkpoint, capsys):
+    """A last.json outside a run's weights/ folder would make its parent the run folder."""
+    other = tmp_path / "other"
+    save_checkpoint(other / "last", load(checkpoint), state={"epoch": 0})
+    (other / "results.csv").write_text("my own results\n")
+    before = digests(other)
+    for resume in (other / "last.json", other / "last.safetensors", checkpoint, checkpoint.parent / "x.json"):
+        assert main(["train", "--resume", str(resume)]) == 1
+        err = capsys.readouterr().err
+        assert err == f"yolotrain train: error: --resume takes a run folder or the weights/last checkpoint inside " \
+                      f"one, not {resume}\n"
+    assert digests(other) == before
+
+
+HOLDER = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("runs", sys.argv[1])
+runs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(runs)
+with runs.RunLock(sys.argv[2]):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def hold_lock(folder: Path) -> subprocess.Popen:
+    """Another process holding ``folder``'s lock (runs.py loaded alone: no torch import to wait for)."""
+    import yolotrain.runs
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, yolotrain.runs.__file__, str(folder)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_second_writer_of_a_run_folder_is_refused_naming_the_holder(tmp_path, data, capsys):
+    run = tmp_path / "runs" / "exp"
+    holder = hold_lock(run)
+    try:
+        with pytest.raises(RunInUseError, match=f"is being written by process {holder.pid}: wait"), RunLock(run):
+            pass
+        assert main(["train", "--data", str(data / "data.yaml"), "--epochs", "1", "--img", str(SIZE), "--batch", "4",
+                     "--workers", "0", "--project", str(run.parent), "--name", "exp", "--exist-ok"]) == 1
+        err = capsys.readouterr().err
+        assert f"is being written by process {holder.pid}" in err and err.count("\n") == 1, err
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME]  # nothing else was written
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert not (run / LOCK_NAME).exists()  # released and removed when the holder ended
+    with RunLock(run), pytest.raises(RunInUseError, match="already being written by this process"), RunLock(run):
+        pass
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
+    run = tmp_path / "exp"
+    holder = hold_lock(run)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert (run / LOCK_NAME).read_text() == f"{holder.pid}\n"  # left behind, naming a dead process
+    with RunLock(run):
+        assert (run / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    assert not (run / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_files_get_the_users_umask(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        model = Yolov5("n", num_classes=2).eval()
+        json_path = save_checkpoint(tmp_path / "ckpt" / "last", model, state={"epoch": 0})
+        shapes = generate_shapes_dataset(root=tmp_path / "shapes", n_train=1, n_val=1, img_size=32)
+    finally:
+        os.umask(previous)
+    for path in (json_path, json_path.with_suffix(".safetensors"), json_path.with_name("last.state.pt"),
+                 shapes / "data.yaml"):
+        assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~umask), path
+    assert oct(shapes.stat().st_mode & 0o777) == oct(0o777 & ~umask)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import math
@@ -26,7 +27,8 @@ from ..data.sources import resolve_source
 from ..devices import select_device
 from ..loss import DivergenceError, YoloLoss
 from ..model import Yolov5, parse_version
-from ..runs import next_run_dir
+from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
+from ..runs import RunLock, next_run_dir
 from ..settings import ConfigError
 from . import distributed as D
 from .config import TrainConfig, resolve_config, with_runtime
@@ -170,6 +172,17 @@ class Trainer:
         self.last_opt_step = -1
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
                          else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
+        self._refuse_overwriting_inputs()
+
+    def _refuse_overwriting_inputs(self) -> None:
+        """The run folder must not be, hold or lie inside the weights, model YAML or data it reads (a resumed
+        run writes over its own checkpoint, which is therefore not counted)."""
+        cfg = self.config
+        model_file = [("--model", Path(cfg.model))] if Path(cfg.model).is_file() else []
+        weights = weights_inputs(cfg.model) if model_file and Path(cfg.model).suffix not in (".yaml", ".yml") \
+            else model_file
+        data = dataset_inputs([*self.train_set.im_files, *self.val_set.im_files], cfg.data.path)
+        refuse_overwriting_inputs([("--project/--name", self.save_dir)], weights + data)
 
     def _setup_precision(self) -> None:
         """cuDNN autotuning, the mixed-precision notice and the gradient scaler."""
@@ -250,9 +263,11 @@ class Trainer:
         """Train for the configured epochs; returns where the weights and results were written."""
         try:
             self.setup()
-            if self.resume_from is not None:
-                self._load_resumed_state(self.resume_from)
-            return self._fit()
+            # One writer per run folder: a second run or resume of it stops here, naming the holder.
+            with RunLock(self.save_dir) if self.ctx.is_main else contextlib.nullcontext():
+                if self.resume_from is not None:
+                    self._load_resumed_state(self.resume_from)
+                return self._fit()
         except BaseException:
             if self.loggers is not None:
                 self.loggers.close(failed=True)
@@ -576,14 +591,22 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
+# The names of a run's last checkpoint set, the one --resume continues.
+RESUME_NAMES = frozenset({"last", "last.json", "last.safetensors", "last.state.pt"})
+
+
 def find_resume_checkpoint(resume: str | os.PathLike | bool, project: str | os.PathLike = TrainConfig.project) -> Path:
-    """``resume=True``: the newest ``weights/last`` under ``project``; else the given run folder or checkpoint."""
+    """``resume=True``: the newest ``weights/last`` under ``project``; else the given run folder or its
+    ``weights/last`` checkpoint (any file of the set). Anything else is refused: the run folder a resume
+    writes into is the checkpoint's grandparent, so it must be one."""
     if resume is not True and str(resume).lower() not in ("true", "1"):
         path = Path(resume)
         if path.is_dir():
             path = path / "weights" / "last.json"
-        if not path.name.endswith(".json"):
-            path = path.with_name(path.name.removesuffix(".safetensors").removesuffix(".state.pt") + ".json")
+        elif path.name not in RESUME_NAMES or path.parent.name != "weights":
+            raise FileNotFoundError(f"--resume takes a run folder or the weights/last checkpoint inside one, "
+                                    f"not {path}")
+        path = path.with_name("last.json")
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint to resume at {path}")
         return path

@@ -23,6 +23,7 @@ from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
 from ..draw import draw_detections
 from ..names import class_names
+from ..outputs import refuse_overwriting_inputs, weights_inputs
 from ..runs import add_run_dir_arguments, next_run_dir
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
 from .nms import non_max_suppression, scale_boxes_to_original
@@ -306,6 +307,10 @@ def predict(
         raise ValueError(f"line_width must be at least 1 pixel, got {line_width}")
     predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code)
     items = expand_sources(source)
+    if save_dir is not None:
+        weights = weights_inputs(model_or_weights) if isinstance(model_or_weights, (str, os.PathLike)) else []
+        refuse_overwriting_inputs([("--project/--name", save_dir)],
+                                  weights + [("source", item) for item in items if isinstance(item, Path)])
     # Live sources are opened first, so one that cannot be opened stops the run before anything is written.
     live: dict[int, LatestFrameReader] = {}
     try:

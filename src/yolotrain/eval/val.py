@@ -25,6 +25,7 @@ from ..boxes import letterbox_geometry, xywh_to_xyxy
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
 from ..names import class_names
+from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
 from ..runs import add_run_dir_arguments, next_run_dir
 from ..settings import setting
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
@@ -185,6 +186,10 @@ def val(
     out_dir = Path(save_dir) if save_dir is not None else None
     if (save_json or save_txt) and out_dir is None:
         raise ValueError("save_json and save_txt need a save_dir to write their files into")
+    if out_dir is not None:
+        weights = weights_inputs(model_or_weights) if isinstance(model_or_weights, (str, os.PathLike)) else []
+        refuse_overwriting_inputs([("--project/--name", out_dir)], weights + dataset_inputs(
+            getattr(dataset, "im_files", ()), None if isinstance(data, DataLoader) else data))
     scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
                           out_dir / "labels" if save_txt else None, save_conf, save_json)
     timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
