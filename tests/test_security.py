@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -298,3 +299,35 @@ def test_files_get_the_users_umask(tmp_path, umask):
                  shapes / "data.yaml"):
         assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~umask), path
     assert oct(shapes.stat().st_mode & 0o777) == oct(0o777 & ~umask)
+
+
+@pytest.mark.slow
+def test_two_resumes_of_one_run_one_trains_the_other_is_refused(tmp_path, data):
+    """Real processes: a run killed after its first checkpoint, resumed twice at once."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "yolotrain", "train"]
+    args = ["--data", str(data / "data.yaml"), "--epochs", "300", "--img", str(SIZE), "--batch", "4", "--workers", "0",
+            "--no-val", "--project", str(tmp_path / "runs")]
+    last = tmp_path / "runs" / "exp" / "weights" / "last.json"
+    first = subprocess.Popen([*command, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not last.exists() and first.poll() is None:
+            time.sleep(0.05)
+    finally:
+        first.kill()
+        first.wait()
+    lock = last.parent.parent / LOCK_NAME
+    assert last.exists() and lock.exists()  # the killed run left its lock file behind
+    resuming = subprocess.Popen([*command, "--resume", str(last.parent.parent), "--workers", "0"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not (lock.exists() and lock.read_text() == f"{resuming.pid}\n") and resuming.poll() is None:
+            time.sleep(0.05)
+        assert resuming.poll() is None, "the first resume ended before the second could start"
+        second = subprocess.run([*command, "--resume", str(last), "--workers", "0"], env=env, capture_output=True,
+                                text=True, timeout=600)
+        assert second.returncode == 1 and resuming.poll() is None
+        assert f"is being written by process {resuming.pid}" in second.stderr and second.stderr.count("\n") == 1
+    finally:
+        resuming.kill()
+        resuming.wait()
