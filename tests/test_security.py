@@ -54,7 +54,7 @@ class _Hostile(torch.nn.Module):
 
 def hostile_torchscript(path: Path, target: Path) -> Path:
     """A hostile TorchScript file that claims, in our metadata's form, to be a yolotrain export."""
-    claimed = {"producer": "yolotrain", "model": "yolov5n", "nc": "2", "img_size": "[64, 64]", "precision": "fp32"}
+    claimed = {"producer": "yolotrain", "model": "yolov5n", "nc": "2\n", "img_size": "[64, 64]", "precision": "fp32"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # TorchScript is deprecated upstream
         torch.jit.save(torch.jit.script(_Hostile(str(target))), str(path),

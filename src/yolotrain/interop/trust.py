@@ -3,7 +3,7 @@
 A TorchScript file holds TorchScript code that the interpreter runs when it is loaded and called (that
 code can call operators such as ``torch.from_file(..., shared=True)``, which create and write files of
 its choosing); a TensorRT engine is compiled native code and may embed plugin libraries that run when
-it is deserialized (NVIDIA: "treat engines as executable artifacts"). Neither is opened without
+it is deserialized (NVIDIA: "serialized TensorRT engines are executable artifacts"). Neither is opened without
 ``trust_code=True`` (``--trust-model-code``). The refusal says where the file came from by reading
 the metadata our exports carry as plain data: a TorchScript file is a zip archive whose extra file
 ``config.json`` is read with :mod:`zipfile`; an engine starts with a length-prefixed JSON header.
@@ -15,6 +15,7 @@ import json
 import os
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 from ..checkpoint import CheckpointError
@@ -60,7 +61,9 @@ def describe_origin(path: Path) -> str:
     metadata = _torchscript_metadata(path) if path.suffix.lower() == ".torchscript" else _engine_metadata(path)
     if not isinstance(metadata, dict) or metadata.get("producer") != "yolotrain":
         return "it carries no yolotrain export metadata (it was not written by yolotrain export)"
-    fields = {key: str(metadata.get(key, "?"))[:80] for key in ("model", "nc", "img_size", "precision")}
+    # Written by whoever made the file: one short line of it, whatever it holds.
+    fields = {key: " ".join(str(metadata.get(key, "?")).split())[:80]
+              for key in ("model", "nc", "img_size", "precision")}
     return (f"its metadata says it is a yolotrain export of {fields['model']} ({fields['nc']} classes, "
             f"image size {fields['img_size']}, {fields['precision']}), which anyone could have written")
 
@@ -73,7 +76,7 @@ def _torchscript_metadata(path: Path) -> object:
             if member is None or member.file_size > MAX_METADATA_BYTES:
                 return None
             return json.loads(archive.read(member))
-    except (OSError, zipfile.BadZipFile, ValueError, RuntimeError, NotImplementedError):
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError, RuntimeError, NotImplementedError):
         return None
 
 
