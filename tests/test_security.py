@@ -217,6 +217,10 @@ def test_training_never_writes_over_its_weights_or_data(tmp_path, data, checkpoi
         train(model=str(checkpoint), project=str(run.parent), name=run.name, exist_ok=True, **common)
     with pytest.raises(OutputOverlapError, match=r"is inside the input .*images.train \(dataset images\)"):
         train(project=str(data / "images" / "train"), **common)
+    (run / "config.yaml").write_text("epochs: 1\n")
+    with pytest.raises(OutputOverlapError, match=r"contains the input .*config\.yaml \(settings file\)"):
+        train(run / "config.yaml", project=str(run.parent), name=run.name, exist_ok=True, **common)
+    before["config.yaml"] = hashlib.sha256(b"epochs: 1\n").hexdigest()
     assert digests(run) == before
     assert {k: v for k, v in digests(data).items() if not k.endswith(".cache")} == data_before
 

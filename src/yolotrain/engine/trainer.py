@@ -9,7 +9,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,12 +63,15 @@ class Trainer:
     """Runs one :class:`TrainConfig`. Only rank 0 prints, validates and writes files."""
 
     def __init__(self, config: TrainConfig, ctx: D.DistributedContext | None = None,
-                 loss: Callable[[Yolov5, bool], Callable] | None = None, resume_from: Path | None = None) -> None:
+                 loss: Callable[[Yolov5, bool], Callable] | None = None, resume_from: Path | None = None,
+                 setting_files: Sequence[str | os.PathLike] = ()) -> None:
         """``loss(model, rect_training)`` builds a custom training criterion (default: :class:`YoloLoss`
         with the run's loss settings); it is called as ``criterion(outputs, targets, pred_size=...)``
         and must return a scalar. ``resume_from`` continues the run of that ``last`` checkpoint, whose
-        configuration ``config`` must be (see :func:`resume_training`)."""
+        configuration ``config`` must be (see :func:`resume_training`). ``setting_files`` (the ``--config``
+        and ``--hyp`` files ``config`` was read from) are inputs the run folder must not write over."""
         self.loss_factory = loss
+        self.setting_files = [Path(f) for f in setting_files]
         self.config = resolve_config(config)
         self.resume_from = resume_from
         self.ctx = ctx or D.context_from_env()
@@ -175,14 +178,15 @@ class Trainer:
         self._refuse_overwriting_inputs()
 
     def _refuse_overwriting_inputs(self) -> None:
-        """The run folder must not be, hold or lie inside the weights, model YAML or data it reads (a resumed
-        run writes over its own checkpoint, which is therefore not counted)."""
+        """The run folder must not be, hold or lie inside the weights, model YAML, data or settings files it
+        reads (a resumed run writes over its own checkpoint, which is therefore not counted)."""
         cfg = self.config
         model_file = [("--model", Path(cfg.model))] if Path(cfg.model).is_file() else []
         weights = weights_inputs(cfg.model) if model_file and Path(cfg.model).suffix not in (".yaml", ".yml") \
             else model_file
         data = dataset_inputs([*self.train_set.im_files, *self.val_set.im_files], cfg.data.path)
-        refuse_overwriting_inputs([("--project/--name", self.save_dir)], weights + data)
+        settings = [("settings file", path) for path in self.setting_files]
+        refuse_overwriting_inputs([("--project/--name", self.save_dir)], weights + data + settings)
 
     def _setup_precision(self) -> None:
         """cuDNN autotuning, the mixed-precision notice and the gradient scaler."""
@@ -660,4 +664,5 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
         path = find_resume_checkpoint(resume, settings.get("project", TrainConfig.project))
         return resume_training(path, device=settings.get("device"), workers=settings.get("workers"),
                                loss=loss).fit()
-    return Trainer(resolve_config(config, hyp=hyp, **settings), loss=loss).fit()
+    setting_files = [f for f in (config, hyp) if isinstance(f, (str, os.PathLike))]
+    return Trainer(resolve_config(config, hyp=hyp, **settings), loss=loss, setting_files=setting_files).fit()
