@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from yolotrain import Yolov5, load, predict, train, val
 from yolotrain.checkpoint import CheckpointError, save_checkpoint
@@ -22,7 +24,7 @@ from yolotrain.cli import main
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import export, load_exported
 from yolotrain.interop.trust import UntrustedModelError
-from yolotrain.outputs import OutputOverlapError
+from yolotrain.outputs import OutputOverlapError, refuse_overwriting_inputs, weights_inputs
 from yolotrain.runs import LOCK_NAME, RunInUseError, RunLock
 
 SIZE = 64
@@ -169,6 +171,36 @@ def test_export_never_writes_over_the_weights_it_reads(checkpoint, capsys, weigh
     assert err.startswith("yolotrain export: error: the output") and err.count("\n") == 1, err
     assert "outputs never overwrite inputs: choose another --output" in err
     assert digests(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(before)
+
+
+@pytest.fixture(scope="module")
+def spelled(tmp_path_factory) -> tuple[Path, Path]:
+    """A checkpoint set in root/a/b, and root/link pointing at root/a."""
+    root = tmp_path_factory.mktemp("spelled")
+    (root / "a" / "b").mkdir(parents=True)
+    for name in ("best.json", "best.safetensors"):
+        (root / "a" / "b" / name).write_text(name)
+    (root / "link").symlink_to(root / "a")
+    return root, root / "a" / "b" / "best.json"
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts=st.lists(st.sampled_from(["a", "b", "c", ".", "..", "link", "best.json", "best.safetensors",
+                                       "best.state.pt"]), min_size=1, max_size=6))
+def test_any_spelling_of_an_output_over_a_checkpoint_set_is_caught(spelled, parts):
+    """Outputs spelled with ``.``, ``..`` and symbolic links are refused exactly when the real path is, lies
+    inside, or holds a file of the set (checked against ``os.path.realpath``)."""
+    root, weights = spelled
+    out = root.joinpath(*parts)
+    real = os.path.realpath(out)
+    members = [os.path.realpath(weights.with_name(f"best{s}")) for s in (".json", ".safetensors", ".state.pt")]
+    expected = any(os.path.commonpath([real, m]) in (real, m) for m in members)
+    try:
+        refuse_overwriting_inputs([("--output", out)], weights_inputs(weights))
+    except OutputOverlapError:
+        assert expected, out
+    else:
+        assert not expected, out
 
 
 def test_val_predict_and_data_check_never_write_into_their_data(tmp_path, data, checkpoint, capsys):

@@ -4,7 +4,7 @@ An output conflicts with an input when, both resolved (symbolic links followed),
 path, the output lies inside an input folder, or an input lies inside an output folder (which the
 command would write over). Inputs are what is actually read: every file of a checkpoint set, the
 folders a dataset's images and labels are read from (not a dataset root, which may be the working
-folder), the dataset YAML, and the source files of ``predict``.
+folder), the dataset YAML, the settings files of ``train`` and the source files of ``predict``.
 """
 
 from __future__ import annotations
