@@ -59,14 +59,17 @@ def scored(weights, data: Path, img: int, rect: bool, image: np.ndarray | None, 
     from yolotrain.eval import val
     from yolotrain.eval.predict import Predictor
 
-    val(weights, data, img_size=img, batch_size=32, workers=0, rect=rect, verbose=False, plots=False)  # warm-up
+    # The exports measured here were written by this script: trusted, TorchScript and TensorRT included.
+    options = {"img_size": img, "batch_size": 32, "workers": 0, "rect": rect, "verbose": False, "plots": False,
+               "trust_code": True}
+    val(weights, data, **options)  # warm-up
     t = time.perf_counter()
-    metrics = val(weights, data, img_size=img, batch_size=32, workers=0, rect=rect, verbose=False, plots=False)
+    metrics = val(weights, data, **options)
     seconds = time.perf_counter() - t
     images = len(list((data.parent / "images" / "val").iterdir()))
     result = {"mAP50-95": metrics.map, "mAP50": metrics.map50, "val_images_per_s": images / seconds, "val_s": seconds}
     if image is not None:
-        predictor = Predictor(weights, img_size=img, device="cpu")
+        predictor = Predictor(weights, img_size=img, device="cpu", trust_code=True)
         result["predict_ms"] = latency(lambda: predictor.predict_image(image), repeats) * 1e3
     return result
 

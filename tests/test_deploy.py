@@ -99,7 +99,7 @@ def assert_same_detections(actual: torch.Tensor, expected: torch.Tensor, atol: f
 def test_export_runs_in_its_runtime_like_torch(setup, fmt, precision, score_tol, box_tol):
     model, _, _ = setup
     path = export_case(setup, fmt, precision)
-    runner = load_exported(path)
+    runner = load_exported(path, trust_code=True)
     assert (runner.names, runner.num_classes, runner.img_size) == (["circle", "rectangle"], 2, (SIZE, SIZE))
     assert runner.precision == precision and not runner.end_to_end
     imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
@@ -125,7 +125,8 @@ def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision
     path = export_case(setup, fmt, precision)
     rect = fmt in DYNAMIC_FORMATS  # LiteRT and TorchScript graphs are fixed at one size: val letterboxes square
     ours = val(model, str(data), img_size=SIZE, batch_size=4, workers=0, rect=rect, verbose=False, plots=False)
-    theirs = val(str(path), str(data), img_size=SIZE, batch_size=4, workers=0, verbose=False, plots=False)
+    theirs = val(str(path), str(data), img_size=SIZE, batch_size=4, workers=0, verbose=False, plots=False,
+                 trust_code=True)
     tolerance = 1e-3 if precision == "fp32" else 0.05
     assert ours.map50 > 0
     assert theirs.map50 == pytest.approx(ours.map50, abs=tolerance)
@@ -133,7 +134,7 @@ def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision
 
     images = sorted((data.parent / "images" / "val").iterdir())[:2]
     expected = predict(model, images, img_size=SIZE, conf=0.3)
-    actual = predict(path, images, img_size=SIZE, conf=0.3)
+    actual = predict(path, images, img_size=SIZE, conf=0.3, trust_code=True)
     assert sum(len(r.boxes) for r in expected) > 0
     for a, b in zip(expected, actual):
         assert b.names == ["circle", "rectangle"]
@@ -390,13 +391,13 @@ def test_exports_that_cannot_be_loaded_get_one_line_errors(tmp_path):
             load_exported(tmp_path / "lonely.xml")
     (tmp_path / "garbage.torchscript").write_bytes(b"not a zip archive")
     with pytest.raises(CheckpointError) as info:
-        load_exported(tmp_path / "garbage.torchscript")
+        load_exported(tmp_path / "garbage.torchscript", trust_code=True)
     assert "not a loadable TorchScript model" in str(info.value) and "\n" not in str(info.value)
     foreign = tmp_path / "foreign.torchscript"
     with pytest.warns(FutureWarning):  # TorchScript is deprecated upstream
         torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(foreign))
     with pytest.raises(CheckpointError, match="TorchScript file without yolotrain metadata"):
-        load_exported(foreign)
+        load_exported(foreign, trust_code=True)
 
 
 def test_tensorrt_without_cuda_or_package_is_a_one_line_error(setup, tmp_path, capsys, monkeypatch):

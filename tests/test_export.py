@@ -114,7 +114,8 @@ def test_torchscript_export_matches_and_carries_metadata(tmp_path, model):
 
 def test_raw_torchscript_export_is_decoded_by_its_runtime(tmp_path, model):
     """Raw head maps out of the TorchScript graph, decoded by the runtime like the model's own output."""
-    runner = load_exported(export(model, "torchscript", out=tmp_path / "raw.torchscript", img_size=64, raw=True))
+    runner = load_exported(export(model, "torchscript", out=tmp_path / "raw.torchscript", img_size=64, raw=True),
+                           trust_code=True)
     assert runner.raw and runner.input_shape == [1, 3, 64, 64]
     imgs = torch.rand(3, 3, 64, 64)
     with torch.no_grad():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -139,9 +140,13 @@ def test_divergence_stops_with_a_message_and_keeps_the_last_checkpoint(tiny_data
     assert good.returncode == 0, good.stderr
     last = tmp_path / "runs" / "exp" / "weights" / "last"
     digests = {p.name: sha256(p) for p in last.parent.iterdir()}
+    start = tmp_path / "start"  # a copy: a run may not start from weights inside the run folder it writes
+    start.mkdir()
+    for member in last.parent.glob("last.*"):
+        shutil.copy(member, start / member.name)
 
     (tmp_path / "hyp.yaml").write_text("warmup_epochs: 0\n")
-    bad = run_cli("train", *base, "--exist-ok", "--epochs", "2", "--model", str(last) + ".json", "--lr0", "1e30",
+    bad = run_cli("train", *base, "--exist-ok", "--epochs", "2", "--model", str(start / "last.json"), "--lr0", "1e30",
                   "--nominal-batch", "2", "--hyp", "hyp.yaml", cwd=tmp_path)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
     message = bad.stderr.strip().splitlines()[-1]

@@ -18,7 +18,10 @@ def write_atomic(target: str | os.PathLike, write: Callable[[Path], None], durab
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(handle)
+    try:  # mkstemp makes 0600 files; give the mode a plain open() would (0666 less the umask)
+        os.fchmod(handle, 0o666 & ~current_umask())
+    finally:
+        os.close(handle)
     temp = Path(temp_name)
     try:
         write(temp)
@@ -36,3 +39,18 @@ def write_atomic(target: str | os.PathLike, write: Callable[[Path], None], durab
         finally:
             os.close(folder)
     return target
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it where Linux reports it (``os.umask`` can only be read
+    by setting it, which would race with other threads creating files)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

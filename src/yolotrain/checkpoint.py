@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .atomic import write_atomic
+from .atomic import current_umask, write_atomic
 from .names import class_names
 
 FORMAT_NAME = "yolotrain-checkpoint"
@@ -189,6 +189,7 @@ def _write_temp(target: Path, write) -> Path:
     try:
         write(temp)
         with temp.open("rb+") as written:
+            os.fchmod(written.fileno(), 0o666 & ~current_umask())  # safetensors writes 0600 files
             os.fsync(written.fileno())
     except BaseException:
         temp.unlink(missing_ok=True)

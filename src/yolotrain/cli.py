@@ -183,5 +183,6 @@ def _domain_errors() -> tuple[type[BaseException], ...]:
     from .engine.trainer import TrainingError
     from .interop import UnsafeCheckpointError
     from .loss import DivergenceError
+    from .runs import RunInUseError
 
-    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError)
+    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError, RunInUseError)

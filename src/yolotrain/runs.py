@@ -26,3 +26,83 @@ def add_run_dir_arguments(parser: argparse.ArgumentParser, project: str) -> None
     parser.add_argument("--project", default=project, help=f"parent of the run folder (default {project})")
     parser.add_argument("--name", default="exp", help="run folder name (exp, exp2 ... when taken)")
     parser.add_argument("--exist-ok", action="store_true", help="reuse an existing run folder")
+
+
+# The lock file in a run folder while a process writes into it.
+LOCK_NAME = ".lock"
+# Run folders this process holds: POSIX locks do not conflict within one process, so this does.
+_HELD: set[Path] = set()
+
+
+class RunInUseError(RuntimeError):
+    """Another process (or another run in this one) is writing into the run folder."""
+
+
+class RunLock:
+    """An exclusive lock on a run folder while this process writes into it: ``with RunLock(folder): ...``.
+
+    The lock is a POSIX record lock (``fcntl.lockf``) on ``folder/.lock``, which holds the owner's process
+    id: the kernel releases it when that process ends however it ends, so a lock file left by a dead
+    process is simply taken over; DataLoader workers forked by the owner do not inherit it. The file is
+    removed on release.
+    """
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        import fcntl
+
+        key = self.folder.resolve()
+        if key in _HELD:
+            raise RunInUseError(f"{self.folder} is already being written by this process ({os.getpid()})")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise RunInUseError(self._busy_message()) from None
+            try:  # a holder may have removed the file between our open and lock: lock the file now there
+                same_file = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same_file = False
+            if same_file:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        _HELD.add(key)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is None:
+            return
+        _HELD.discard(self.folder.resolve())
+        self.path.unlink(missing_ok=True)  # while still locked, so no one locks a file about to vanish
+        os.close(self._fd)  # releases the lock
+        self._fd = None
+
+    def _busy_message(self) -> str:
+        try:
+            pid = int(self.path.read_text().strip())
+        except (OSError, ValueError):
+            return f"{self.folder} is being written by another process (lock file {self.path})"
+        alive = _process_alive(pid)
+        return (f"{self.folder} is being written by process {pid}" + ("" if alive else " (no longer running; "
+                "a process it started still holds the lock)") + f": wait for it to end or stop it (lock file "
+                f"{self.path})")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True

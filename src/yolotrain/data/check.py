@@ -18,6 +18,7 @@ import torch
 
 from ..boxes import xywh_to_xyxy
 from ..draw import draw_detections
+from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from .augment import AugmentConfig
 from .dataset import DetectionDataset
 from .loaders import DataConfig, build_loaders
@@ -88,12 +89,13 @@ def check_dataset(
     are not range-checked.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=1, workers=0, cache_mb=0)
     with warnings.catch_warnings():  # the summaries are printed below; no need to repeat them as warnings
         warnings.simplefilter("ignore", DataWarning)
         loaders = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed)
     train, val = loaders.train_index, loaders.val_index
+    refuse_overwriting_inputs([("--out", out)], dataset_inputs([*train.files, *val.files], data))
+    out.mkdir(parents=True, exist_ok=True)
     print(train.report.summary("train"))
     if val is not train:
         print(val.report.summary("val"))

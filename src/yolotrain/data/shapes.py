@@ -19,6 +19,7 @@ import cv2
 import numpy as np
 import yaml
 
+from ..atomic import current_umask
 from .cachedir import cache_root
 
 CLASS_NAMES = ("circle", "rectangle")
@@ -142,6 +143,7 @@ def generate_shapes_dataset(
         cfg = {"path": ".", "train": "images/train", "val": "images/val", "nc": len(CLASS_NAMES),
                "names": list(CLASS_NAMES)}
         (tmp / "data.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it 0700; give it a plain mkdir's mode
         try:
             os.rename(tmp, final)
         except OSError:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import math
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ from ..data.sources import resolve_source
 from ..devices import select_device
 from ..loss import DivergenceError, YoloLoss
 from ..model import Yolov5, parse_version
-from ..runs import next_run_dir
+from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
+from ..runs import RunLock, next_run_dir
 from ..settings import ConfigError
 from . import distributed as D
 from .config import TrainConfig, resolve_config, with_runtime
@@ -61,12 +63,15 @@ class Trainer:
     """Runs one :class:`TrainConfig`. Only rank 0 prints, validates and writes files."""
 
     def __init__(self, config: TrainConfig, ctx: D.DistributedContext | None = None,
-                 loss: Callable[[Yolov5, bool], Callable] | None = None, resume_from: Path | None = None) -> None:
+                 loss: Callable[[Yolov5, bool], Callable] | None = None, resume_from: Path | None = None,
+                 setting_files: Sequence[str | os.PathLike] = ()) -> None:
         """``loss(model, rect_training)`` builds a custom training criterion (default: :class:`YoloLoss`
         with the run's loss settings); it is called as ``criterion(outputs, targets, pred_size=...)``
         and must return a scalar. ``resume_from`` continues the run of that ``last`` checkpoint, whose
-        configuration ``config`` must be (see :func:`resume_training`)."""
+        configuration ``config`` must be (see :func:`resume_training`). ``setting_files`` (the ``--config``
+        and ``--hyp`` files ``config`` was read from) are inputs the run folder must not write over."""
         self.loss_factory = loss
+        self.setting_files = [Path(f) for f in setting_files]
         self.config = resolve_config(config)
         self.resume_from = resume_from
         self.ctx = ctx or D.context_from_env()
@@ -170,6 +175,18 @@ class Trainer:
         self.last_opt_step = -1
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
                          else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
+        self._refuse_overwriting_inputs()
+
+    def _refuse_overwriting_inputs(self) -> None:
+        """The run folder must not be, hold or lie inside the weights, model YAML, data or settings files it
+        reads (a resumed run writes over its own checkpoint, which is therefore not counted)."""
+        cfg = self.config
+        model_file = [("--model", Path(cfg.model))] if Path(cfg.model).is_file() else []
+        weights = weights_inputs(cfg.model) if model_file and Path(cfg.model).suffix not in (".yaml", ".yml") \
+            else model_file
+        data = dataset_inputs([*self.train_set.im_files, *self.val_set.im_files], cfg.data.path)
+        settings = [("settings file", path) for path in self.setting_files]
+        refuse_overwriting_inputs([("--project/--name", self.save_dir)], weights + data + settings)
 
     def _setup_precision(self) -> None:
         """cuDNN autotuning, the mixed-precision notice and the gradient scaler."""
@@ -250,9 +267,11 @@ class Trainer:
         """Train for the configured epochs; returns where the weights and results were written."""
         try:
             self.setup()
-            if self.resume_from is not None:
-                self._load_resumed_state(self.resume_from)
-            return self._fit()
+            # One writer per run folder: a second run or resume of it stops here, naming the holder.
+            with RunLock(self.save_dir) if self.ctx.is_main else contextlib.nullcontext():
+                if self.resume_from is not None:
+                    self._load_resumed_state(self.resume_from)
+                return self._fit()
         except BaseException:
             if self.loggers is not None:
                 self.loggers.close(failed=True)
@@ -576,14 +595,22 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
+# The names of a run's last checkpoint set, the one --resume continues.
+RESUME_NAMES = frozenset({"last", "last.json", "last.safetensors", "last.state.pt"})
+
+
 def find_resume_checkpoint(resume: str | os.PathLike | bool, project: str | os.PathLike = TrainConfig.project) -> Path:
-    """``resume=True``: the newest ``weights/last`` under ``project``; else the given run folder or checkpoint."""
+    """``resume=True``: the newest ``weights/last`` under ``project``; else the given run folder or its
+    ``weights/last`` checkpoint (any file of the set). Anything else is refused: the run folder a resume
+    writes into is the checkpoint's grandparent, so it must be one."""
     if resume is not True and str(resume).lower() not in ("true", "1"):
         path = Path(resume)
         if path.is_dir():
             path = path / "weights" / "last.json"
-        if not path.name.endswith(".json"):
-            path = path.with_name(path.name.removesuffix(".safetensors").removesuffix(".state.pt") + ".json")
+        elif path.name not in RESUME_NAMES or path.parent.name != "weights":
+            raise FileNotFoundError(f"--resume takes a run folder or the weights/last checkpoint inside one, "
+                                    f"not {path}")
+        path = path.with_name("last.json")
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint to resume at {path}")
         return path
@@ -637,4 +664,5 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
         path = find_resume_checkpoint(resume, settings.get("project", TrainConfig.project))
         return resume_training(path, device=settings.get("device"), workers=settings.get("workers"),
                                loss=loss).fit()
-    return Trainer(resolve_config(config, hyp=hyp, **settings), loss=loss).fit()
+    setting_files = [f for f in (config, hyp) if isinstance(f, (str, os.PathLike))]
+    return Trainer(resolve_config(config, hyp=hyp, **settings), loss=loss, setting_files=setting_files).fit()

@@ -18,7 +18,10 @@ ModelOrWeights = nn.Module | str | os.PathLike
 Detector = Any
 # The --weights help of val and predict: every file load_inference_model takes.
 WEIGHTS_HELP = ("checkpoint, official YOLOv5 .pt, or an export (.onnx, OpenVINO .xml, .tflite, .torchscript, "
-                "TensorRT .engine)")
+                "TensorRT .engine; TorchScript and TensorRT files need --trust-model-code)")
+# --trust-model-code of val and predict.
+TRUST_HELP = ("load model files that are programs (.torchscript, TensorRT .engine): they run their own code "
+              "when loaded, so only for files from a source you trust")
 
 
 def input_dtype(model: Detector) -> torch.dtype:
@@ -27,11 +30,13 @@ def input_dtype(model: Detector) -> torch.dtype:
 
 
 def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.device | None = None,
-                         fuse: bool = True, half: bool = False) -> tuple[Detector, torch.device]:
+                         fuse: bool = True, half: bool = False,
+                         trust_code: bool = False) -> tuple[Detector, torch.device]:
     """A detector in eval mode on ``device``: a copy of the given :class:`Yolov5`, or one loaded from a
     weights path (our checkpoints and official YOLOv5 ``.pt`` files, via :func:`yolotrain.interop.load_model`;
     exports (``.onnx``, OpenVINO ``.xml``, ``.tflite``, ``.torchscript``; TensorRT ``.engine`` on the GPU)
-    run through their runtimes, fed from the CPU).
+    run through their runtimes, fed from the CPU). TorchScript files and TensorRT engines run their own
+    code when loaded: they are refused unless ``trust_code`` (see :mod:`yolotrain.interop.trust`).
 
     The caller's model is never changed: fusing Conv+BN (faster inference, same outputs), the
     channels-last layout and the move to ``device``/half precision happen on a copy. ``half`` means
@@ -47,7 +52,7 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
         from ..interop.runtime import is_exported, load_exported
 
         if is_exported(model_or_weights):
-            return load_exported(model_or_weights), torch.device("cpu")
+            return load_exported(model_or_weights, trust_code=trust_code), torch.device("cpu")
     if isinstance(model_or_weights, (str, os.PathLike)):
         from ..interop import load_model
 

@@ -23,8 +23,9 @@ from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
 from ..draw import draw_detections
 from ..names import class_names
+from ..outputs import refuse_overwriting_inputs, weights_inputs
 from ..runs import add_run_dir_arguments, next_run_dir
-from .inference import WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
+from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
 from .nms import non_max_suppression, scale_boxes_to_original
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
@@ -136,8 +137,10 @@ class Predictor:
 
     def __init__(self, model_or_weights: ModelOrWeights, img_size: int | None = None, conf: float = 0.25,
                  iou: float = 0.45, classes: Sequence[int] | None = None, max_det: int = 1000,
-                 agnostic: bool = False, device: str | torch.device | None = None, half: bool = False) -> None:
-        self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half)
+                 agnostic: bool = False, device: str | torch.device | None = None, half: bool = False,
+                 trust_code: bool = False) -> None:
+        self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half,
+                                                       trust_code=trust_code)
         self.stride = max(getattr(self.model, "max_stride", int(self.model.stride.max())), 32)
         self.square = not getattr(self.model, "dynamic_size", True)
         if img_size is None:  # the size the model was made for: an export's fixed size, 1280 for P6, else 640
@@ -267,6 +270,7 @@ def predict(
     hide_conf: bool = False,
     line_width: int | None = None,
     vid_stride: int = 1,
+    trust_code: bool = False,
 ) -> list[Result]:
     """Detect objects in images, videos, cameras and network streams.
 
@@ -287,6 +291,8 @@ def predict(
         hide_labels, hide_conf, line_width: drawing of the annotated outputs: boxes without labels,
             labels without scores, box lines ``line_width`` pixels wide (default: scaled to the image).
         vid_stride: predict every N-th frame of videos and live sources.
+        trust_code: load weights that are programs (TorchScript, TensorRT engines), which run their own
+            code when loaded; without it they are refused before anything of them is loaded.
 
     Returns:
         One :class:`Result` per image and per predicted video frame, in source order. Files that
@@ -299,8 +305,12 @@ def predict(
         raise ValueError(f"vid_stride must be at least 1, got {vid_stride}")
     if line_width is not None and line_width < 1:
         raise ValueError(f"line_width must be at least 1 pixel, got {line_width}")
-    predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half)
+    predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code)
     items = expand_sources(source)
+    if save_dir is not None:
+        weights = weights_inputs(model_or_weights) if isinstance(model_or_weights, (str, os.PathLike)) else []
+        refuse_overwriting_inputs([("--project/--name", save_dir)],
+                                  weights + [("source", item) for item in items if isinstance(item, Path)])
     # Live sources are opened first, so one that cannot be opened stops the run before anything is written.
     live: dict[int, LatestFrameReader] = {}
     try:
@@ -395,6 +405,7 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--hide-conf", action="store_true", help="draw labels without scores")
     parser.add_argument("--line-width", type=int, default=None, help="box line width in pixels (default: scaled)")
     parser.add_argument("--vid-stride", type=int, default=1, help="predict every N-th video/stream frame")
+    parser.add_argument("--trust-model-code", dest="trust_code", action="store_true", help=TRUST_HELP)
     add_run_dir_arguments(parser, "runs/predict")
     return parser
 
@@ -408,7 +419,7 @@ def run_predict(args: argparse.Namespace) -> int:
                           classes=args.classes, max_det=args.max_det, agnostic=args.agnostic_nms,
                           device=args.device, half=args.half, save_dir=save_dir, save_txt=args.save_txt,
                           save_crop=args.save_crop, hide_labels=args.hide_labels, hide_conf=args.hide_conf,
-                          line_width=args.line_width, vid_stride=args.vid_stride)
+                          line_width=args.line_width, vid_stride=args.vid_stride, trust_code=args.trust_code)
     for w in caught:
         print(f"warning: {w.message}")
     total = sum(len(r.scores) for r in results)

@@ -25,10 +25,11 @@ from ..boxes import letterbox_geometry, xywh_to_xyxy
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
 from ..names import class_names
+from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
 from ..runs import add_run_dir_arguments, next_run_dir
 from ..settings import setting
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
-from .inference import WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
+from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
 from .nms import non_max_suppression, scale_boxes_to_original
 
@@ -122,6 +123,7 @@ def val(
     save_txt: bool = False,
     save_conf: bool = False,
     single_cls: bool = False,
+    trust_code: bool = False,
 ) -> Metrics:
     """Evaluate a detector on a labelled split.
 
@@ -156,12 +158,14 @@ def val(
         save_conf: with ``save_txt``, append each detection's confidence to its row.
         single_cls: treat every class as one, in the labels and the predictions (the model's class
             count need not match the data's); the results are reported under one class.
+        trust_code: load weights that are programs (TorchScript, TensorRT engines), which run their own
+            code when loaded; without it they are refused before anything of them is loaded.
     """
     if task not in ("val", "speed"):
         raise ValueError(f"task must be 'val' or 'speed', got {task!r}")
     if task == "speed":
         rect, conf, iou, save_dir, save_json, save_txt = False, 0.25, 0.45, None, False, False
-    model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half)
+    model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code)
     # Exports fixed at one image size take square letterboxed batches, not rectangular ones.
     rect = rect and getattr(model, "dynamic_size", True)
     loader = data
@@ -182,6 +186,10 @@ def val(
     out_dir = Path(save_dir) if save_dir is not None else None
     if (save_json or save_txt) and out_dir is None:
         raise ValueError("save_json and save_txt need a save_dir to write their files into")
+    if out_dir is not None:
+        weights = weights_inputs(model_or_weights) if isinstance(model_or_weights, (str, os.PathLike)) else []
+        refuse_overwriting_inputs([("--project/--name", out_dir)], weights + dataset_inputs(
+            getattr(dataset, "im_files", ()), None if isinstance(data, DataLoader) else data))
     scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
                           out_dir / "labels" if save_txt else None, save_conf, save_json)
     timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
@@ -364,6 +372,7 @@ def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--save-txt", action="store_true", help="write labels/STEM.txt (class cx cy w h) per image")
     parser.add_argument("--save-conf", action="store_true", help="with --save-txt, add each detection's confidence")
     parser.add_argument("--single-cls", action="store_true", help="treat every class as one (data and predictions)")
+    parser.add_argument("--trust-model-code", dest="trust_code", action="store_true", help=TRUST_HELP)
     add_run_dir_arguments(parser, "runs/val")
     return parser
 
@@ -376,7 +385,7 @@ def run_val(args: argparse.Namespace) -> int:
                   iou=args.iou, max_det=args.max_det, rect=args.rect, device=args.device, workers=args.workers,
                   save_dir=save_dir, save_json=args.save_json, plots=args.plots, half=args.half,
                   map_classes=args.map_classes, task=args.task, save_txt=args.save_txt,
-                  save_conf=args.save_conf, single_cls=args.single_cls)
+                  save_conf=args.save_conf, single_cls=args.single_cls, trust_code=args.trust_code)
     if speed:
         return 0
     print(f"Results saved to {save_dir}")

@@ -46,6 +46,7 @@ from torch import nn
 from ..boxes import xywh_to_xyxy
 from ..checkpoint import CheckpointError
 from ..model import Yolov5
+from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
 from .pretrained import load_model
 
@@ -232,7 +233,8 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
         raise ValueError(f"{fmt} output must end in {FORMATS[fmt]}, got {out.name}")
     model = _load(weights_or_model)
     size = _image_size(model.default_img_size if img_size is None else img_size, model.max_stride)
-    calibration = CalibrationImages(calibration_files(data, calibration_images), size) if int8 else None
+    calibration_set = calibration_files(data, calibration_images) if int8 else []
+    calibration = CalibrationImages(calibration_set, size) if int8 else None
     nms_settings = {"conf": conf, "iou": iou, "max_det": max_det, "multi_label": multi_label} if nms else None
     graph = _ExportGraph(model, raw, nms_settings).eval()
     if fmt not in DYNAMIC_FORMATS:
@@ -240,6 +242,9 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     precision = "fp16" if half else "int8" if int8 else "fp32"
     metadata = export_metadata(model, size, raw, dynamic_batch, dynamic_size, precision, nms_settings)
     example = torch.zeros(1, model.in_channels, *size)
+    written = [("--output", out)] + ([("--output", out.with_suffix(".bin"))] if fmt == "openvino" else [])
+    weights = [] if isinstance(weights_or_model, nn.Module) else weights_inputs(weights_or_model)
+    refuse_overwriting_inputs(written, weights + dataset_inputs(calibration_set, data if int8 else None))
     out.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         # The input-shape checks in forward_maps are Python conditions the tracer reports as constants.

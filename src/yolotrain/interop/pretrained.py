@@ -15,6 +15,7 @@ from ..model import ModelSpec, Yolov5
 from ..names import class_names
 from .hub import resolve_weights
 from .official import DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
+from .runtime import is_exported
 from .unpickler import read_torch_file
 
 
@@ -101,8 +102,9 @@ def load_model(path: str | Path, *, use_ema: bool = True) -> Yolov5:
         return load_checkpoint(path, use_ema=use_ema)[0]
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
-    if path.suffix == ".onnx":
-        raise CheckpointError(f"{path}: ONNX files run through yolotrain.interop.OnnxModel, not as a torch model")
+    if is_exported(path):  # never parsed as a torch file: a TorchScript archive is a program
+        raise CheckpointError(f"{path}: an exported model, not a torch checkpoint: run it with "
+                              "yolotrain.interop.load_exported (or val and predict)")
     source = str(path)
     if path.suffix == ".safetensors":
         return build_detector(from_state_dict(read_safetensors(path), source), source)

@@ -41,9 +41,10 @@ def is_exported(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() in BACKENDS.keys() | NOT_RUNNABLE.keys()
 
 
-def load_exported(path: str | os.PathLike) -> ExportedModel:
+def load_exported(path: str | os.PathLike, trust_code: bool = False) -> ExportedModel:
     """The runtime-backed detector for an exported file (``.onnx``, ``.xml``, ``.tflite``, ``.engine``,
-    ``.torchscript``)."""
+    ``.torchscript``). TorchScript files and TensorRT engines run their own code when loaded, so they
+    are refused unless ``trust_code`` (see :mod:`.trust`)."""
     suffix = Path(path).suffix.lower()
     if suffix in NOT_RUNNABLE:
         raise CheckpointError(f"{path}: {NOT_RUNNABLE[suffix]}")
@@ -51,8 +52,12 @@ def load_exported(path: str | os.PathLike) -> ExportedModel:
         raise CheckpointError(f"{path}: not an exported model (expected one of {', '.join(BACKENDS)})")
     from importlib import import_module
 
+    from .trust import needs_trust, require_trust
+
+    require_trust(path, trust_code)  # before the backend's runtime is even imported
     module, name = BACKENDS[suffix]
-    return getattr(import_module(f"{__package__}.{module}"), name)(path)
+    backend = getattr(import_module(f"{__package__}.{module}"), name)
+    return backend(path, trust_code=trust_code) if needs_trust(path) else backend(path)
 
 
 class ExportedModel(abc.ABC):

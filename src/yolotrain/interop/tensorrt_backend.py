@@ -20,6 +20,7 @@ import torch
 
 from ..checkpoint import CheckpointError
 from .runtime import ExportedModel
+from .trust import require_trust
 
 # Largest batch an engine with a dynamic batch axis accepts (val's default batch size); bigger batches
 # run in chunks of this many.
@@ -92,13 +93,15 @@ class TensorRtModel(ExportedModel):
     """An engine written by :func:`~yolotrain.interop.export.export`, run on the current CUDA device.
 
     Inputs and outputs are float32 torch CUDA tensors whose addresses are handed to the engine; batches
-    larger than the engine's largest run in chunks.
+    larger than the engine's largest run in chunks. An engine is native code: it is refused unless
+    ``trust_code`` (see :mod:`.trust`).
     """
 
     format_name = "TensorRT"
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, trust_code: bool = False) -> None:
         path = Path(path)
+        require_trust(path, trust_code)
         reason = tensorrt_unavailable()
         if reason is not None:
             raise CheckpointError(f"{path}: {reason} (run it on the GPU machine that built it)")

@@ -12,17 +12,20 @@ import torch
 
 from ..checkpoint import CheckpointError
 from .runtime import ExportedModel
+from .trust import require_trust
 
 
 class TorchScriptModel(ExportedModel):
     """A ``.torchscript`` file written by :func:`~yolotrain.interop.export.export`, run by the TorchScript
     interpreter on the CPU. The graph was traced at batch 1 and one image size, so batches run one
-    image at a time. Loading a TorchScript archive runs no pickled Python code."""
+    image at a time. Loading a TorchScript archive runs no pickled Python code, but the archive's own
+    TorchScript code runs: it is refused unless ``trust_code`` (see :mod:`.trust`)."""
 
     format_name = "TorchScript"
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, trust_code: bool = False) -> None:
         path = Path(path)
+        require_trust(path, trust_code)
         if not path.is_file():
             raise CheckpointError(f"{path}: no such file")
         extra = {"config.json": ""}
