@@ -179,9 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _domain_errors() -> tuple[type[BaseException], ...]:
     from .checkpoint import CheckpointError
+    from .engine.distributed import DistributedError
     from .engine.loggers import LoggerError
     from .engine.trainer import TrainingError
     from .interop import UnsafeCheckpointError
     from .loss import DivergenceError
 
-    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError)
+    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError, DistributedError)

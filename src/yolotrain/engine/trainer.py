@@ -267,6 +267,7 @@ class Trainer:
         nominal_ratio = cfg.optim.nominal_batch / cfg.data.batch_size
         if ctx.is_main:
             (self.save_dir / "weights").mkdir(parents=True, exist_ok=True)
+            D.mark_elastic_run(ctx, self.save_dir)
             if self.resume_from is None:
                 write_atomic(self.save_dir / "config.yaml",
                              lambda temp: temp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False)))
@@ -635,6 +636,27 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
             raise ConfigError(f"resume continues a run with its own saved settings; only device and workers may "
                               f"change (got {', '.join(extra)})")
         path = find_resume_checkpoint(resume, settings.get("project", TrainConfig.project))
-        return resume_training(path, device=settings.get("device"), workers=settings.get("workers"),
-                               loss=loss).fit()
-    return Trainer(resolve_config(config, hyp=hyp, **settings), loss=loss).fit()
+        restarted = _elastic_restart(path.parent.parent.parent, settings.get("device"), settings.get("workers"), loss)
+        return (restarted or resume_training(path, device=settings.get("device"), workers=settings.get("workers"),
+                                             loss=loss)).fit()
+    resolved = resolve_config(config, hyp=hyp, **settings)
+    return (_elastic_restart(resolved.project, resolved.device, resolved.data.workers, loss, resolved)
+            or Trainer(resolved, loss=loss)).fit()
+
+
+def _elastic_restart(project: str | os.PathLike, device: str | None, workers: int | None,
+                     loss: Callable[[Yolov5, bool], Callable] | None,
+                     config: TrainConfig | None = None) -> Trainer | None:
+    """When torchrun's elastic agent has restarted the group, a trainer that continues the job's run
+    from its last checkpoint (no ``--resume`` needed), or, before any epoch was saved, starts ``config``
+    again in the same run folder; ``None`` on a first launch."""
+    run_dir = D.elastic_run_dir(D.context_from_env(), project)
+    if run_dir is None:
+        return None
+    last = run_dir / "weights" / "last.json"
+    if last.is_file():
+        return resume_training(last, device=device, workers=workers, loss=loss)
+    if config is None:
+        return None
+    return Trainer(dataclasses.replace(config, project=str(run_dir.parent), name=run_dir.name, exist_ok=True),
+                   loss=loss)

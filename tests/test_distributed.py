@@ -1,0 +1,111 @@
+"""Multi-process training under torchrun (CPU, gloo): a restarted group, two nodes, the join timeout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from yolotrain.data import generate_shapes_dataset
+from yolotrain.engine import distributed as D
+
+QUICK = ["--img", "64", "--batch", "4", "--nominal-batch", "4", "--epochs", "3", "--workers", "1", "--no-val",
+         "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def sixteen_images(tmp_path_factory) -> Path:
+    root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=16, n_val=4, img_size=64)
+    return root / "data.yaml"
+
+
+def torchrun(*args: str, cwd: Path, log: str) -> subprocess.Popen:
+    """torchrun in the background, its output (progress bars and all) into the file ``cwd/log``: a pipe
+    nobody reads while waiting would fill and stall the workers."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with (cwd / log).open("w") as out:
+        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], cwd=cwd, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def finish(job: subprocess.Popen, cwd: Path, log: str, timeout: float = 300) -> str:
+    job.wait(timeout=timeout)
+    output = (cwd / log).read_text()
+    assert job.returncode == 0, output[-3000:]
+    return output
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def model_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "weights" / "last.safetensors"))
+
+
+def test_a_restarted_group_finds_the_run_of_its_job(tmp_path):
+    first = D.DistributedContext(rank=0, world_size=2, elastic_run_id="job-a")
+    for name, run_id in (("exp", "job-b"), ("exp2", "job-a")):
+        (tmp_path / name).mkdir()
+        D.mark_elastic_run(D.DistributedContext(world_size=2, elastic_run_id=run_id), tmp_path / name)
+    (tmp_path / "exp3").mkdir()
+    (tmp_path / "exp3" / D.ELASTIC_MARKER).write_text("{not json")  # a marker cut short is skipped
+    assert D.elastic_run_dir(first, tmp_path) is None  # a first launch starts a run of its own
+    restarted = D.DistributedContext(rank=1, world_size=2, elastic_run_id="job-a", restart_count=1)
+    assert D.elastic_run_dir(restarted, tmp_path) == tmp_path / "exp2"
+    assert D.elastic_run_dir(D.DistributedContext(restart_count=1), tmp_path) is None  # no agent, no job
+    # Only rank 0 writes the marker.
+    D.mark_elastic_run(D.DistributedContext(rank=1, world_size=2, elastic_run_id="job-c"), tmp_path / "exp3")
+    assert "job-c" not in (tmp_path / "exp3" / D.ELASTIC_MARKER).read_text()
+
+
+def test_a_missing_peer_is_one_line_after_the_join_timeout(monkeypatch):
+    """Rank 1 of 2 with nobody serving the store: a DistributedError within the timeout, not a hang."""
+    import socket
+    from datetime import timedelta
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setattr(D, "JOIN_TIMEOUT", timedelta(seconds=1))
+    started = time.monotonic()
+    with pytest.raises(D.DistributedError, match=r"process 1 of 2: the process group did not form within 1 s") as e:
+        D.init_process_group(D.DistributedContext(rank=1, world_size=2), torch.device("cpu"))
+    assert "\n" not in str(e.value)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the workers through /proc")
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_uninterrupted(sixteen_images, tmp_path):
+    """torchrun --max-restarts: one of two workers SIGKILLed in the second epoch; the agent restarts the
+    group, which continues from the last checkpoint by itself and ends bit-equal to an uninterrupted run,
+    each epoch once in results.csv."""
+    common = ["--standalone", "--nproc_per_node", "2", "--max-restarts", "2", "-m", "yolotrain", "train",
+              "--data", str(sixteen_images), *QUICK, "--project", "runs"]
+    finish(torchrun(*common, "--name", "plain", cwd=tmp_path, log="plain.log"), tmp_path, "plain.log")
+    job = torchrun(*common, "--name", "killed", cwd=tmp_path, log="killed.log")
+    run_dir = tmp_path / "runs" / "killed"
+    deadline = time.monotonic() + 240
+    while not (run_dir / "weights" / "last.json").exists():
+        assert job.poll() is None and time.monotonic() < deadline, (tmp_path / "killed.log").read_text()[-3000:]
+        time.sleep(0.05)
+    time.sleep(0.3)  # into the second epoch
+    os.kill(children(job.pid)[-1], signal.SIGKILL)
+    output = finish(job, tmp_path, "killed.log")
+    assert "exitcode: -9" in output and "Resuming" in output, output[-3000:]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["killed", "plain"]
+    epochs = [line.split(",")[0] for line in (run_dir / "results.csv").read_text().splitlines()[1:]]
+    assert epochs == ["1", "2", "3"]
+    plain_weights, resumed_weights = model_weights(tmp_path / "runs" / "plain"), model_weights(run_dir)
+    assert plain_weights.keys() == resumed_weights.keys()
+    assert all(torch.equal(plain_weights[k], resumed_weights[k]) for k in plain_weights)
