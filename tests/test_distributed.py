@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from yolotrain.data import generate_shapes_dataset
+from yolotrain.devices import check_gpu_list, gpu_list, select_device
 from yolotrain.engine import distributed as D
 
 QUICK = ["--img", "64", "--batch", "4", "--nominal-batch", "4", "--epochs", "3", "--workers", "1", "--no-val",
@@ -109,3 +110,37 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_uninterrupted(sixteen_
     plain_weights, resumed_weights = model_weights(tmp_path / "runs" / "plain"), model_weights(run_dir)
     assert plain_weights.keys() == resumed_weights.keys()
     assert all(torch.equal(plain_weights[k], resumed_weights[k]) for k in plain_weights)
+
+
+def test_mps_is_chosen_where_available_and_refused_in_one_line_elsewhere(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert select_device("mps") == torch.device("mps")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^device 'mps' requested but MPS .* not available on this machine$"):
+        select_device("mps")
+
+
+def test_a_gpu_list_gives_each_process_its_gpu(monkeypatch):
+    assert gpu_list("0,1") == [0, 1] and gpu_list("2, 3") == [2, 3]
+    assert gpu_list("0") == gpu_list("cpu") == gpu_list(None) == gpu_list("0,") == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert [select_device("2,3", rank) for rank in (0, 1)] == [torch.device("cuda", 2), torch.device("cuda", 3)]
+    with pytest.raises(ValueError, match="lists 2 GPUs; process 2 has none"):
+        select_device("2,3", 2)
+    with pytest.raises(ValueError, match="only 4 CUDA device"):
+        check_gpu_list([3, 4])
+    command = D.launch_command(2, ["train", "--device", "0,1"])
+    assert command[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "yolotrain",
+                           "train", "--device", "0,1"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the one-line answer of a machine without CUDA")
+def test_a_gpu_list_without_cuda_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "yolotrain", "train", "--device", "0,1", "--epochs", "1"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "yolotrain train: error: device '0,1' requested but CUDA is not available on this machine; for several "
+        "CPU processes launch with torchrun --nproc_per_node 2 and --device cpu"]
+    assert not (tmp_path / "runs").exists()

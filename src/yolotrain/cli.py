@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -67,8 +69,15 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    from .devices import check_gpu_list, gpu_list
     from .engine import train
 
+    gpus = gpu_list(getattr(args, "device", None))
+    if len(gpus) > 1 and "LOCAL_RANK" not in os.environ:  # the reference's --device 0,1: one process per GPU
+        from .engine.distributed import launch_command
+
+        check_gpu_list(gpus)
+        return subprocess.call(launch_command(len(gpus), args.argv))
     train(args.config, hyp=args.hyp, resume=args.resume, **train_settings(args))
     return 0
 
@@ -80,7 +89,7 @@ def train_settings(args: argparse.Namespace) -> dict[str, object]:
     if unsupported:
         raise ValueError(f"{unsupported[0]} is not supported: {UNSUPPORTED_TRAIN_OPTIONS[unsupported[0]]}")
     settings = {k: v for k, v in vars(args).items()
-                if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank")}
+                if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank", "argv")}
     if settings.get("model") == "":  # the reference's --weights '': no weights, train from scratch
         del settings["model"]
     if args.cfg:
@@ -166,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return doctor_main(argv[1:])
     args = build_parser().parse_args(argv)
+    args.argv = argv  # what a launcher of several processes passes on to each
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -117,3 +119,10 @@ def elastic_run_dir(ctx: DistributedContext, project: str | os.PathLike) -> Path
         except (OSError, ValueError):
             continue  # a marker being written, or of no run of ours
     return None
+
+
+def launch_command(processes: int, argv: Sequence[str]) -> list[str]:
+    """``yolotrain ARGV`` in ``processes`` processes on this machine, started by torchrun's agent (the
+    engine ``torchrun --standalone --nproc_per_node N`` is), which sets each one's rank."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+            "-m", "yolotrain", *argv]
