@@ -171,3 +171,31 @@ def test_two_processes_train_the_model_of_one_and_validate_it_alike(tmp_path):
     again = val(last, data, img_size=64, batch_size=8, workers=0, plots=False, verbose=False, fuse=False)
     assert (again.mp, again.mr, again.map50, again.map) == (
         recorded["precision"], recorded["recall"], recorded["mAP50"], recorded["mAP50-95"])
+
+
+@pytest.mark.slow
+def test_two_agents_as_two_nodes_train_one_run_over_four_workers(tmp_path):
+    """Two torchrun agents on this machine acting as two nodes of two workers each (c10d rendezvous):
+    rank 0 alone writes the one run folder, and the four workers together train the model one process
+    trains with the whole batch (so each saw its own share of every global batch)."""
+    import socket
+
+    bench = str(Path(__file__).parents[1] / "benchmarks" / "bench_ddp.py")
+    data = generate_shapes_dataset(root=tmp_path / "data", n_train=16, n_val=4, img_size=64) / "data.yaml"
+    worker = [bench, "train", "frozen", "--data", str(data), "--batch", "8", "--epochs", "2", "--optimizer", "SGD"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, *worker, "--project", str(tmp_path / "single"), "--name", "exp"], env=env,
+                   check=True, capture_output=True, timeout=300)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [torchrun("--nnodes", "2", "--node-rank", str(rank), "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+                      "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes", *worker, "--project",
+                      str(tmp_path / "runs"), "--name", "exp", cwd=tmp_path, log=f"node{rank}.log")
+             for rank in (0, 1)]
+    outputs = [finish(node, tmp_path, f"node{rank}.log") for rank, node in enumerate(nodes)]
+    assert "on 4 process(es)" in outputs[0] and "on 4 process(es)" not in outputs[1]
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["exp"]
+    single, both = model_weights(tmp_path / "single" / "exp"), model_weights(tmp_path / "runs" / "exp")
+    params = [k for k in single if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+    assert max(float((single[k] - both[k]).abs().max()) for k in params) <= EQUIVALENCE_TOLERANCE
