@@ -79,13 +79,15 @@ def _round_store(ctx: DistributedContext) -> dist.Store:
     torchrun's agent keeps one store (at MASTER_ADDR:MASTER_PORT) for every round of a job. After it
     restarts a failed group, the new workers would read the old round's keys (the dead rank 0's
     address, the old barrier counts) and connect to a dead process or wait forever; prefixing the
-    keys with the agent's restart count gives each round its own.
+    keys with the agent's restart count gives each round its own. (Agents on several machines may
+    count restarts differently; with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` they start a fresh store,
+    hosted by rank 0, for each round, and no prefix is needed.)
     """
     host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500))
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(host, port, ctx.world_size, is_master=ctx.rank == 0 and not agent_hosts_store,
                           timeout=JOIN_TIMEOUT, multi_tenant=True)
-    return dist.PrefixStore(f"yolotrain/round{ctx.restart_count}", store)
+    return dist.PrefixStore(f"yolotrain/round{ctx.restart_count if agent_hosts_store else 0}", store)
 
 
 def destroy_process_group() -> None:
