@@ -2,8 +2,8 @@
 
 On a CUDA machine it runs, in order:
 
-1. the CUDA-only tests: fp16 autocast with loss scaling, the doctor's corpus on CUDA, TensorRT
-   export and val (skipped by pytest where the tensorrt package is missing);
+1. the CUDA-only tests: fp16 autocast with loss scaling, AutoBatch on the GPU's memory, the doctor's
+   corpus on CUDA, TensorRT export and val (skipped by pytest where the tensorrt package is missing);
 2. a DDP run with nccl: ``yolotrain train --device 0,1`` on two GPUs (one GPU: the same run on it alone);
 3. the training step at batch 64, 640 px (``Trainer.train_batch``: forward, loss, backward, clipping,
    optimiser, EMA, fp16 autocast): step time, images/s, and the FLOP/s reached as a fraction of the
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA_TESTS = ["tests/test_gpu.py", "tests/test_doctor_cases.py", "tests/test_deploy.py"]
-CUDA_SELECTION = "cuda or tensorrt or fp16 or nccl"
+CUDA_TESTS = ["tests/test_gpu.py", "tests/test_autobatch.py", "tests/test_doctor_cases.py", "tests/test_deploy.py"]
+CUDA_SELECTION = "cuda or tensorrt or fp16 or measures_the_gpu"
 BATCH, IMG_SIZE, STEPS = 64, 640, 20
 
 

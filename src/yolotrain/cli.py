@@ -65,7 +65,19 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     for flag in UNSUPPORTED_TRAIN_OPTIONS:
         p.add_argument(flag, nargs="?", action=_Unsupported, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_arguments(p, TrainConfig)
+    for action in p._actions:
+        if action.dest == "batch_size":  # the reference's AutoBatch spellings: -1, or a fraction of GPU memory
+            action.type = _batch_value
     p.set_defaults(run=_run_train)
+
+
+def _batch_value(text: str) -> int | float:
+    """``--batch``: a number of images, ``-1`` or a fraction (AutoBatch; see :func:`train_settings`)."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
+_batch_value.__name__ = "batch"  # argparse names the type in its error: "invalid batch value"
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -90,6 +102,12 @@ def train_settings(args: argparse.Namespace) -> dict[str, object]:
         raise ValueError(f"{unsupported[0]} is not supported: {UNSUPPORTED_TRAIN_OPTIONS[unsupported[0]]}")
     settings = {k: v for k, v in vars(args).items()
                 if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank", "argv")}
+    batch = settings.get("batch_size")
+    if batch == -1 or (isinstance(batch, float) and 0 < batch < 1):  # AutoBatch at the reference's or this fraction
+        from .engine.autobatch import DEFAULT_FRACTION
+
+        settings["autobatch"] = DEFAULT_FRACTION if batch == -1 else settings.pop("batch_size")
+        settings.pop("batch_size", None)
     if settings.get("model") == "":  # the reference's --weights '': no weights, train from scratch
         del settings["model"]
     if args.cfg:

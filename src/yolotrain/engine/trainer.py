@@ -94,6 +94,8 @@ class Trainer:
             raise ValueError(f"{root}: the dataset defines no class names")
         self.names = run_class_names(dataset_names, cfg.data)
         self.model = self._build_model()
+        if cfg.data.autobatch:
+            cfg = self._autobatch()
         stride = self.model.max_stride
         if cfg.data.img_size % stride:
             raise ValueError(f"image size must be a multiple of {stride} (the model's largest stride), "
@@ -108,6 +110,17 @@ class Trainer:
         self.val_loader = loaders.val
         self.val_set = self.val_loader.dataset
         self.data_root = loaders.root
+
+    def _autobatch(self) -> TrainConfig:
+        """The batch AutoBatch picks for this GPU takes the fraction's place in the run's settings, so
+        the checkpoints hold it and a resume keeps it."""
+        from .autobatch import autobatch
+
+        cfg = self.config
+        batch = autobatch(self.model, cfg.data.img_size, self.device, cfg.data.autobatch, cfg.data.batch_size,
+                          self.amp_dtype, self._log if self.ctx.is_main else lambda _: None, self.ctx.world_size)
+        self.config = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch, autobatch=0.0))
+        return self.config
 
     # ---------------------------------------------------------------------------------- model
     def _build_model(self) -> Yolov5:
@@ -134,6 +147,7 @@ class Trainer:
             self._log(f"Model {cfg.model}: random initial weights (training from scratch); "
                       f"--model {cfg.model}.pt starts from the official COCO weights")
         self._build_data()
+        cfg = self.config  # AutoBatch may have chosen the batch
         model = self.model.to(self.device)
         if cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
