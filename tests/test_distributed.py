@@ -165,6 +165,10 @@ def test_two_processes_train_the_model_of_one_and_validate_it_alike(tmp_path):
                    env=env, check=True, capture_output=True, timeout=600)
     diff = json.loads(out.read_text())["runs"][0]["max_abs_weight_diff"]
     assert diff["model"] <= EQUIVALENCE_TOLERANCE and diff["ema"] <= EQUIVALENCE_TOLERANCE, diff
+    # results.csv reports the loss over all images of each epoch, as the single process does.
+    losses = [[float(row.split(",")[2]) for row in (tmp_path / name / "results.csv").read_text().splitlines()[1:]]
+              for name in ("frozen-1x8", "frozen-2x4")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     last = tmp_path / "frozen-2x4" / "weights" / "last"
     recorded = json.loads(last.with_suffix(".json").read_text())["metrics"]
     data = next((tmp_path / "data").glob("*/data.yaml"))

@@ -319,6 +319,9 @@ class Trainer:
                         f"inst {targets.shape[0]:3d} size {imgs.shape[-1]:4d} "
                         f"{seen / max(time.perf_counter() - started, 1e-9):6.1f} img/s")
                 del loss
+            if ctx.enabled:  # results.csv reports the epoch's losses over all processes' images, not rank 0's
+                torch.distributed.all_reduce(mean_loss)
+                mean_loss /= ctx.world_size
             # The rates this epoch ended with (warm-up included) are the ones results.csv reports.
             self.epoch_lrs = [group["lr"] for group in self.optimizer.param_groups]
             self.scheduler.step()
