@@ -54,14 +54,16 @@ def model_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def test_a_restarted_group_finds_the_run_of_its_job(tmp_path):
     first = D.DistributedContext(rank=0, world_size=2, elastic_run_id="job-a")
+    assert D.elastic_run_dir(first, tmp_path) is None  # a first launch starts a run of its own
     for name, run_id in (("exp", "job-b"), ("exp2", "job-a")):
         (tmp_path / name).mkdir()
         D.mark_elastic_run(D.DistributedContext(world_size=2, elastic_run_id=run_id), tmp_path / name)
     (tmp_path / "exp3").mkdir()
     (tmp_path / "exp3" / D.ELASTIC_MARKER).write_text("{not json")  # a marker cut short is skipped
-    assert D.elastic_run_dir(first, tmp_path) is None  # a first launch starts a run of its own
-    restarted = D.DistributedContext(rank=1, world_size=2, elastic_run_id="job-a", restart_count=1)
-    assert D.elastic_run_dir(restarted, tmp_path) == tmp_path / "exp2"
+    # Restarted, on this machine or another whose agent counts restarts differently.
+    for restart_count in (1, 0):
+        restarted = D.DistributedContext(rank=1, world_size=2, elastic_run_id="job-a", restart_count=restart_count)
+        assert D.elastic_run_dir(restarted, tmp_path) == tmp_path / "exp2"
     assert D.elastic_run_dir(D.DistributedContext(restart_count=1), tmp_path) is None  # no agent, no job
     # Only rank 0 writes the marker.
     D.mark_elastic_run(D.DistributedContext(rank=1, world_size=2, elastic_run_id="job-c"), tmp_path / "exp3")

@@ -100,7 +100,6 @@ def barrier(ctx: DistributedContext) -> None:
         dist.barrier()
 
 
-
 def mark_elastic_run(ctx: DistributedContext, run_dir: Path) -> None:
     """Rank 0 of a job launched by an elastic agent tags its run folder with the job id."""
     if ctx.elastic_run_id is not None and ctx.is_main:
@@ -108,19 +107,22 @@ def mark_elastic_run(ctx: DistributedContext, run_dir: Path) -> None:
 
 
 def elastic_run_dir(ctx: DistributedContext, project: str | os.PathLike) -> Path | None:
-    """The run folder an elastic agent's earlier round of this job started, when this is a restart.
+    """The run folder an earlier round of this elastic job started (``None``: none has).
 
-    All processes find the same folder (the project folder is shared between machines).
+    All processes find the same folder (the project folder is shared between machines). The restart
+    count does not decide: agents on several machines count restarts differently, and a process of the
+    first round that finds the folder rank 0 just made continues nothing, as no checkpoint is in it yet.
     """
-    if ctx.elastic_run_id is None or ctx.restart_count == 0:
+    if ctx.elastic_run_id is None:
         return None
-    for marker in sorted(Path(project).glob(f"*/{ELASTIC_MARKER}")):
+    found = []
+    for marker in Path(project).glob(f"*/{ELASTIC_MARKER}"):
         try:
             if json.loads(marker.read_text()).get("run_id") == ctx.elastic_run_id:
-                return marker.parent
+                found.append((marker.stat().st_mtime, marker.parent))
         except (OSError, ValueError):
             continue  # a marker being written, or of no run of ours
-    return None
+    return max(found)[1] if found else None  # a job id used again: its newest run
 
 
 def launch_command(processes: int, argv: Sequence[str]) -> list[str]:

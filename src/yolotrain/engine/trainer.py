@@ -667,12 +667,18 @@ def _elastic_restart(project: str | os.PathLike, device: str | None, workers: in
     """When torchrun's elastic agent has restarted the group, a trainer that continues the job's run
     from its last checkpoint (no ``--resume`` needed), or, before any epoch was saved, starts ``config``
     again in the same run folder; ``None`` on a first launch."""
-    run_dir = D.elastic_run_dir(D.context_from_env(), project)
+    ctx = D.context_from_env()
+    run_dir = D.elastic_run_dir(ctx, project)
     if run_dir is None:
         return None
     last = run_dir / "weights" / "last.json"
     if last.is_file():
-        return resume_training(last, device=device, workers=workers, loss=loss)
+        try:
+            return resume_training(last, device=device, workers=workers, loss=loss)
+        except TrainingError:
+            if ctx.restart_count:
+                raise
+            return None  # a finished run of an earlier job under the same id: this launch starts its own
     if config is None:
         return None
     return Trainer(dataclasses.replace(config, project=str(run_dir.parent), name=run_dir.name, exist_ok=True),
