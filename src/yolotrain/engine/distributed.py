@@ -69,8 +69,8 @@ def init_process_group(ctx: DistributedContext, device: torch.device) -> None:
                                 timeout=COLLECTIVE_TIMEOUT, device_id=device if device.type == "cuda" else None)
     except (RuntimeError, ValueError) as error:  # DistStoreError and DistNetworkError are RuntimeErrors
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DistributedError(f"process {ctx.rank} of {ctx.world_size}: the process group did not form within "
-                               f"{JOIN_TIMEOUT.total_seconds():.0f} s ({reason})") from None
+        raise DistributedError(f"process {ctx.rank} of {ctx.world_size} could not join the process group: {reason} "
+                               f"(processes wait {JOIN_TIMEOUT.total_seconds():.0f} s for each other)") from None
 
 
 def _round_store(ctx: DistributedContext) -> dist.Store:
