@@ -207,3 +207,27 @@ def test_two_agents_as_two_nodes_train_one_run_over_four_workers(tmp_path):
     single, both = model_weights(tmp_path / "single" / "exp"), model_weights(tmp_path / "runs" / "exp")
     params = [k for k in single if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
     assert max(float((single[k] - both[k]).abs().max()) for k in params) <= EQUIVALENCE_TOLERANCE
+
+
+@pytest.mark.slow
+def test_a_restart_after_the_last_epoch_was_saved_finishes_at_once(tmp_path, monkeypatch):
+    """A worker that dies on its way out, after the final checkpoint: the restarted job has nothing left
+    to train and ends with the run's result, rather than failing on "nothing to resume"."""
+    from yolotrain import train
+    from yolotrain.engine.trainer import _elastic_restart
+
+    data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=4, n_val=2, img_size=64) / "data.yaml"
+    quick = {"data": str(data), "img_size": 64, "batch_size": 4, "epochs": 1, "workers": 0, "plots": False,
+             "autoanchor": False, "tensorboard": False, "project": str(tmp_path / "runs")}
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    first = train(**quick)
+    assert (first.save_dir / D.ELASTIC_MARKER).is_file()
+    saved = (first.save_dir / "weights" / "last.safetensors").read_bytes()
+    # The same job id launched again later: a finished run of an earlier job is left alone.
+    assert _elastic_restart(tmp_path / "runs", None, None, None) is None
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    again = train(**quick)
+    assert (again.save_dir, again.epochs_run, again.metrics) == (first.save_dir, 0, first.metrics)
+    assert (first.save_dir / "weights" / "last.safetensors").read_bytes() == saved
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [first.save_dir.name]

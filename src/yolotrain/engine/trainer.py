@@ -653,32 +653,39 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
             raise ConfigError(f"resume continues a run with its own saved settings; only device and workers may "
                               f"change (got {', '.join(extra)})")
         path = find_resume_checkpoint(resume, settings.get("project", TrainConfig.project))
-        restarted = _elastic_restart(path.parent.parent.parent, settings.get("device"), settings.get("workers"), loss)
-        return (restarted or resume_training(path, device=settings.get("device"), workers=settings.get("workers"),
-                                             loss=loss)).fit()
+        job = (_elastic_restart(path.parent.parent.parent, settings.get("device"), settings.get("workers"), loss)
+               or resume_training(path, device=settings.get("device"), workers=settings.get("workers"), loss=loss))
+        return job if isinstance(job, TrainResult) else job.fit()
     resolved = resolve_config(config, hyp=hyp, **settings)
-    return (_elastic_restart(resolved.project, resolved.device, resolved.data.workers, loss, resolved)
-            or Trainer(resolved, loss=loss)).fit()
+    job = _elastic_restart(resolved.project, resolved.device, resolved.data.workers, loss, resolved) or \
+        Trainer(resolved, loss=loss)
+    return job if isinstance(job, TrainResult) else job.fit()
 
 
 def _elastic_restart(project: str | os.PathLike, device: str | None, workers: int | None,
                      loss: Callable[[Yolov5, bool], Callable] | None,
-                     config: TrainConfig | None = None) -> Trainer | None:
+                     config: TrainConfig | None = None) -> Trainer | TrainResult | None:
     """When torchrun's elastic agent has restarted the group, a trainer that continues the job's run
     from its last checkpoint (no ``--resume`` needed), or, before any epoch was saved, starts ``config``
-    again in the same run folder; ``None`` on a first launch."""
+    again in the same run folder; the run's result when it had finished all epochs before the restart
+    (a process died on its way out); ``None`` on a first launch."""
+    from ..checkpoint import read_metadata
+
     ctx = D.context_from_env()
     run_dir = D.elastic_run_dir(ctx, project)
     if run_dir is None:
         return None
     last = run_dir / "weights" / "last.json"
     if last.is_file():
-        try:
+        metadata, _ = read_metadata(last)
+        if int(metadata["epoch"]) + 1 < int(metadata["train_args"]["epochs"]):
             return resume_training(last, device=device, workers=workers, loss=loss)
-        except TrainingError:
-            if ctx.restart_count:
-                raise
+        if not ctx.restart_count:
             return None  # a finished run of an earlier job under the same id: this launch starts its own
+        if ctx.is_main:
+            tqdm.write(f"{run_dir} finished all its epochs before the restart; nothing left to train")
+        return TrainResult(run_dir, run_dir / "weights" / "last", run_dir / "weights" / "best", 0,
+                           dict(metadata.get("metrics") or {}))
     if config is None:
         return None
     return Trainer(dataclasses.replace(config, project=str(run_dir.parent), name=run_dir.name, exist_ok=True),
