@@ -8,7 +8,7 @@ LITERT_VENV ?= .venv-litert
 LITERT_PY := $(LITERT_VENV)/bin/python
 LITERT_STAMP := $(LITERT_VENV)/.installed
 
-.PHONY: demo test test-slow clean
+.PHONY: demo test test-slow gpu-check clean
 
 MAIN_PACKAGES := -e ".[test,parity,export,deploy]"
 LITERT_PACKAGES := -e ".[tflite,export]" "pytest>=8"
@@ -38,6 +38,10 @@ test: $(STAMP) $(LITERT_STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# Everything that needs CUDA (CUDA-only tests, DDP with nccl, the step at batch 64, 640 px): one line without a GPU.
+gpu-check: $(STAMP)
+	PYTHON=$(PY) bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) $(LITERT_VENV) build *.egg-info src/*.egg-info packages/inplace-doctor/src/*.egg-info .pytest_cache

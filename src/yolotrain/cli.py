@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -63,12 +65,31 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     for flag in UNSUPPORTED_TRAIN_OPTIONS:
         p.add_argument(flag, nargs="?", action=_Unsupported, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_arguments(p, TrainConfig)
+    for action in p._actions:
+        if action.dest == "batch_size":  # the reference's AutoBatch spellings: -1, or a fraction of GPU memory
+            action.type = _batch_value
     p.set_defaults(run=_run_train)
 
 
+def _batch_value(text: str) -> int | float:
+    """``--batch``: a number of images, ``-1`` or a fraction (AutoBatch; see :func:`train_settings`)."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
+_batch_value.__name__ = "batch"  # argparse names the type in its error: "invalid batch value"
+
+
 def _run_train(args: argparse.Namespace) -> int:
+    from .devices import check_gpu_list, gpu_list
     from .engine import train
 
+    gpus = gpu_list(getattr(args, "device", None))
+    if len(gpus) > 1 and "LOCAL_RANK" not in os.environ:  # the reference's --device 0,1: one process per GPU
+        from .engine.distributed import launch_command
+
+        check_gpu_list(gpus)
+        return subprocess.call(launch_command(len(gpus), args.argv))
     train(args.config, hyp=args.hyp, resume=args.resume, **train_settings(args))
     return 0
 
@@ -80,7 +101,13 @@ def train_settings(args: argparse.Namespace) -> dict[str, object]:
     if unsupported:
         raise ValueError(f"{unsupported[0]} is not supported: {UNSUPPORTED_TRAIN_OPTIONS[unsupported[0]]}")
     settings = {k: v for k, v in vars(args).items()
-                if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank")}
+                if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank", "argv")}
+    batch = settings.get("batch_size")
+    if batch == -1 or (isinstance(batch, float) and 0 < batch < 1):  # AutoBatch at the reference's or this fraction
+        from .engine.autobatch import DEFAULT_FRACTION
+
+        settings["autobatch"] = DEFAULT_FRACTION if batch == -1 else settings.pop("batch_size")
+        settings.pop("batch_size", None)
     if settings.get("model") == "":  # the reference's --weights '': no weights, train from scratch
         del settings["model"]
     if args.cfg:
@@ -166,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return doctor_main(argv[1:])
     args = build_parser().parse_args(argv)
+    args.argv = argv  # what a launcher of several processes passes on to each
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
@@ -179,10 +207,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _domain_errors() -> tuple[type[BaseException], ...]:
     from .checkpoint import CheckpointError
+    from .engine.distributed import DistributedError
     from .engine.loggers import LoggerError
     from .engine.trainer import TrainingError
     from .interop import UnsafeCheckpointError
     from .loss import DivergenceError
     from .runs import RunInUseError
 
-    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError, RunInUseError)
+    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError, RunInUseError,
+            DistributedError)

@@ -34,8 +34,10 @@ class DataConfig:
                                flags=("--data",), aliases=("data",))
     img_size: int | None = setting(None, "network input size in pixels, a multiple of 32 (640; 160 on shapes)",
                                    flags=("--img", "--img-size", "--imgsz"), min=32, multiple_of=32)
-    batch_size: int | None = setting(None, "global batch size, all processes together (16)",
+    batch_size: int | None = setting(None, "global batch, all processes together (16; -1 or a fraction: AutoBatch)",
                                      flags=("--batch", "--batch-size"), min=1)
+    autobatch: float = setting(0.0, "AutoBatch: the largest batch that fits this fraction of the GPU's free memory, "
+                               "in place of batch (0: off; --batch -1 is 0.8, --batch 0.7 is 0.7)", min=0, max=1)
     workers: int | None = setting(None, "loader processes per training process (min(2, CPUs))", min=0)
     rect: bool = setting(False, "rectangular training batches in aspect order (no mosaic)")
     cache_mb: float = setting(512.0, "per-process memory budget (MiB) for decoded images; 0 turns it off", min=0)

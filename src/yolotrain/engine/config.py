@@ -48,7 +48,7 @@ class TrainConfig:
                          "fine-tune (yolov5n.pt: the official COCO weights, downloaded once)",
                          flags=("--model", "--weights"))
     epochs: int | None = setting(None, "epochs (100; 30 on shapes)", min=1)
-    device: str | None = setting(None, "cpu, cuda or cuda:N (a GPU when present)")
+    device: str | None = setting(None, "cpu, cuda, cuda:N, GPUs 0,1 (a process each) or mps (a GPU when present)")
     seed: int = setting(0, "seed of the weights, the shuffling and the augmentations", min=0)
     sync_bn: bool = setting(False, "SyncBatchNorm across processes (CUDA)")
     doctor: bool = setting(False, "run the first step under the in-place doctor")

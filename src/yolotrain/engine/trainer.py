@@ -99,6 +99,8 @@ class Trainer:
             raise ValueError(f"{root}: the dataset defines no class names")
         self.names = run_class_names(dataset_names, cfg.data)
         self.model = self._build_model()
+        if cfg.data.autobatch:
+            cfg = self._autobatch()
         stride = self.model.max_stride
         if cfg.data.img_size % stride:
             raise ValueError(f"image size must be a multiple of {stride} (the model's largest stride), "
@@ -113,6 +115,17 @@ class Trainer:
         self.val_loader = loaders.val
         self.val_set = self.val_loader.dataset
         self.data_root = loaders.root
+
+    def _autobatch(self) -> TrainConfig:
+        """The batch AutoBatch picks for this GPU takes the fraction's place in the run's settings, so
+        the checkpoints hold it and a resume keeps it."""
+        from .autobatch import autobatch
+
+        cfg = self.config
+        batch = autobatch(self.model, cfg.data.img_size, self.device, cfg.data.autobatch, cfg.data.batch_size,
+                          self.amp_dtype, self._log if self.ctx.is_main else lambda _: None, self.ctx.world_size)
+        self.config = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch, autobatch=0.0))
+        return self.config
 
     # ---------------------------------------------------------------------------------- model
     def _build_model(self) -> Yolov5:
@@ -139,6 +152,7 @@ class Trainer:
             self._log(f"Model {cfg.model}: random initial weights (training from scratch); "
                       f"--model {cfg.model}.pt starts from the official COCO weights")
         self._build_data()
+        cfg = self.config  # AutoBatch may have chosen the batch
         model = self.model.to(self.device)
         if cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -286,6 +300,7 @@ class Trainer:
         nominal_ratio = cfg.optim.nominal_batch / cfg.data.batch_size
         if ctx.is_main:
             (self.save_dir / "weights").mkdir(parents=True, exist_ok=True)
+            D.mark_elastic_run(ctx, self.save_dir)
             if self.resume_from is None:
                 write_atomic(self.save_dir / "config.yaml",
                              lambda temp: temp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False)))
@@ -323,6 +338,9 @@ class Trainer:
                         f"inst {targets.shape[0]:3d} size {imgs.shape[-1]:4d} "
                         f"{seen / max(time.perf_counter() - started, 1e-9):6.1f} img/s")
                 del loss
+            if ctx.enabled:  # results.csv reports the epoch's losses over all processes' images, not rank 0's
+                torch.distributed.all_reduce(mean_loss)
+                mean_loss /= ctx.world_size
             # The rates this epoch ended with (warm-up included) are the ones results.csv reports.
             self.epoch_lrs = [group["lr"] for group in self.optimizer.param_groups]
             self.scheduler.step()
@@ -662,7 +680,41 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
             raise ConfigError(f"resume continues a run with its own saved settings; only device and workers may "
                               f"change (got {', '.join(extra)})")
         path = find_resume_checkpoint(resume, settings.get("project", TrainConfig.project))
-        return resume_training(path, device=settings.get("device"), workers=settings.get("workers"),
-                               loss=loss).fit()
+        job = (_elastic_restart(path.parent.parent.parent, settings.get("device"), settings.get("workers"), loss)
+               or resume_training(path, device=settings.get("device"), workers=settings.get("workers"), loss=loss))
+        return job if isinstance(job, TrainResult) else job.fit()
     setting_files = [f for f in (config, hyp) if isinstance(f, (str, os.PathLike))]
-    return Trainer(resolve_config(config, hyp=hyp, **settings), loss=loss, setting_files=setting_files).fit()
+    resolved = resolve_config(config, hyp=hyp, **settings)
+    job = _elastic_restart(resolved.project, resolved.device, resolved.data.workers, loss, resolved) or \
+        Trainer(resolved, loss=loss, setting_files=setting_files)
+    return job if isinstance(job, TrainResult) else job.fit()
+
+
+def _elastic_restart(project: str | os.PathLike, device: str | None, workers: int | None,
+                     loss: Callable[[Yolov5, bool], Callable] | None,
+                     config: TrainConfig | None = None) -> Trainer | TrainResult | None:
+    """When torchrun's elastic agent has restarted the group, a trainer that continues the job's run
+    from its last checkpoint (no ``--resume`` needed), or, before any epoch was saved, starts ``config``
+    again in the same run folder; the run's result when it had finished all epochs before the restart
+    (a process died on its way out); ``None`` on a first launch."""
+    from ..checkpoint import read_metadata
+
+    ctx = D.context_from_env()
+    run_dir = D.elastic_run_dir(ctx, project)
+    if run_dir is None:
+        return None
+    last = run_dir / "weights" / "last.json"
+    if last.is_file():
+        metadata, _ = read_metadata(last)
+        if int(metadata["epoch"]) + 1 < int(metadata["train_args"]["epochs"]):
+            return resume_training(last, device=device, workers=workers, loss=loss)
+        if not ctx.restart_count:
+            return None  # a finished run of an earlier job under the same id: this launch starts its own
+        if ctx.is_main:
+            tqdm.write(f"{run_dir} finished all its epochs before the restart; nothing left to train")
+        return TrainResult(run_dir, run_dir / "weights" / "last", run_dir / "weights" / "best", 0,
+                           dict(metadata.get("metrics") or {}))
+    if config is None:
+        return None
+    return Trainer(dataclasses.replace(config, project=str(run_dir.parent), name=run_dir.name, exist_ok=True),
+                   loss=loss)
