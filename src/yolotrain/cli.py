@@ -46,6 +46,7 @@ class _Unsupported(argparse.Action):
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
     from .engine.config import TrainConfig
+    from .engine.trainer import ResumeOptions
     from .settings import add_arguments
 
     p = sub.add_parser("train", help="train a detector (default: yolov5n on the built-in shapes dataset)",
@@ -63,6 +64,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     for flag in UNSUPPORTED_TRAIN_OPTIONS:
         p.add_argument(flag, nargs="?", action=_Unsupported, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_arguments(p, TrainConfig)
+    add_arguments(p, ResumeOptions)
     p.set_defaults(run=_run_train)
 
 

@@ -8,6 +8,7 @@ import math
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +22,14 @@ from torch import nn
 from tqdm import tqdm
 
 from ..atomic import write_atomic
+from ..data.fingerprint import ResumeDataWarning, dataset_changes, dataset_record, record_problem
 from ..data.loaders import build_loaders, run_class_names
 from ..data.sources import resolve_source
 from ..devices import select_device
 from ..loss import DivergenceError, YoloLoss
 from ..model import Yolov5, parse_version
 from ..runs import next_run_dir
-from ..settings import ConfigError
+from ..settings import ConfigError, flat_names, from_mapping, setting
 from . import distributed as D
 from .config import TrainConfig, resolve_config, with_runtime
 from .ema import ModelEMA
@@ -40,6 +42,14 @@ RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "val_box", "val_ob
 
 class TrainingError(RuntimeError):
     """Training cannot go on (diverged, bad configuration); the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ResumeOptions:
+    """What ``resume`` may be told besides where the run goes on (device, workers)."""
+
+    accept_changed_data: bool = setting(False, "with --resume: go on although the dataset changed since the "
+                                        "checkpoint (class names, image count or labels)")
 
 
 @dataclass
@@ -61,14 +71,17 @@ class Trainer:
     """Runs one :class:`TrainConfig`. Only rank 0 prints, validates and writes files."""
 
     def __init__(self, config: TrainConfig, ctx: D.DistributedContext | None = None,
-                 loss: Callable[[Yolov5, bool], Callable] | None = None, resume_from: Path | None = None) -> None:
+                 loss: Callable[[Yolov5, bool], Callable] | None = None, resume_from: Path | None = None,
+                 accept_changed_data: bool = ResumeOptions.accept_changed_data) -> None:
         """``loss(model, rect_training)`` builds a custom training criterion (default: :class:`YoloLoss`
         with the run's loss settings); it is called as ``criterion(outputs, targets, pred_size=...)``
         and must return a scalar. ``resume_from`` continues the run of that ``last`` checkpoint, whose
-        configuration ``config`` must be (see :func:`resume_training`)."""
+        configuration ``config`` must be (see :func:`resume_training`), on the data it recorded unless
+        ``accept_changed_data``."""
         self.loss_factory = loss
         self.config = resolve_config(config)
         self.resume_from = resume_from
+        self.accept_changed_data = accept_changed_data
         self.ctx = ctx or D.context_from_env()
         self.device = select_device(self.config.device, self.ctx.local_rank)
         self.amp_dtype = autocast_dtype(self.config.amp, self.device)  # a bad choice fails before the data scan
@@ -108,6 +121,36 @@ class Trainer:
         self.val_loader = loaders.val
         self.val_set = self.val_loader.dataset
         self.data_root = loaders.root
+        self.dataset_record = dataset_record(root, dataset_names, {"train": loaders.train_index,
+                                                                   "val": loaders.val_index},
+                                             generated=cfg.data.path is None)
+        if self.resume_from is not None:
+            self._check_resumed_data()
+
+    def _check_resumed_data(self) -> None:
+        """A resumed run goes on with the data its checkpoint recorded: a change stops it in one line,
+        unless accepted (``accept_changed_data``); a change in the number of classes always does."""
+        from ..checkpoint import CheckpointError, read_metadata
+
+        recorded = read_metadata(self.resume_from)[0].get("dataset")
+        if recorded is None:
+            warnings.warn(f"{self.resume_from}: saved without a record of its dataset (by an older yolotrain); "
+                          f"resuming on {self.data_root} without checking it is the same", ResumeDataWarning,
+                          stacklevel=2)
+            return
+        problem = record_problem(recorded)
+        if problem:
+            raise CheckpointError(f"{self.resume_from}: field 'dataset' {problem}")
+        changes = dataset_changes(recorded, self.dataset_record)
+        if not changes:
+            return
+        what = (f"the dataset {self.data_root} changed since {self.resume_from} was saved "
+                f"({'; '.join(changes)})")
+        if len(run_class_names(recorded["names"], self.config.data)) != len(self.names):
+            raise TrainingError(f"{what}: a resumed run cannot change its number of classes; start a new run")
+        if not self.accept_changed_data:
+            raise TrainingError(f"{what}; continue on it anyway with --accept-changed-data, or start a new run")
+        warnings.warn(f"{what}; continuing on it (--accept-changed-data)", ResumeDataWarning, stacklevel=2)
 
     # ---------------------------------------------------------------------------------- model
     def _build_model(self) -> Yolov5:
@@ -479,7 +522,7 @@ class Trainer:
                                     f"last good checkpoint. Lower --lr0.")
         metadata = {"names": self.names, "img_size": self.config.data.img_size, "epoch": epoch,
                     "train_args": self.config.to_dict(), "metrics": metrics, "best_fitness": self.best_fitness,
-                    "ema_updates": self.ema.updates, "history": self.history}
+                    "ema_updates": self.ema.updates, "history": self.history, "dataset": self.dataset_record}
         weights = self.save_dir / "weights"
         # best before last: a kill between the two repeats the epoch on resume, and so its best save.
         targets = [("best", None)] if improved else []
@@ -594,9 +637,11 @@ def find_resume_checkpoint(resume: str | os.PathLike | bool, project: str | os.P
 
 
 def resume_training(path: str | os.PathLike, *, device: str | None = None, workers: int | None = None,
-           loss: Callable[[Yolov5, bool], Callable] | None = None) -> Trainer:
-    """A trainer that continues the run of a ``last`` checkpoint with the configuration saved in it;
-    only where it runs (``device``, ``workers``) may change."""
+           loss: Callable[[Yolov5, bool], Callable] | None = None,
+           accept_changed_data: bool = ResumeOptions.accept_changed_data) -> Trainer:
+    """A trainer that continues the run of a ``last`` checkpoint with the configuration saved in it, on
+    the dataset at the location it recorded (whatever the working folder is now); only where it runs
+    (``device``, ``workers``) may change, and the data only with ``accept_changed_data``."""
     from ..checkpoint import CheckpointError, read_metadata
 
     path = Path(path)
@@ -609,7 +654,13 @@ def resume_training(path: str | os.PathLike, *, device: str | None = None, worke
         raise CheckpointError(f"{path}: the saved run settings are not valid ({error})") from None
     if int(metadata["epoch"]) + 1 >= saved.epochs:
         raise TrainingError(f"{path}: that run already finished all {saved.epochs} epochs; nothing to resume")
-    return Trainer(with_runtime(saved, device, workers), loss=loss, resume_from=path)
+    recorded = metadata.get("dataset")
+    if recorded is not None and record_problem(recorded):
+        raise CheckpointError(f"{path}: field 'dataset' {record_problem(recorded)}")
+    if recorded is not None and recorded["path"] is not None and saved.data.path is not None:
+        saved = dataclasses.replace(saved, data=dataclasses.replace(saved.data, path=recorded["path"]))
+    return Trainer(with_runtime(saved, device, workers), loss=loss, resume_from=path,
+                   accept_changed_data=accept_changed_data)
 
 
 # What may accompany ``resume``: where the run goes on, and where to look for it.
@@ -626,8 +677,10 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
     :func:`yolotrain.engine.config.resolve_config` (flat names such as ``img_size``, ``mosaic``, ``lr0``,
     or whole sections). ``resume`` (``True`` for the newest run under ``project``, or a run folder or
     ``last`` checkpoint) continues a run with its saved configuration; only ``device`` and ``workers``
-    may be given with it. ``loss`` optionally builds a custom criterion from ``(model, rect_training)``.
+    may be given with it, and the :class:`ResumeOptions` (``accept_changed_data=True``). ``loss``
+    optionally builds a custom criterion from ``(model, rect_training)``.
     """
+    options = from_mapping(ResumeOptions, {k: settings.pop(k) for k in flat_names(ResumeOptions) if k in settings})
     if resume:
         extra = sorted(set(settings) - RESUME_SETTINGS) + (["config"] if config is not None else []) + \
             (["hyp"] if hyp is not None else [])
@@ -636,5 +689,7 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
                               f"change (got {', '.join(extra)})")
         path = find_resume_checkpoint(resume, settings.get("project", TrainConfig.project))
         return resume_training(path, device=settings.get("device"), workers=settings.get("workers"),
-                               loss=loss).fit()
+                               loss=loss, accept_changed_data=options.accept_changed_data).fit()
+    if options != ResumeOptions():
+        raise ConfigError("accept_changed_data applies only with resume")
     return Trainer(resolve_config(config, hyp=hyp, **settings), loss=loss).fit()
