@@ -9,7 +9,7 @@ import os
 import random
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +19,11 @@ import torch
 import torch.nn.functional as F
 import yaml
 from torch import nn
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ..atomic import write_atomic
+from ..data.dataset import ImageReadError
 from ..data.fingerprint import ResumeDataWarning, dataset_changes, dataset_record, record_problem
 from ..data.loaders import build_loaders, run_class_names
 from ..data.sources import resolve_source
@@ -295,13 +297,26 @@ class Trainer:
             self.setup()
             if self.resume_from is not None:
                 self._load_resumed_state(self.resume_from)
-            return self._fit()
+            try:
+                return self._fit()
+            except (RuntimeError, ImageReadError) as error:
+                reason = data_loading_failure(error)
+                if reason is None:
+                    raise
+                raise TrainingError(self._stopped_message(reason)) from None
         except BaseException:
             if self.loggers is not None:
                 self.loggers.close(failed=True)
             raise
         finally:
             D.destroy_process_group()
+
+    def _stopped_message(self, reason: str) -> str:
+        """One line: why training stopped, and which checkpoint it can continue from."""
+        last = self.save_dir / "weights" / "last"
+        kept = (f"the last checkpoint {last}.safetensors is intact: continue with --resume {self.save_dir}"
+                if last.with_suffix(".json").exists() else "no checkpoint was saved yet")
+        return f"training stopped: {reason}; {kept}"
 
     def _fit(self) -> TrainResult:
         cfg, ctx = self.config, self.ctx
@@ -328,7 +343,7 @@ class Trainer:
             self.train_sampler.set_epoch(epoch)
             self.ddp.train()
             mean_loss = torch.zeros(3, device=self.device)
-            progress = tqdm(self.train_loader, total=batches, disable=not ctx.is_main, dynamic_ncols=True,
+            progress = tqdm(received(self.train_loader), total=batches, disable=not ctx.is_main, dynamic_ncols=True,
                             bar_format="{l_bar}{bar:10}{r_bar}")
             started = time.perf_counter()
             seen = 0
@@ -612,6 +627,41 @@ def _agree(ctx: D.DistributedContext, flag: bool) -> bool:
     decision = [flag]
     torch.distributed.broadcast_object_list(decision, src=0)
     return bool(decision[0])
+
+
+class LoaderProcessError(RuntimeError):
+    """A batch could not be received from a loader process (it died while handing the batch over)."""
+
+
+def received(loader: DataLoader) -> Iterator[Any]:
+    """The batches of ``loader``. A loader process that dies while a batch is being handed over can leave
+    the transfer failing before torch notices the death; that failure becomes a :class:`LoaderProcessError`."""
+    batches: Iterator[Any] = iter(loader)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (OSError, EOFError) as error:
+            if loader.num_workers == 0 or "Original Traceback" in str(error):
+                raise  # the dataset's own error (raised in a loader process, re-raised here with its traceback)
+            raise LoaderProcessError(f"a batch could not be received: {type(error).__name__}: {error}") from error
+        yield batch
+
+
+def data_loading_failure(error: BaseException) -> str | None:
+    """What went wrong, in one line, when ``error`` means the data could no longer be loaded (a loader
+    process died, an image vanished); None for any other error."""
+    text = str(error).strip()
+    if isinstance(error, LoaderProcessError) or (isinstance(error, RuntimeError)
+                                                 and text.startswith("DataLoader worker (pid")):
+        # torch's own line, from its SIGCHLD handler or from the loader noticing the process is gone
+        return f"a data-loading process died ({text.splitlines()[0].rstrip('. ')}; --workers 0 loads in the " \
+               "training process)"
+    if isinstance(error, ImageReadError):
+        # Raised in a loader process, it arrives with that process's traceback; its last line is the message.
+        return text.splitlines()[-1].partition(": ")[2] if "Original Traceback" in text else text
+    return None
 
 
 def _as_tuple(value: Any) -> Any:
