@@ -23,6 +23,15 @@ def coco128_subset(root: Path, n: int, coco128: Path = COCO128) -> Path:
     return link_subset(coco128 / "data.yaml", root, n)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _user_cache(tmp_path_factory):
+    """The library's user cache folder (generated datasets, label caches of read-only data, weights by
+    name) under the session's temporary folder, never the home folder; subprocesses inherit it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("YOLOTRAIN_CACHE", str(tmp_path_factory.mktemp("yolotrain-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory):
     """The PyPI ``yolov5`` package (the reference implementation), offline and writing only to a temp dir."""
