@@ -7,6 +7,8 @@ import dataclasses
 import math
 import os
 import random
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -303,6 +305,7 @@ class Trainer:
                 reason = data_loading_failure(error)
                 if reason is None:
                     raise
+                _silence_loader_death_signals()
                 raise TrainingError(self._stopped_message(reason)) from None
         except BaseException:
             if self.loggers is not None:
@@ -662,6 +665,14 @@ def data_loading_failure(error: BaseException) -> str | None:
         # Raised in a loader process, it arrives with that process's traceback; its last line is the message.
         return text.splitlines()[-1].partition(": ")[2] if "Original Traceback" in text else text
     return None
+
+
+def _silence_loader_death_signals() -> None:
+    """After a loader process died, stop torch's SIGCHLD handler from raising again: it raises for the dead
+    process at every later child exit (the other loader processes shutting down), which would interrupt
+    the clean-up and the one-line error with a traceback. Signal handlers live in the main thread only."""
+    if hasattr(signal, "SIGCHLD") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def _as_tuple(value: Any) -> Any:
