@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -30,6 +31,15 @@ def _user_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("YOLOTRAIN_CACHE", str(tmp_path_factory.mktemp("yolotrain-cache")))
         yield
+
+
+@pytest.fixture(scope="session")
+def coco_mini(tmp_path_factory) -> Path:
+    """The YAML of a copy of the ``coco_mini`` fixture: the label cache is written beside the labels, which
+    must be a temporary folder, never the checkout."""
+    root = tmp_path_factory.mktemp("fixtures") / "coco_mini"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "data" / "coco_mini", root)
+    return root / "data.yaml"
 
 
 @pytest.fixture(scope="session")
