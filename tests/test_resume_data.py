@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -122,13 +123,23 @@ def test_checkpoints_without_a_dataset_record_resume_with_a_warning(interrupted,
         prepared(interrupted)
 
 
-def test_a_malformed_dataset_record_is_one_line(interrupted):
+@pytest.mark.parametrize("field, value, message", [
+    ("path", 5, "'path' must be a path or null"),
+    ("names", "circle", "'names' must be a list of class names"),
+    ("images", {"test" * 1000: 3}, "'images' must map train and val to image counts"),
+    ("labels_sha256", "x" * 64, "'labels_sha256' must be a SHA-256 digest"),
+    (None, [1, 2], "must be a mapping"),
+])
+def test_a_malformed_dataset_record_is_one_line(interrupted, field, value, message):
     last = interrupted / "weights" / "last.json"
     metadata = json.loads(last.read_text())
-    metadata["dataset"]["path"] = 5
+    if field is None:
+        metadata["dataset"] = value
+    else:
+        metadata["dataset"][field] = value
     last.write_text(json.dumps(metadata))
-    with pytest.raises(CheckpointError, match="field 'dataset' 'path' must be a path or null"):
-        prepared(interrupted)
+    with pytest.raises(CheckpointError, match=f"field 'dataset' {re.escape(message)}$"):
+        resume_training(last)
 
 
 def test_accept_changed_data_only_with_resume(interrupted):

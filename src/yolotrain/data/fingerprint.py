@@ -19,8 +19,10 @@ from typing import Any
 
 from .verify import DataWarning, LabelIndex
 
-# How many differing class names a change message shows.
+# How many differing class names a change message shows, and how much of each.
 SHOWN_NAMES = 3
+SHOWN_NAME_CHARS = 40
+SPLITS = ("train", "val")
 
 
 class ResumeDataWarning(DataWarning):
@@ -65,9 +67,11 @@ def record_problem(record: Any) -> str | None:
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
         return "'names' must be a list of class names"
     images = record.get("images")
-    if not (isinstance(images, dict) and all(isinstance(v, int) and not isinstance(v, bool) for v in images.values())):
-        return "'images' must map splits to image counts"
-    if not isinstance(record.get("labels_sha256"), str):
+    if not (isinstance(images, dict) and set(images) <= set(SPLITS)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in images.values())):
+        return "'images' must map train and val to image counts"
+    digest = record.get("labels_sha256")
+    if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
         return "'labels_sha256' must be a SHA-256 digest"
     return None
 
@@ -78,7 +82,8 @@ def _names_change(before: list[str], after: list[str]) -> str | None:
     if len(before) != len(after):
         return f"{len(before)} classes -> {len(after)}"
     changed = [i for i, (a, b) in enumerate(zip(before, after)) if a != b]
-    shown = ", ".join(f"{i}: {before[i]!r} -> {after[i]!r}" for i in changed[:SHOWN_NAMES])
+    shown = ", ".join(f"{i}: {before[i][:SHOWN_NAME_CHARS]!r} -> {after[i][:SHOWN_NAME_CHARS]!r}"
+                      for i in changed[:SHOWN_NAMES])
     more = f" and {len(changed) - SHOWN_NAMES} more" if len(changed) > SHOWN_NAMES else ""
     return f"class names {shown}{more}"
 
