@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from yolotrain.data.sources import link_subset
+
+# Hypothesis keeps no example database: it would be written into the working folder (the checkout).
+settings.register_profile("no-database", database=None)
+settings.load_profile("no-database")
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 COCO128 = SHARED / "datasets" / "coco128"
@@ -21,6 +27,24 @@ def coco128_subset(root: Path, n: int, coco128: Path = COCO128) -> Path:
     """A dataset of the first ``n`` coco128 images (symlinks) with its YAML, so no tool writes caches
     into the shared folder."""
     return link_subset(coco128 / "data.yaml", root, n)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _user_cache(tmp_path_factory):
+    """The library's user cache folder (generated datasets, label caches of read-only data, weights by
+    name) under the session's temporary folder, never the home folder; subprocesses inherit it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("YOLOTRAIN_CACHE", str(tmp_path_factory.mktemp("yolotrain-cache")))
+        yield
+
+
+@pytest.fixture(scope="session")
+def coco_mini(tmp_path_factory) -> Path:
+    """The YAML of a copy of the ``coco_mini`` fixture: the label cache is written beside the labels, which
+    must be a temporary folder, never the checkout."""
+    root = tmp_path_factory.mktemp("fixtures") / "coco_mini"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "data" / "coco_mini", root)
+    return root / "data.yaml"
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ import json
 import logging
 import random
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +18,6 @@ from yolotrain.data.sources import resolve_source
 from yolotrain.data.verify import verify_split
 from yolotrain.model.anchors import anchor_fit, anchor_fitness, check_anchors, label_sizes
 from yolotrain.model.detect import DEFAULT_ANCHORS
-
-FIXTURE_COCO = Path(__file__).parent / "fixtures" / "data" / "coco_mini" / "data.yaml"
 
 
 def reference_fitness(anchors: np.ndarray, wh: np.ndarray, thr: float = 4.0) -> float:
@@ -95,8 +92,8 @@ def test_good_anchors_are_kept(coco128_labels):
     assert torch.equal(model.head.anchors, before)
 
 
-def test_training_refits_the_anchors_into_the_checkpoint_unless_turned_off(tmp_path, capsys):
-    common = dict(data=str(FIXTURE_COCO), img_size=64, batch_size=4, epochs=1, workers=0, val=False, plots=False,
+def test_training_refits_the_anchors_into_the_checkpoint_unless_turned_off(tmp_path, capsys, coco_mini):
+    common = dict(data=str(coco_mini), img_size=64, batch_size=4, epochs=1, workers=0, val=False, plots=False,
                   project=str(tmp_path))
     run = train(**common, name="auto")
     out = capsys.readouterr().out

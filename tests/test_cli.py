@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-FIXTURES = Path(__file__).parent / "fixtures" / "data"
-
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "yolotrain", *args], cwd=cwd, capture_output=True, text=True,
@@ -27,8 +25,8 @@ def test_help_lists_every_command(tmp_path):
         assert fmt in export_help
 
 
-def test_data_check_writes_preview_and_statistics(tmp_path):
-    result = run_cli("data", "check", str(FIXTURES / "coco_mini" / "data.yaml"), "--out", "check", "--img", "320",
+def test_data_check_writes_preview_and_statistics(tmp_path, coco_mini):
+    result = run_cli("data", "check", str(coco_mini), "--out", "check", "--img", "320",
                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "check" / "mosaic_preview.png").stat().st_size > 0

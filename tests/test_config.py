@@ -11,6 +11,7 @@ import yaml
 from yolotrain.cli import UNSUPPORTED_TRAIN_OPTIONS, build_parser, main
 from yolotrain.data.augment import AugmentConfig
 from yolotrain.engine.config import TrainConfig, resolve_config
+from yolotrain.engine.trainer import ResumeOptions
 from yolotrain.settings import ConfigError, flat_names, leaves
 
 
@@ -100,14 +101,14 @@ def test_hyper_parameter_files_are_checked(tmp_path):
 def test_every_setting_has_one_option_with_its_default_in_the_help():
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     by_dest = {action.dest: action for action in train._actions}
-    for path, field, _ in leaves(TrainConfig):
+    for path, field, _ in [*leaves(TrainConfig), *leaves(ResumeOptions)]:
         action = by_dest[field.name]
         assert field.metadata["help"] in action.help, path
         if field.default not in (None, ()):
             assert f"(default {field.default})" in action.help, path
     reference_only = {flag.lstrip("-").replace("-", "_") for flag in UNSUPPORTED_TRAIN_OPTIONS}
-    assert set(flat_names(TrainConfig)) >= set(by_dest) - {"help", "config", "hyp", "resume", "cfg", "local_rank"} \
-        - reference_only
+    settings = set(flat_names(TrainConfig)) | set(flat_names(ResumeOptions))
+    assert settings >= set(by_dest) - {"help", "config", "hyp", "resume", "cfg", "local_rank"} - reference_only
     args = train.parse_args(["--img", "320", "--no-val", "--mosaic", "0.5", "--optimizer", "Adam"])
     given = {k: v for k, v in vars(args).items() if k != "run"}
     assert given == {"config": None, "hyp": None, "resume": False, "cfg": None, "img_size": 320, "val": False,

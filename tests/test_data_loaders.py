@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import coco128_subset
 
 from yolotrain.data import DetectionDataset, get_loaders
 from yolotrain.data.dataset import rect_batch_shapes
@@ -214,10 +215,17 @@ def test_coco_fixture_batches(tmp_path):
 
 
 def test_coco128_read_only_dataset(tmp_path, coco128):
-    before = sorted(p.name for p in (coco128 / "labels").iterdir())
-    train, val = get_loaders(coco128 / "data.yaml", batch_size=8, num_classes=80, img_size=320, workers=0)
+    # The shared folder itself may be writable (and root writes anyway): a linked copy whose label folder
+    # has no write bits is read-only for the library, whoever runs the test.
+    data = coco128_subset(tmp_path / "coco128", 128, coco128)
+    labels = data.parent / "labels"
+    labels.chmod(0o555)
+    try:
+        train, val = get_loaders(data, batch_size=8, num_classes=80, img_size=320, workers=0)
+    finally:
+        labels.chmod(0o755)
     imgs, targets = next(iter(train))
     assert imgs.shape == (8, 3, 320, 320) and len(targets) > 0
     assert len(val.dataset) == 128
-    assert sorted(p.name for p in (coco128 / "labels").iterdir()) == before  # cache went to the user folder
+    assert sorted(p.name for p in labels.iterdir()) == ["val"]  # cache went to the user folder
     assert list((tmp_path / "usercache" / "labels").glob("*.cache"))

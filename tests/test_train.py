@@ -23,7 +23,6 @@ from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import load_checkpoint, load_model
 
 TINY = ["--img", "64", "--batch", "4", "--workers", "0"]
-FIXTURE_COCO = Path(__file__).parent / "fixtures" / "data" / "coco_mini" / "data.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +169,8 @@ def start_of_training(**config) -> tuple[dict[str, torch.Tensor], Path]:
 
 
 @pytest.mark.parametrize("source", ["official", "ours"])
-def test_fine_tuning_keeps_backbone_and_neck_and_gives_a_new_head_for_other_classes(tiny_data, tmp_path, source):
+def test_fine_tuning_keeps_backbone_and_neck_and_gives_a_new_head_for_other_classes(tiny_data, tmp_path, source,
+                                                                                   coco_mini):
     """--model CHECKPOINT with another class count: every backbone and neck tensor and the anchors
     start as the checkpoint's; the Detect convolutions start fresh with the dataset's classes."""
     if source == "official":
@@ -179,7 +179,7 @@ def test_fine_tuning_keeps_backbone_and_neck_and_gives_a_new_head_for_other_clas
         checkpoint = YOLOV5N_WEIGHTS
     else:
         checkpoint = tmp_path / "ours" / "weights" / "last.json"
-        start_of_training(data=str(FIXTURE_COCO), model="yolov5n", project=str(tmp_path), name="ours")
+        start_of_training(data=str(coco_mini), model="yolov5n", project=str(tmp_path), name="ours")
     pretrained = load_model(checkpoint)
     assert pretrained.num_classes == 80
     started, last = start_of_training(data=str(tiny_data), model=str(checkpoint), project=str(tmp_path / "runs"))
@@ -193,10 +193,10 @@ def test_fine_tuning_keeps_backbone_and_neck_and_gives_a_new_head_for_other_clas
     assert model.num_classes == 2 and model.names == ["circle", "rectangle"]
 
 
-def test_fine_tuning_on_the_same_classes_keeps_the_head(tmp_path):
+def test_fine_tuning_on_the_same_classes_keeps_the_head(tmp_path, coco_mini):
     if not YOLOV5N_WEIGHTS.is_file():
         pytest.skip(f"official weights not found at {YOLOV5N_WEIGHTS}")
-    started, last = start_of_training(data=str(FIXTURE_COCO), model=str(YOLOV5N_WEIGHTS), project=str(tmp_path))
+    started, last = start_of_training(data=str(coco_mini), model=str(YOLOV5N_WEIGHTS), project=str(tmp_path))
     pretrained = load_model(YOLOV5N_WEIGHTS).state_dict()
     assert started.keys() == pretrained.keys()
     assert all(torch.equal(started[k], v) for k, v in pretrained.items())

@@ -48,6 +48,7 @@ class _Unsupported(argparse.Action):
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
     from .engine.config import TrainConfig
+    from .engine.trainer import ResumeOptions
     from .settings import add_arguments
 
     p = sub.add_parser("train", help="train a detector (default: yolov5n on the built-in shapes dataset)",
@@ -68,6 +69,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     for action in p._actions:
         if action.dest == "batch_size":  # the reference's AutoBatch spellings: -1, or a fraction of GPU memory
             action.type = _batch_value
+    add_arguments(p, ResumeOptions)
     p.set_defaults(run=_run_train)
 
 

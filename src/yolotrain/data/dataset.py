@@ -31,6 +31,20 @@ SampleKey = tuple[int, int, bool]  # (index, epoch, mosaic enabled)
 DEFAULT_CACHE_MB = 512
 
 
+class ImageReadError(OSError):
+    """An image that passed verification can no longer be read: moved, deleted or replaced since."""
+
+
+def _unreadable(path: Path, what: str) -> ImageReadError:
+    """The error for ``path`` that cannot be read, naming the highest folder that no longer exists."""
+    gone = path
+    while not gone.parent.exists() and gone.parent != gone:
+        gone = gone.parent
+    if not gone.exists():
+        return ImageReadError(f"cannot read {what} {path}: {gone} no longer exists")
+    return ImageReadError(f"cannot read {what} {path}")
+
+
 class _ImageCache:
     """Least-recently-used store of decoded, resized images within a byte budget.
 
@@ -153,7 +167,7 @@ class DetectionDataset(Dataset):
         """Read image ``index`` (BGR) resized so its long side is ``img_size``.
 
         Raises:
-            OSError: the file can no longer be read (it passed verification earlier).
+            ImageReadError: the file can no longer be read (it passed verification earlier).
         """
         cached = self._cache.get(index)
         if cached is not None:
@@ -163,16 +177,20 @@ class DetectionDataset(Dataset):
         r = self.img_size / max(h0, w0)
         size = tuple(int(v) for v in loaded_size(np.array([w0, h0]), self.img_size))
         if self._arrays is not None:
-            im = np.load(self._arrays[index])
+            try:
+                im = np.load(self._arrays[index])
+            except (OSError, ValueError):
+                raise _unreadable(self._arrays[index], f"the decoded array of {path.name}") from None
         else:
             flag = cv2.IMREAD_COLOR
             # Decoder-side shrinking gives slightly different pixels than decode-then-resize: fine for
             # training, but evaluation keeps the reference's pixels.
             if self.augment and path.suffix.lower() in _JPEG_SUFFIXES:
                 flag = next((f for k, f in _REDUCED_FLAGS if r * k <= 1), flag)
-            im = cv2.imread(str(path), flag)
+            # Checked first: OpenCV prints a warning of its own for a file that is not there.
+            im = cv2.imread(str(path), flag) if path.is_file() else None
             if im is None:
-                raise OSError(f"cannot read image {path}")
+                raise _unreadable(path, "image")
         if im.shape[1::-1] != size:
             interp = cv2.INTER_LINEAR if (self.augment or r > 1) else cv2.INTER_AREA
             im = cv2.resize(im, size, interpolation=interp)

@@ -20,10 +20,10 @@ import numpy as np
 from tqdm import tqdm
 
 from ..atomic import write_atomic
-from .cachedir import cache_root
+from .cachedir import cache_root, file_signature
 from .sources import img2label_path
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 # Boxes may poke out of the image by this fraction of its size and are clipped; further out they are dropped.
 OUT_OF_BOUNDS_TOL = 0.02
 MIN_IMAGE_SIDE = 10
@@ -34,6 +34,10 @@ MAX_BAD_CLASS_SHARE = 0.5
 
 class DataWarning(UserWarning):
     """Problems found in dataset files that were skipped or repaired."""
+
+
+class CacheWarning(DataWarning):
+    """A cache file whose content could not have come from the dataset: it is ignored and rebuilt."""
 
 
 @dataclass
@@ -222,14 +226,13 @@ def _check_pair(args: tuple[Path, int]) -> _Checked:
 
 
 def _fingerprint(files: list[Path], num_classes: int) -> str:
-    """Hash of the file list with sizes and modification times of images and labels."""
+    """Hash of the file list with the version of each image and label file (:func:`.cachedir.file_signature`)."""
     h = hashlib.sha256(f"v{CACHE_VERSION} nc={num_classes}\n".encode())
     for f in files:
         for p in (f, img2label_path(f)):
             try:
-                st = os.stat(p)
-                h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-            except FileNotFoundError:
+                h.update(f"{p}\0{file_signature(p)}\n".encode())
+            except OSError:
                 h.update(f"{p}\0-\n".encode())
     return h.hexdigest()
 
@@ -277,19 +280,56 @@ def _save(path: Path, index: LabelIndex, fingerprint: str) -> None:
     write_atomic(path, write, durable=False)  # a lost cache only costs a re-scan
 
 
-def _load(path: Path, fingerprint: str) -> LabelIndex | None:
+def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int) -> LabelIndex | None:
+    """The index cached at ``path`` when it is of these files as they are now, and its content is what a
+    scan could have produced; a cache that fails the second check gets a :class:`CacheWarning`."""
     try:
         with np.load(path, allow_pickle=False) as z:
             if int(z["version"]) != CACHE_VERSION or str(z["fingerprint"]) != fingerprint:
                 return None
-            counts = z["counts"]
-            labels = np.split(z["labels"], np.cumsum(counts)[:-1]) if len(counts) else []
-            report = VerifyReport(*(int(x) for x in z["totals"]))
-            for k, w in zip(z["issue_kinds"].tolist(), z["issue_where"].tolist()):
-                report.add(k, w)
-            return LabelIndex([Path(p) for p in z["files"].tolist()], labels, z["shapes"], report)
+            cached = {k: z[k] for k in ("files", "shapes", "counts", "labels", "totals", "issue_kinds",
+                                        "issue_where")}
     except (OSError, ValueError, KeyError):
         return None
+    problem = _untrusted(cached, files, num_classes)
+    if problem:
+        warnings.warn(f"{path}: cached labels not trusted ({problem}); verifying the split again", CacheWarning,
+                      stacklevel=4)
+        return None
+    counts, labels = cached["counts"], cached["labels"].astype(np.float32)
+    report = VerifyReport(*(int(x) for x in cached["totals"]))
+    for k, w in zip(cached["issue_kinds"].tolist(), cached["issue_where"].tolist()):
+        report.add(str(k), str(w))
+    return LabelIndex([Path(p) for p in cached["files"].tolist()], np.split(labels, np.cumsum(counts)[:-1]),
+                      cached["shapes"].astype(np.int64), report)
+
+
+def _untrusted(cached: dict[str, np.ndarray], files: list[Path], num_classes: int) -> str | None:
+    """Why a label cache's arrays are not what :func:`_scan` writes for ``files`` (None when they are):
+    anyone who can write the cache file can put anything in it, whatever its fingerprint says."""
+    names, shapes, counts, labels, totals = (cached[k] for k in ("files", "shapes", "counts", "labels", "totals"))
+    n = len(names)
+    if names.ndim != 1 or shapes.shape != (n, 2) or counts.shape != (n,) or totals.shape != (5,):
+        return "array sizes disagree"
+    if not all(a.dtype.kind in "iu" for a in (shapes, counts, totals)) or labels.dtype.kind != "f":
+        return "wrong array types"
+    if (counts < 0).any() or (totals < 0).any() or labels.shape != (int(counts.sum()), 5):
+        return "label counts disagree with the labels"
+    order = {str(f): i for i, f in enumerate(files)}
+    positions = [order.get(str(name), -1) for name in names.tolist()]
+    if min(positions, default=0) < 0 or any(b <= a for a, b in zip(positions, positions[1:])):
+        return "files that are not the split's"
+    if len(shapes) and ((shapes < MIN_IMAGE_SIDE).any() or (shapes.prod(1) > max_image_pixels()).any()):
+        return "image sizes out of range"
+    if not np.isfinite(labels).all():
+        return "non-finite label values"
+    cls, xy, wh = labels[:, 0], labels[:, 1:3], labels[:, 3:5]
+    if ((cls < 0) | (cls >= num_classes) | (cls != np.round(cls))).any():
+        return f"class ids outside 0..{num_classes - 1}"
+    edge = 1e-4  # float32 rounding of boxes clipped to the image
+    if (wh <= 0).any() or (xy - wh / 2 < -edge).any() or (xy + wh / 2 > 1 + edge).any():
+        return "boxes outside the image"
+    return None
 
 
 def _raise_if_nc_wrong(report: VerifyReport, num_classes: int) -> None:
@@ -311,7 +351,7 @@ def verify_split(
     """
     fingerprint = _fingerprint(files, num_classes)
     primary, fallback = cache_paths(files)
-    index = _load(primary, fingerprint) or _load(fallback, fingerprint)
+    index = _load(primary, fingerprint, files, num_classes) or _load(fallback, fingerprint, files, num_classes)
     if index is None:
         index = _scan(files, num_classes, name, workers)
         targets = (primary, fallback) if _writable(primary.parent) else (fallback,)

@@ -8,8 +8,11 @@ import dataclasses
 import math
 import os
 import random
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 from torch import nn
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ..atomic import write_atomic
+from ..data.dataset import ImageReadError
+from ..data.fingerprint import ResumeDataWarning, dataset_changes, dataset_record, record_problem
 from ..data.loaders import build_loaders, run_class_names
 from ..data.sources import resolve_source
 from ..devices import select_device
@@ -29,7 +35,7 @@ from ..loss import DivergenceError, YoloLoss
 from ..model import Yolov5, parse_version
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
 from ..runs import RunLock, next_run_dir
-from ..settings import ConfigError
+from ..settings import ConfigError, flat_names, from_mapping, setting
 from . import distributed as D
 from .config import TrainConfig, resolve_config, with_runtime
 from .ema import ModelEMA
@@ -42,6 +48,14 @@ RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "val_box", "val_ob
 
 class TrainingError(RuntimeError):
     """Training cannot go on (diverged, bad configuration); the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ResumeOptions:
+    """What ``resume`` may be told besides where the run goes on (device, workers)."""
+
+    accept_changed_data: bool = setting(False, "with --resume: go on although the dataset changed since the "
+                                        "checkpoint (class names, image count or labels)")
 
 
 @dataclass
@@ -64,16 +78,19 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, ctx: D.DistributedContext | None = None,
                  loss: Callable[[Yolov5, bool], Callable] | None = None, resume_from: Path | None = None,
-                 setting_files: Sequence[str | os.PathLike] = ()) -> None:
+                 setting_files: Sequence[str | os.PathLike] = (),
+                 accept_changed_data: bool = ResumeOptions.accept_changed_data) -> None:
         """``loss(model, rect_training)`` builds a custom training criterion (default: :class:`YoloLoss`
         with the run's loss settings); it is called as ``criterion(outputs, targets, pred_size=...)``
         and must return a scalar. ``resume_from`` continues the run of that ``last`` checkpoint, whose
-        configuration ``config`` must be (see :func:`resume_training`). ``setting_files`` (the ``--config``
-        and ``--hyp`` files ``config`` was read from) are inputs the run folder must not write over."""
+        configuration ``config`` must be (see :func:`resume_training`), on the data it recorded unless
+        ``accept_changed_data``. ``setting_files`` (the ``--config`` and ``--hyp`` files ``config`` was
+        read from) are inputs the run folder must not write over."""
         self.loss_factory = loss
         self.setting_files = [Path(f) for f in setting_files]
         self.config = resolve_config(config)
         self.resume_from = resume_from
+        self.accept_changed_data = accept_changed_data
         self.ctx = ctx or D.context_from_env()
         self.device = select_device(self.config.device, self.ctx.local_rank)
         self.amp_dtype = autocast_dtype(self.config.amp, self.device)  # a bad choice fails before the data scan
@@ -115,6 +132,36 @@ class Trainer:
         self.val_loader = loaders.val
         self.val_set = self.val_loader.dataset
         self.data_root = loaders.root
+        self.dataset_record = dataset_record(root, dataset_names, {"train": loaders.train_index,
+                                                                   "val": loaders.val_index},
+                                             generated=cfg.data.path is None)
+        if self.resume_from is not None:
+            self._check_resumed_data()
+
+    def _check_resumed_data(self) -> None:
+        """A resumed run goes on with the data its checkpoint recorded: a change stops it in one line,
+        unless accepted (``accept_changed_data``); a change in the number of classes always does."""
+        from ..checkpoint import CheckpointError, read_metadata
+
+        recorded = read_metadata(self.resume_from)[0].get("dataset")
+        if recorded is None:
+            warnings.warn(f"{self.resume_from}: saved without a record of its dataset (by an older yolotrain); "
+                          f"resuming on {self.data_root} without checking it is the same", ResumeDataWarning,
+                          stacklevel=2)
+            return
+        problem = record_problem(recorded)
+        if problem:
+            raise CheckpointError(f"{self.resume_from}: field 'dataset' {problem}")
+        changes = dataset_changes(recorded, self.dataset_record)
+        if not changes:
+            return
+        what = (f"the dataset {self.data_root} changed since {self.resume_from} was saved "
+                f"({'; '.join(changes)})")
+        if len(run_class_names(recorded["names"], self.config.data)) != len(self.names):
+            raise TrainingError(f"{what}: a resumed run cannot change its number of classes; start a new run")
+        if not self.accept_changed_data:
+            raise TrainingError(f"{what}; continue on it anyway with --accept-changed-data, or start a new run")
+        warnings.warn(f"{what}; continuing on it (--accept-changed-data)", ResumeDataWarning, stacklevel=2)
 
     def _autobatch(self) -> TrainConfig:
         """The batch AutoBatch picks for this GPU takes the fraction's place in the run's settings, so
@@ -285,13 +332,27 @@ class Trainer:
             with RunLock(self.save_dir) if self.ctx.is_main else contextlib.nullcontext():
                 if self.resume_from is not None:
                     self._load_resumed_state(self.resume_from)
-                return self._fit()
+                try:
+                    return self._fit()
+                except (RuntimeError, ImageReadError) as error:
+                    reason = data_loading_failure(error)
+                    if reason is None:
+                        raise
+                    _silence_loader_death_signals()
+                    raise TrainingError(self._stopped_message(reason)) from None
         except BaseException:
             if self.loggers is not None:
                 self.loggers.close(failed=True)
             raise
         finally:
             D.destroy_process_group()
+
+    def _stopped_message(self, reason: str) -> str:
+        """One line: why training stopped, and which checkpoint it can continue from."""
+        last = self.save_dir / "weights" / "last"
+        kept = (f"the last checkpoint {last}.safetensors is intact: continue with --resume {self.save_dir}"
+                if last.with_suffix(".json").exists() else "no checkpoint was saved yet")
+        return f"training stopped: {reason}; {kept}"
 
     def _fit(self) -> TrainResult:
         cfg, ctx = self.config, self.ctx
@@ -319,7 +380,7 @@ class Trainer:
             self.train_sampler.set_epoch(epoch)
             self.ddp.train()
             mean_loss = torch.zeros(3, device=self.device)
-            progress = tqdm(self.train_loader, total=batches, disable=not ctx.is_main, dynamic_ncols=True,
+            progress = tqdm(received(self.train_loader), total=batches, disable=not ctx.is_main, dynamic_ncols=True,
                             bar_format="{l_bar}{bar:10}{r_bar}")
             started = time.perf_counter()
             seen = 0
@@ -516,7 +577,7 @@ class Trainer:
                                     f"last good checkpoint. Lower --lr0.")
         metadata = {"names": self.names, "img_size": self.config.data.img_size, "epoch": epoch,
                     "train_args": self.config.to_dict(), "metrics": metrics, "best_fitness": self.best_fitness,
-                    "ema_updates": self.ema.updates, "history": self.history}
+                    "ema_updates": self.ema.updates, "history": self.history, "dataset": self.dataset_record}
         weights = self.save_dir / "weights"
         # best before last: a kill between the two repeats the epoch on resume, and so its best save.
         targets = [("best", None)] if improved else []
@@ -608,6 +669,49 @@ def _agree(ctx: D.DistributedContext, flag: bool) -> bool:
     return bool(decision[0])
 
 
+class LoaderProcessError(RuntimeError):
+    """A batch could not be received from a loader process (it died while handing the batch over)."""
+
+
+def received(loader: DataLoader) -> Iterator[Any]:
+    """The batches of ``loader``. A loader process that dies while a batch is being handed over can leave
+    the transfer failing before torch notices the death; that failure becomes a :class:`LoaderProcessError`."""
+    batches: Iterator[Any] = iter(loader)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (OSError, EOFError) as error:
+            if loader.num_workers == 0 or "Original Traceback" in str(error):
+                raise  # the dataset's own error (raised in a loader process, re-raised here with its traceback)
+            raise LoaderProcessError(f"a batch could not be received: {type(error).__name__}: {error}") from error
+        yield batch
+
+
+def data_loading_failure(error: BaseException) -> str | None:
+    """What went wrong, in one line, when ``error`` means the data could no longer be loaded (a loader
+    process died, an image vanished); None for any other error."""
+    text = str(error).strip()
+    if isinstance(error, LoaderProcessError) or (isinstance(error, RuntimeError)
+                                                 and text.startswith("DataLoader worker (pid")):
+        # torch's own line, from its SIGCHLD handler or from the loader noticing the process is gone
+        return f"a data-loading process died ({text.splitlines()[0].rstrip('. ')}; --workers 0 loads in the " \
+               "training process)"
+    if isinstance(error, ImageReadError):
+        # Raised in a loader process, it arrives with that process's traceback; its last line is the message.
+        return text.splitlines()[-1].partition(": ")[2] if "Original Traceback" in text else text
+    return None
+
+
+def _silence_loader_death_signals() -> None:
+    """After a loader process died, stop torch's SIGCHLD handler from raising again: it raises for the dead
+    process at every later child exit (the other loader processes shutting down), which would interrupt
+    the clean-up and the one-line error with a traceback. Signal handlers live in the main thread only."""
+    if hasattr(signal, "SIGCHLD") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
 def _as_tuple(value: Any) -> Any:
     """Python's RNG state is nested tuples; a saved copy may come back with lists."""
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
@@ -639,9 +743,11 @@ def find_resume_checkpoint(resume: str | os.PathLike | bool, project: str | os.P
 
 
 def resume_training(path: str | os.PathLike, *, device: str | None = None, workers: int | None = None,
-           loss: Callable[[Yolov5, bool], Callable] | None = None) -> Trainer:
-    """A trainer that continues the run of a ``last`` checkpoint with the configuration saved in it;
-    only where it runs (``device``, ``workers``) may change."""
+           loss: Callable[[Yolov5, bool], Callable] | None = None,
+           accept_changed_data: bool = ResumeOptions.accept_changed_data) -> Trainer:
+    """A trainer that continues the run of a ``last`` checkpoint with the configuration saved in it, on
+    the dataset at the location it recorded (whatever the working folder is now); only where it runs
+    (``device``, ``workers``) may change, and the data only with ``accept_changed_data``."""
     from ..checkpoint import CheckpointError, read_metadata
 
     path = Path(path)
@@ -654,7 +760,13 @@ def resume_training(path: str | os.PathLike, *, device: str | None = None, worke
         raise CheckpointError(f"{path}: the saved run settings are not valid ({error})") from None
     if int(metadata["epoch"]) + 1 >= saved.epochs:
         raise TrainingError(f"{path}: that run already finished all {saved.epochs} epochs; nothing to resume")
-    return Trainer(with_runtime(saved, device, workers), loss=loss, resume_from=path)
+    recorded = metadata.get("dataset")
+    if recorded is not None and record_problem(recorded):
+        raise CheckpointError(f"{path}: field 'dataset' {record_problem(recorded)}")
+    if recorded is not None and recorded["path"] is not None and saved.data.path is not None:
+        saved = dataclasses.replace(saved, data=dataclasses.replace(saved.data, path=recorded["path"]))
+    return Trainer(with_runtime(saved, device, workers), loss=loss, resume_from=path,
+                   accept_changed_data=accept_changed_data)
 
 
 # What may accompany ``resume``: where the run goes on, and where to look for it.
@@ -671,8 +783,10 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
     :func:`yolotrain.engine.config.resolve_config` (flat names such as ``img_size``, ``mosaic``, ``lr0``,
     or whole sections). ``resume`` (``True`` for the newest run under ``project``, or a run folder or
     ``last`` checkpoint) continues a run with its saved configuration; only ``device`` and ``workers``
-    may be given with it. ``loss`` optionally builds a custom criterion from ``(model, rect_training)``.
+    may be given with it, and the :class:`ResumeOptions` (``accept_changed_data=True``). ``loss``
+    optionally builds a custom criterion from ``(model, rect_training)``.
     """
+    options = from_mapping(ResumeOptions, {k: settings.pop(k) for k in flat_names(ResumeOptions) if k in settings})
     if resume:
         extra = sorted(set(settings) - RESUME_SETTINGS) + (["config"] if config is not None else []) + \
             (["hyp"] if hyp is not None else [])
@@ -681,8 +795,11 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
                               f"change (got {', '.join(extra)})")
         path = find_resume_checkpoint(resume, settings.get("project", TrainConfig.project))
         job = (_elastic_restart(path.parent.parent.parent, settings.get("device"), settings.get("workers"), loss)
-               or resume_training(path, device=settings.get("device"), workers=settings.get("workers"), loss=loss))
+               or resume_training(path, device=settings.get("device"), workers=settings.get("workers"), loss=loss,
+                                  accept_changed_data=options.accept_changed_data))
         return job if isinstance(job, TrainResult) else job.fit()
+    if options != ResumeOptions():
+        raise ConfigError("accept_changed_data applies only with resume")
     setting_files = [f for f in (config, hyp) if isinstance(f, (str, os.PathLike))]
     resolved = resolve_config(config, hyp=hyp, **settings)
     job = _elastic_restart(resolved.project, resolved.device, resolved.data.workers, loss, resolved) or \
