@@ -6,17 +6,37 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
 
 from yolotrain.data.sources import link_subset
 
-# Hypothesis keeps no example database: it would be written into the working folder (the checkout).
-settings.register_profile("no-database", database=None)
-settings.load_profile("no-database")
+try:  # the LiteRT environment runs only tests that need no hypothesis, and has none
+    from hypothesis import settings as hypothesis_settings
+    from hypothesis.configuration import set_hypothesis_home_dir
+except ImportError:
+    hypothesis_settings = None
+
+
+def pytest_configure(config):
+    """Hypothesis writes nothing into the working folder (the checkout): no example database, and its
+    other files (a cache of the constants in test modules, written as they are collected) in a temporary
+    folder removed at the end."""
+    if hypothesis_settings is None:
+        return
+    hypothesis_settings.register_profile("no-database", database=None)
+    hypothesis_settings.load_profile("no-database")
+    config.hypothesis_home = Path(tempfile.mkdtemp(prefix="yolotrain-hypothesis-"))
+    set_hypothesis_home_dir(config.hypothesis_home)
+
+
+def pytest_unconfigure(config):
+    if hypothesis_settings is not None:
+        set_hypothesis_home_dir(None)
+        shutil.rmtree(config.hypothesis_home, ignore_errors=True)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 COCO128 = SHARED / "datasets" / "coco128"
