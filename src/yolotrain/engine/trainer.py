@@ -203,7 +203,12 @@ class Trainer:
         prefixes = tuple(f"model.{i}." for i in indices)
         if not prefixes:
             return
+        count, given = len(model.model), " ".join(map(str, layers))
+        if max(layers) > count or (len(layers) > 1 and max(layers) == count):
+            raise ValueError(f"--freeze {given}: the model has {count} layers (0..{count - 1})")
         frozen = [p for name, p in model.named_parameters() if name.startswith(prefixes)]
+        if len(frozen) == len(list(model.parameters())):
+            raise ValueError(f"--freeze {given} freezes every layer of the model: nothing to train")
         for param in frozen:
             param.requires_grad_(False)
         if self.ctx.is_main:

@@ -45,6 +45,7 @@ from torch import nn
 
 from ..boxes import xywh_to_xyxy
 from ..checkpoint import CheckpointError
+from ..eval.nms import check_nms_limits
 from ..model import Yolov5
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
 from .pretrained import load_model
@@ -223,8 +224,9 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     _check_options(fmt, half, int8, raw, nms, data)
     if opset < DEFAULT_OPSET:
         raise ValueError(f"opset must be {DEFAULT_OPSET} or later, got {opset}")
-    if not (0.0 <= conf <= 1.0 and 0.0 <= iou <= 1.0) or max_det <= 0:
-        raise ValueError(f"NMS settings out of range: conf {conf} and iou {iou} in [0, 1], max_det {max_det} > 0")
+    if not (0.0 <= conf <= 1.0 and 0.0 <= iou <= 1.0):
+        raise ValueError(f"NMS settings out of range: conf {conf} and iou {iou} in [0, 1]")
+    check_nms_limits(max_det)
     if out is None and isinstance(weights_or_model, nn.Module):
         raise ValueError("out= is required when exporting a model object")
     out = Path(out) if out is not None else default_output(weights_or_model, fmt, half, int8)

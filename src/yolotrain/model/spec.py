@@ -21,6 +21,7 @@ import torch
 import yaml
 from torch import nn
 
+from ..yamlio import read_yaml_document
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus
 from .detect import DEFAULT_ANCHORS, Detect
 
@@ -219,21 +220,9 @@ def matching_version(spec: ModelSpec) -> str | None:
 def read_model_yaml(path: str | os.PathLike) -> ModelSpec:
     """Read a reference-format model YAML, remembering each layer entry's line for error messages."""
     source = os.fspath(path)
-    try:
-        text = open(source, encoding="utf-8").read()  # noqa: SIM115 - read and closed at once
-    except FileNotFoundError:
-        raise FileNotFoundError(f"model YAML not found: {source}") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        cfg = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ValueError(f"{source}{line}: not valid YAML ({problem})") from None
-    finally:
-        loader.dispose()
+    if not os.path.isfile(source):
+        raise FileNotFoundError(f"model YAML not found: {source}")
+    cfg, node = read_yaml_document(source)
     lines: dict[str, Any] = {}
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
