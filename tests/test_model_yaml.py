@@ -153,6 +153,17 @@ BROKEN = [
      "3 anchor rows for 2 detection levels"),
     ("depth_multiple: 0.33", "depth_multiple: deep", "depth_multiple must be a positive number, got 'deep'"),
     ("[[-1, 1, Conv, [64, 6, 2, 2]],", "[[-1, 1, Conv, [64, 6, 2, 2],", "not valid YAML"),
+    # Bounds: kernels, strides, repeats, widths and the parameter count, before any layer is built.
+    ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [128, -3, 2]],", "kernel size must be an integer from 1 to 31"),
+    ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [128, 0, 2]],", "kernel size must be an integer from 1 to 31"),
+    ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [128, 3, 0]],", "stride must be an integer from 1 to 16"),
+    ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [128, 3, 2, -1]],", "padding must be None or an integer"),
+    ("[-1, 1, SPPF, [1024, 5]]", "[-1, 1, SPPF, [1024, -5]]", "kernel size must be an integer from 1 to 31"),
+    ("[-1, 9, C3, [512]],", "[-1, 1000000000, C3, [512]],", "number 1000000000 x depth_multiple 0.33 gives"),
+    ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [100000000, 3, 2]],",
+     "100000000 output channels x width_multiple 0.5 gives 50000000, more than 16384"),
+    ("[-1, 1, Conv, [1024, 3, 2]],", "[-1, 1, Conv, [16384, 31, 2]],", "the model would have more than 1,000,000,000"),
+    ("width_multiple: 0.50", "width_multiple: 1.0e+9", "width_multiple 1e+09 is more than 16"),
 ]
 
 
