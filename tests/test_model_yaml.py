@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from yolotrain import Yolov5, train
-from yolotrain.checkpoint import save_checkpoint
+from yolotrain.checkpoint import CheckpointError, read_metadata, save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import load_checkpoint
 from yolotrain.model import read_model_yaml
@@ -232,6 +232,26 @@ def test_checkpoint_of_a_yaml_model_is_self_contained(tmp_path):
     plain = json.loads(save_checkpoint(tmp_path / "s" / "best", Yolov5("n6", num_classes=2)).read_text())
     assert plain["version"] == "n6" and "cfg" not in plain and plain["strides"] == [8.0, 16.0, 32.0, 64.0]
     assert load_checkpoint(tmp_path / "s" / "best.json")[0].version == "n6"
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda cfg: cfg["backbone"][1][3].__setitem__(1, -3), "layer 1: kernel size must be an integer from 1 to 31"),
+    (lambda cfg: cfg.__setitem__("width_multiple", 4096.0), "width_multiple 4096 is more than 16"),
+    (lambda cfg: cfg["backbone"][2].__setitem__(1, 10**9), "layer 2: number 1000000000 x depth_multiple 0.33"),
+    (lambda cfg: cfg["backbone"][7][3].__setitem__(0, 600000), "layer 7: 600000 output channels"),
+    (lambda cfg: cfg.__setitem__("head", "x"), "head must be a list"),
+], ids=["negative-kernel", "width", "repeats", "channels", "head"])
+def test_an_edited_checkpoint_cfg_is_refused_with_its_other_fields(tmp_path, edit, expected):
+    model = Yolov5.from_yaml(write(tmp_path, CUSTOM_YAML))
+    json_path = save_checkpoint(tmp_path / "best", model)
+    meta = json.loads(json_path.read_text())
+    edit(meta["cfg"])
+    json_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError) as info:
+        read_metadata(json_path)  # the json alone: no tensor is read, no layer built
+    message = str(info.value)
+    assert message.startswith(f"{json_path}: field 'cfg' is not a valid architecture") and expected in message
+    assert "\n" not in message
 
 
 def test_training_builds_the_model_of_a_yaml(tmp_path):

@@ -38,6 +38,8 @@ import torch
 from torch import nn
 
 from .atomic import write_atomic
+from .messages import shorten
+from .model.spec import ModelSpec, check_spec
 from .names import class_names
 
 FORMAT_NAME = "yolotrain-checkpoint"
@@ -348,6 +350,11 @@ def validate_metadata(metadata: Any, json_path: Path) -> None:
     for field in ("epoch", "img_size", "ema_updates"):
         if field in metadata and not _is_int(metadata[field]):
             raise bad(field, f"must be an integer, got {str(metadata[field])[:40]}")
+    if "cfg" in metadata:  # a custom layout: its layers are checked as a model YAML's are, nothing allocated
+        try:
+            check_spec(ModelSpec.from_mapping(metadata["cfg"], "cfg"), nc, in_channels)
+        except (TypeError, ValueError) as exc:
+            raise bad("cfg", f"is not a valid architecture ({shorten(str(exc), 300)})") from None
 
 
 def read_checkpoint(path: str | Path) -> CheckpointContents:

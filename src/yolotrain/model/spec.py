@@ -14,7 +14,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -289,11 +289,14 @@ class BuiltLayers:
     strides: list[float]  # output stride of each layer relative to the input image
 
 
-def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: int) -> BuiltLayers:
+def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: int,
+                 build: bool = True) -> BuiltLayers:
     """The reference's ``parse_model`` on ``spec``: one module per entry, the Detect head last.
 
     ``anchors`` (pixels, ``[levels, na, 2]``) replaces the spec's own; the stride of every layer is
     tracked so that Concat inputs of different resolutions and Detect strides are known up front.
+    Every entry is checked against the bounds above first; with ``build=False`` the layers before
+    Detect stay on the "meta" device (a check that allocates nothing: :func:`check_spec`).
     """
     entries = spec.layers
     na = anchors.shape[1]
@@ -333,12 +336,19 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
                                  spec, nc, anchors, outputs_no)
         try:
             # Built first without memory (parameters on the "meta" device) to count its parameters,
-            # then for real only while the model stays within MAX_PARAMETERS.
-            parameters += _parameter_count(make, name, resolved, channels, outputs_no)
+            # then for real only while the model stays within MAX_PARAMETERS. Detect, whose bias
+            # priors need real tensors, is counted from its convolutions: one 1x1 with bias per level.
+            probe = None
+            if name == "Detect":
+                parameters += sum((channels[j] + 1) * outputs_no for j in resolved)
+            else:
+                with torch.device("meta"):
+                    probe = make()
+                parameters += sum(p.numel() for p in probe[0].parameters())
             if parameters > MAX_PARAMETERS:
                 raise ValueError(f"the model would have more than {MAX_PARAMETERS:,} parameters by this layer "
                                  f"({parameters:,}); check its channels, width_multiple and repeats")
-            module, c_out, stride = make()
+            module, c_out, stride = make() if build or probe is None else probe
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
         except (TypeError, RuntimeError) as exc:
@@ -354,15 +364,12 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
     return BuiltLayers(modules, inputs, saved, strides)
 
 
-def _parameter_count(make: Callable[[], tuple[nn.Module, int, float]], name: str, resolved: int | list[int],
-                     channels: list[int], outputs: int) -> int:
-    """Parameters of the block ``make`` builds, without allocating them (Detect, whose bias priors need
-    real tensors, counted from its convolutions: one 1x1 with bias per level)."""
-    if name == "Detect":
-        return sum((channels[j] + 1) * outputs for j in resolved)
-    with torch.device("meta"):
-        module = make()[0]
-    return sum(p.numel() for p in module.parameters())
+def check_spec(spec: ModelSpec, nc: int | None = None, in_channels: int | None = None) -> None:
+    """Every check :func:`build_layers` makes, without allocating the layers (for stored architectures,
+    such as a checkpoint's ``cfg``, validated with the rest of their file)."""
+    anchors = torch.tensor(spec.anchors, dtype=torch.float32).view(len(spec.anchors), -1, 2)
+    build_layers(spec, spec.nc if nc is None else nc, anchors, spec.in_channels if in_channels is None else in_channels,
+                 build=False)
 
 
 def _resolve_inputs(source: Any, i: int, where: str) -> int | list[int]:
