@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from .messages import shorten
+from .messages import brief
 
 # The longest file name Linux, macOS and Windows file systems accept (bytes); a run name leaves room
 # for the number added when the name is taken.
@@ -26,7 +26,7 @@ def next_run_dir(project: str | os.PathLike, name: str = "exp", exist_ok: bool =
         longest = max(Path(value).parts, key=lambda part: len(part.encode()), default="")
         limit = MAX_NAME_BYTES if option == "--name" else FILE_NAME_MAX_BYTES
         if len(longest.encode()) > limit:
-            raise ValueError(f"{option}: the folder name {shorten(longest, 40)} is {len(longest.encode())} "
+            raise ValueError(f"{option}: the folder name {brief(longest)} is {len(longest.encode())} "
                              f"bytes long, more than the {limit} allowed")
     base = Path(project) / name
     if exist_ok or not base.exists():
