@@ -191,7 +191,7 @@ class Trainer:
 
         cfg = self.config
         report = check_anchors(model, self.train_set.shapes, self.train_set.labels, cfg.data.img_size,
-                               cfg.loss.anchor_t, seed=cfg.seed)
+                               cfg.loss.anchor_t, seed=cfg.seed, log=self._log if self.ctx.is_main else None)
         if self.ctx.is_main:
             self._log(report.summary())
 
