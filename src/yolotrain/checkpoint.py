@@ -39,14 +39,13 @@ from torch import nn
 
 from .atomic import write_atomic
 from .messages import shorten
-from .model.spec import ModelSpec, check_spec
+from .model.spec import MAX_CLASSES, ModelSpec, check_spec
 from .names import class_names
 
 FORMAT_NAME = "yolotrain-checkpoint"
 FORMAT_VERSION = 1
 # Bounds on what a checkpoint json may claim, checked before anything is built from it.
 MAX_JSON_BYTES = 64 << 20
-MAX_CLASSES = 10_000
 PREV_SUFFIX = ".prev"
 # Keys of the json that describe the tensors; caller metadata may not contradict them.
 ARCHITECTURE_KEYS = ("version", "nc", "anchors", "strides", "in_channels", "cfg")
