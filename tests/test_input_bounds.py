@@ -176,14 +176,22 @@ def weights(tmp_path_factory) -> tuple[Path, Path]:
     (["--max-det", "-5"], "max_det (--max-det) must be an integer from 1 to 30000, got -5"),
     (["--max-det", "1000000000"], "max_det (--max-det) must be an integer from 1 to 30000"),
     (["--name", "n" * 300], "--name: the folder name 'nnnn"),
+    (["--img", "100000"], "img_size must be at most 7680, got 100000"),
 ])
 def test_predict_options_out_of_range_are_one_line(tmp_path, capsys, weights, options, message):
     model, image = weights
     code = main(["predict", "--weights", str(model), "--source", str(image), "--img", "64",
-                 "--project", str(tmp_path / "runs"), *options])
+                 "--project", str(tmp_path / "runs"), *options])  # a later --img wins
     line = one_error_line(capsys)
     assert code == 1 and message in line, line
     assert not (tmp_path / "runs").exists()
+
+
+def test_export_image_size_is_bounded(tmp_path, capsys, weights):
+    out = tmp_path / "m.onnx"
+    assert main(["export", "--weights", str(weights[0]), "--img-size", "99968", "--output", str(out)]) == 1
+    assert "img_size must be at most 7680, got [99968]" in one_error_line(capsys)
+    assert not out.exists()
 
 
 def test_val_max_det_is_bounded(tmp_path, capsys, weights):

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..boxes import xywh_to_xyxy
+from ..boxes import MAX_IMG_SIZE, xywh_to_xyxy
 from ..checkpoint import CheckpointError
 from ..eval.nms import check_nms_limits
 from ..model import Yolov5
@@ -144,6 +144,8 @@ def _image_size(img_size: int | Sequence[int], stride: int = 32) -> tuple[int, i
         size = (size[0], size[0])
     if len(size) != 2 or any(s <= 0 or s % stride for s in size):
         raise ValueError(f"img_size must be one or two positive multiples of {stride}, got {img_size!r}")
+    if max(size) > MAX_IMG_SIZE:
+        raise ValueError(f"img_size must be at most {MAX_IMG_SIZE}, got {img_size!r}")
     return size
 
 
