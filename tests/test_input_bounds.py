@@ -230,3 +230,10 @@ def test_freeze_beyond_the_model_or_of_everything_is_one_line(tmp_path, capsys, 
                  "--no-val", "--project", str(tmp_path / "runs"), "--freeze", *freeze])
     line = one_error_line(capsys)
     assert code == 1 and message in line, line
+
+
+def test_a_dataset_of_more_classes_than_a_model_may_have_is_one_line(tmp_path, capsys):
+    data = write_image_dataset(tmp_path, "[" + ", ".join(f"c{i}" for i in range(20_000)) + "]")
+    assert main(["train", "--data", str(data), "--epochs", "1", "--img", "64", "--batch", "2", "--workers", "0",
+                 "--project", str(tmp_path / "runs")]) == 1
+    assert "num_classes must be from 1 to 10000, got 20000" in one_error_line(capsys)
