@@ -51,6 +51,7 @@ def edited(source: Path, out: Path, **fields: str | None) -> Path:
                                 "an output of [?, 243, 7], it gives [?, 252, 7]"),
     ({"anchors": "[[[10, 13], [16, 30]], [[30, 61], [62, 45]], [[116, 90], [156, 198]]]"},
      "2 anchors per level and nc 2 mean an output of [?, 168, 7], it gives [?, 252, 7]"),
+    ({"img_size": "[128, 128]"}, "disagrees with its graph: img_size [128, 128], the graph takes [?, 3, 64, 64]"),
     ({"nc": "many"}, "yolotrain metadata field 'nc' must be an integer from 1 to 10000 (got 'many')"),
     ({"nc": "1000000000"}, "field 'nc' must be an integer from 1 to 10000"),
     ({"names": None}, "yolotrain metadata field 'names' must be a list of 2 class names (missing)"),

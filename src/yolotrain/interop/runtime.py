@@ -87,6 +87,10 @@ class ExportedModel(abc.ABC):
         self.anchors_per_level = len(fields["anchors"][0])
         # Fixed axes are ints, free ones None (the runtimes name or mark them differently).
         self.input_shape = [s if isinstance(s, int) and s > 0 else None for s in input_shape]
+        if None not in self.input_shape[2:4] and tuple(self.input_shape[2:4]) != self.img_size:
+            raise CheckpointError(f"{self.path}: its yolotrain metadata disagrees with its graph: img_size "
+                                  f"{list(self.img_size)}, the graph takes {_shape(self.input_shape)} "
+                                  "(was the metadata edited? export the model again)")
         if output_shapes is not None:  # what the metadata says against what the graph computes
             shapes = [[d if isinstance(d, int) and d > 0 else None for d in shape] for shape in output_shapes]
             self._check_outputs(shapes, self.input_shape[2:4], "its graph")
