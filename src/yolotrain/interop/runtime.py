@@ -109,10 +109,13 @@ class ExportedModel(abc.ABC):
                                   "(was the metadata edited? export the model again)")
 
     def _output_mismatch(self, shapes: Sequence[Sequence[int | None]], input_hw: Sequence[int | None]) -> str | None:
+        """What the metadata (classes, strides, anchors per level, NMS) implies about the outputs that
+        ``shapes`` contradicts, for an input of ``input_hw`` pixels; None when nothing does."""
         na, no = self.anchors_per_level, self.num_classes + 5
         strides = [int(s) for s in self.stride.tolist()]
-        grids = [(h // s, w // s) if h is not None and w is not None else (None, None)
-                 for s, (h, w) in zip(strides, [tuple(input_hw)] * len(strides))]
+        height, width = input_hw
+        grids = [(height // s, width // s) if height is not None and width is not None else (None, None)
+                 for s in strides]
 
         def differs(got: int | None, expected: int | None) -> bool:
             return got is not None and expected is not None and got != expected
