@@ -1,10 +1,13 @@
 """Model YAMLs in the reference's format: ``Yolov5.from_yaml``, errors by line, checkpoints, training."""
 
+import copy
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from yolotrain import Yolov5, train
 from yolotrain.checkpoint import CheckpointError, read_metadata, save_checkpoint
@@ -162,7 +165,7 @@ BROKEN = [
     ("[-1, 9, C3, [512]],", "[-1, 1000000000, C3, [512]],", "number 1000000000 x depth_multiple 0.33 gives"),
     ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [100000000, 3, 2]],",
      "100000000 output channels x width_multiple 0.5 gives 50000000, more than 16384"),
-    ("[-1, 1, Conv, [1024, 3, 2]],", "[-1, 1, Conv, [16384, 31, 2]],", "the model would have more than 1,000,000,000"),
+    ("[-1, 1, Conv, [1024, 3, 2]],", "[-1, 1, Conv, [16384, 31, 2]],", "the model would have more than 300,000,000"),
     ("width_multiple: 0.50", "width_multiple: 1.0e+9", "width_multiple 1e+09 is more than 16"),
 ]
 
@@ -181,6 +184,34 @@ def test_bad_entries_get_one_line_naming_the_yaml_line(tmp_path, old, new, expec
         assert message.startswith(f"{path}:") and expected in message
     else:
         assert message.startswith(f"{path}:{line}: {expected}"), message
+
+
+hostile = st.sampled_from([-(10**9), -3, -1, 0, 1, 2, 3, 7, 10**9, 2.5, "x", None, True, [], [3, 3], "nc"])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_generated_layer_entries_build_or_fail_in_one_line(tmp_path, data):
+    """One value of one layer entry (its from, number or an argument) replaced by a hostile one: the
+    model builds, or the YAML is refused in one line naming its line; never another exception."""
+    spec = read_model_yaml(write(tmp_path, CUSTOM_YAML))
+    entries = [*spec.backbone, *spec.head]
+    index = data.draw(st.integers(0, len(entries) - 1))
+    entry = copy.deepcopy(entries[index])
+    slot = data.draw(st.integers(0, 1 + len(entry[3])))
+    value = data.draw(hostile)
+    if slot < 2:
+        entry[slot] = value
+    else:
+        entry[3][slot - 2] = value
+    lines = CUSTOM_YAML.splitlines()
+    first = index in (0, len(spec.backbone))  # the line that also opens its list
+    lines[spec.lines[index] - 1] = ("  [" if first else "   ") + json.dumps(entry) + ","
+    path = write(tmp_path, "\n".join(lines) + "\n", "fuzzed.yaml")
+    try:
+        Yolov5.from_yaml(path)
+    except ValueError as error:
+        assert str(error).startswith(f"{path}:") and "\n" not in str(error), str(error)
 
 
 def test_missing_sections_and_autoanchor_counts_are_named(tmp_path):

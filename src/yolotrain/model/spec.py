@@ -126,7 +126,7 @@ _MAX_EXTRA_ARGS = {"Conv": 4, "Focus": 4, "C3": 1, "Bottleneck": 1, "SPPF": 1, "
 # Bounds on any spec (a model YAML, a checkpoint's cfg, a pickled model's yaml), checked before its
 # layers are built, so a hostile or mistyped file is one line rather than minutes or gigabytes. The
 # published architectures stay far inside them (multiples <= 1.33, 12 repeats, 1280 channels,
-# kernels <= 13, 140 M parameters for yolov5x6).
+# kernels <= 13, 140 M parameters for yolov5x6); 300 M parameters are 1.2 GB in float32.
 MAX_MULTIPLE = 16.0
 MAX_LAYERS = 1000
 MAX_REPEATS = 100
@@ -138,7 +138,7 @@ MAX_CLASSES = 10_000
 MAX_IN_CHANNELS = 64
 MAX_ANCHOR_LEVELS = 8
 MAX_ANCHORS_PER_LEVEL = 16
-MAX_PARAMETERS = 1_000_000_000
+MAX_PARAMETERS = 300_000_000
 
 
 @dataclass
