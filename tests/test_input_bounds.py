@@ -201,6 +201,11 @@ def test_val_max_det_is_bounded(tmp_path, capsys, weights):
     assert "max_det (--max-det) must be an integer from 1 to 30000, got -1" in one_error_line(capsys)
 
 
+def test_train_max_det_is_bounded(tmp_path, capsys):
+    assert main(["train", "--max-det", "100000", "--project", str(tmp_path / "runs")]) == 1
+    assert "eval.max_det: must be at most 30000, got 100000" in one_error_line(capsys)
+
+
 def test_run_folder_names_longer_than_file_systems_allow_are_refused(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"^--project: the folder name .* is 300 bytes long, more than the 255"):
         next_run_dir(tmp_path / ("p" * 300), "exp")
