@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         if error.errno != errno.ENAMETOOLONG:
             raise
-        print(f"yolotrain {args.command}: error: {shorten(str(error.filename))}: file name too long "
+        print(f"yolotrain {args.command}: error: {shorten(str(error.filename or error))}: file name too long "
               "(shorten --name, --project or the file names given)", file=sys.stderr)
         return 1
 
