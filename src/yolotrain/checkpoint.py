@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from .atomic import write_atomic
-from .messages import shorten
+from .messages import brief, shorten
 from .model.spec import MAX_CLASSES, ModelSpec, check_spec
 from .names import class_names
 
@@ -256,14 +256,30 @@ def _read_set(path: str | Path) -> tuple[dict[str, Any], bool, dict[str, Path]]:
     try:
         if json_path.stat().st_size > MAX_JSON_BYTES:
             raise CheckpointError(f"{json_path}: {json_path.stat().st_size} bytes, more than a checkpoint json holds")
-        metadata = json.loads(json_path.read_text())
+        metadata = json.loads(json_path.read_text(), object_pairs_hook=_unique_keys)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{json_path}: not valid JSON ({exc})") from None
+    except _DuplicateKey as exc:
+        raise CheckpointError(f"{json_path}: key {brief(exc.args[0])} given twice in one object (which one counts "
+                              "is unclear: the file was edited)") from None
     except RecursionError:
         raise CheckpointError(f"{json_path}: not valid JSON (nested too deeply)") from None
     validate_metadata(metadata, json_path)
     located = {kind: _locate(json_path, record) for kind, record in _file_records(metadata, json_path).items()}
     return metadata, "state" in located, located
+
+
+class _DuplicateKey(Exception):
+    """A JSON object that names a key twice (``json`` would keep the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
 
 
 def _file_records(metadata: Any, json_path: Path) -> dict[str, dict[str, str]]:
