@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import time
 import types
 
 import numpy as np
@@ -119,3 +120,25 @@ def test_the_reference_spelling_turns_it_off():
     assert parser.parse_args(["--noautoanchor"]).autoanchor is False
     assert parser.parse_args(["--no-autoanchor"]).autoanchor is False
     assert "autoanchor" not in vars(parser.parse_args([]))
+
+
+def test_a_million_boxes_are_refitted_from_a_seeded_sample_with_a_progress_line(monkeypatch):
+    from yolotrain.model import anchors
+
+    monkeypatch.setattr(anchors, "MAX_FIT_BOXES", 2000)  # the mechanism, at a size this test can afford
+    rng = np.random.default_rng(0)
+    # Long thin boxes (60-400 x 3-6 pixels at 640), which the default anchors do not fit.
+    boxes = np.column_stack([np.zeros(1_000_000), np.full((1_000_000, 2), 0.5), rng.uniform(0.1, 0.6, 1_000_000),
+                             rng.uniform(0.005, 0.01, 1_000_000)]).astype(np.float32)
+    shapes = np.array([[640, 640]])
+    results, lines = [], []
+    for _ in range(2):
+        start = time.perf_counter()
+        report = check_anchors(Yolov5("n", num_classes=1), shapes, [boxes], 640, 4.0, seed=3, generations=50,
+                               log=lines.append)
+        assert time.perf_counter() - start < 10
+        results.append(report.anchors)
+    assert report.replaced and report.bpr_after > 0.98
+    np.testing.assert_array_equal(results[0], results[1])  # the sample is drawn from the seed
+    assert lines[0] == (f"AutoAnchor refit: best possible recall {report.bpr_before:.4f} is below 0.98, fitting new "
+                        "anchors to 2000 boxes (a seeded sample of the 1000000) in 50 generations ...")

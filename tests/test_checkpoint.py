@@ -161,6 +161,13 @@ def test_edited_metadata_is_refused_before_anything_is_built(tmp_path, models, e
     one_line_error(tmp_path / "last", message)
 
 
+def test_a_key_given_twice_in_the_json_is_one_line(tmp_path, models):
+    save_checkpoint(tmp_path / "last", models[0])
+    text = (tmp_path / "last.json").read_text()
+    (tmp_path / "last.json").write_text(text.replace('"nc": ', '"nc": 2, "nc": ', 1))
+    one_line_error(tmp_path / "last", "key 'nc' given twice in one object")
+
+
 def test_deeply_nested_json_is_one_line(tmp_path):
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     one_line_error(tmp_path / "deep.json", "not valid JSON")

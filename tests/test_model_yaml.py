@@ -1,13 +1,16 @@
 """Model YAMLs in the reference's format: ``Yolov5.from_yaml``, errors by line, checkpoints, training."""
 
+import copy
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from yolotrain import Yolov5, train
-from yolotrain.checkpoint import save_checkpoint
+from yolotrain.checkpoint import CheckpointError, read_metadata, save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import load_checkpoint
 from yolotrain.model import read_model_yaml
@@ -153,6 +156,17 @@ BROKEN = [
      "3 anchor rows for 2 detection levels"),
     ("depth_multiple: 0.33", "depth_multiple: deep", "depth_multiple must be a positive number, got 'deep'"),
     ("[[-1, 1, Conv, [64, 6, 2, 2]],", "[[-1, 1, Conv, [64, 6, 2, 2],", "not valid YAML"),
+    # Bounds: kernels, strides, repeats, widths and the parameter count, before any layer is built.
+    ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [128, -3, 2]],", "kernel size must be an integer from 1 to 31"),
+    ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [128, 0, 2]],", "kernel size must be an integer from 1 to 31"),
+    ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [128, 3, 0]],", "stride must be an integer from 1 to 16"),
+    ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [128, 3, 2, -1]],", "padding must be None or an integer"),
+    ("[-1, 1, SPPF, [1024, 5]]", "[-1, 1, SPPF, [1024, -5]]", "kernel size must be an integer from 1 to 31"),
+    ("[-1, 9, C3, [512]],", "[-1, 1000000000, C3, [512]],", "number 1000000000 x depth_multiple 0.33 gives"),
+    ("[-1, 1, Conv, [128, 3, 2]],", "[-1, 1, Conv, [100000000, 3, 2]],",
+     "100000000 output channels x width_multiple 0.5 gives 50000000, more than 16384"),
+    ("[-1, 1, Conv, [1024, 3, 2]],", "[-1, 1, Conv, [16384, 31, 2]],", "the model would have more than 300,000,000"),
+    ("width_multiple: 0.50", "width_multiple: 1.0e+9", "width_multiple 1e+09 is more than 16"),
 ]
 
 
@@ -170,6 +184,34 @@ def test_bad_entries_get_one_line_naming_the_yaml_line(tmp_path, old, new, expec
         assert message.startswith(f"{path}:") and expected in message
     else:
         assert message.startswith(f"{path}:{line}: {expected}"), message
+
+
+hostile = st.sampled_from([-(10**9), -3, -1, 0, 1, 2, 3, 7, 10**9, 2.5, "x", None, True, [], [3, 3], "nc"])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_generated_layer_entries_build_or_fail_in_one_line(tmp_path, data):
+    """One value of one layer entry (its from, number or an argument) replaced by a hostile one: the
+    model builds, or the YAML is refused in one line naming its line; never another exception."""
+    spec = read_model_yaml(write(tmp_path, CUSTOM_YAML))
+    entries = [*spec.backbone, *spec.head]
+    index = data.draw(st.integers(0, len(entries) - 1))
+    entry = copy.deepcopy(entries[index])
+    slot = data.draw(st.integers(0, 1 + len(entry[3])))
+    value = data.draw(hostile)
+    if slot < 2:
+        entry[slot] = value
+    else:
+        entry[3][slot - 2] = value
+    lines = CUSTOM_YAML.splitlines()
+    first = index in (0, len(spec.backbone))  # the line that also opens its list
+    lines[spec.lines[index] - 1] = ("  [" if first else "   ") + json.dumps(entry) + ","
+    path = write(tmp_path, "\n".join(lines) + "\n", "fuzzed.yaml")
+    try:
+        Yolov5.from_yaml(path)
+    except ValueError as error:
+        assert str(error).startswith(f"{path}:") and "\n" not in str(error), str(error)
 
 
 def test_missing_sections_and_autoanchor_counts_are_named(tmp_path):
@@ -221,6 +263,26 @@ def test_checkpoint_of_a_yaml_model_is_self_contained(tmp_path):
     plain = json.loads(save_checkpoint(tmp_path / "s" / "best", Yolov5("n6", num_classes=2)).read_text())
     assert plain["version"] == "n6" and "cfg" not in plain and plain["strides"] == [8.0, 16.0, 32.0, 64.0]
     assert load_checkpoint(tmp_path / "s" / "best.json")[0].version == "n6"
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda cfg: cfg["backbone"][1][3].__setitem__(1, -3), "layer 1: kernel size must be an integer from 1 to 31"),
+    (lambda cfg: cfg.__setitem__("width_multiple", 4096.0), "width_multiple 4096 is more than 16"),
+    (lambda cfg: cfg["backbone"][2].__setitem__(1, 10**9), "layer 2: number 1000000000 x depth_multiple 0.33"),
+    (lambda cfg: cfg["backbone"][7][3].__setitem__(0, 600000), "layer 7: 600000 output channels"),
+    (lambda cfg: cfg.__setitem__("head", "x"), "head must be a list"),
+], ids=["negative-kernel", "width", "repeats", "channels", "head"])
+def test_an_edited_checkpoint_cfg_is_refused_with_its_other_fields(tmp_path, edit, expected):
+    model = Yolov5.from_yaml(write(tmp_path, CUSTOM_YAML))
+    json_path = save_checkpoint(tmp_path / "best", model)
+    meta = json.loads(json_path.read_text())
+    edit(meta["cfg"])
+    json_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError) as info:
+        read_metadata(json_path)  # the json alone: no tensor is read, no layer built
+    message = str(info.value)
+    assert message.startswith(f"{json_path}: field 'cfg' is not a valid architecture") and expected in message
+    assert "\n" not in message
 
 
 def test_training_builds_the_model_of_a_yaml(tmp_path):

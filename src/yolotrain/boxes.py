@@ -72,8 +72,16 @@ def letterbox_geometry(
     return r, resized, pad
 
 
+# Largest network input side: class-aware NMS keeps classes apart by shifting boxes 7680 pixels per
+# class (eval/nms.MAX_WH), and one 3-channel input of this side is already 700 MB in float32.
+MAX_IMG_SIZE = 7680
+
+
 def check_image_size(size: int, stride: int = 32, name: str = "img_size") -> int:
-    """``size`` when it is a positive multiple of the model's largest ``stride``; else ``ValueError``."""
+    """``size`` when it is a positive multiple of the model's largest ``stride`` up to :data:`MAX_IMG_SIZE`;
+    else ``ValueError``."""
     if isinstance(size, bool) or not isinstance(size, int) or size <= 0 or size % stride:
         raise ValueError(f"{name} must be a positive multiple of {stride}, got {size!r}")
+    if size > MAX_IMG_SIZE:
+        raise ValueError(f"{name} must be at most {MAX_IMG_SIZE}, got {size}")
     return size

@@ -38,13 +38,14 @@ import torch
 from torch import nn
 
 from .atomic import current_umask, write_atomic
+from .messages import brief, shorten
+from .model.spec import MAX_CLASSES, ModelSpec, check_spec
 from .names import class_names
 
 FORMAT_NAME = "yolotrain-checkpoint"
 FORMAT_VERSION = 1
 # Bounds on what a checkpoint json may claim, checked before anything is built from it.
 MAX_JSON_BYTES = 64 << 20
-MAX_CLASSES = 10_000
 PREV_SUFFIX = ".prev"
 # Keys of the json that describe the tensors; caller metadata may not contradict them.
 ARCHITECTURE_KEYS = ("version", "nc", "anchors", "strides", "in_channels", "cfg")
@@ -256,14 +257,30 @@ def _read_set(path: str | Path) -> tuple[dict[str, Any], bool, dict[str, Path]]:
     try:
         if json_path.stat().st_size > MAX_JSON_BYTES:
             raise CheckpointError(f"{json_path}: {json_path.stat().st_size} bytes, more than a checkpoint json holds")
-        metadata = json.loads(json_path.read_text())
+        metadata = json.loads(json_path.read_text(), object_pairs_hook=_unique_keys)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{json_path}: not valid JSON ({exc})") from None
+    except _DuplicateKey as exc:
+        raise CheckpointError(f"{json_path}: key {brief(exc.args[0])} given twice in one object (which one counts "
+                              "is unclear: the file was edited)") from None
     except RecursionError:
         raise CheckpointError(f"{json_path}: not valid JSON (nested too deeply)") from None
     validate_metadata(metadata, json_path)
     located = {kind: _locate(json_path, record) for kind, record in _file_records(metadata, json_path).items()}
     return metadata, "state" in located, located
+
+
+class _DuplicateKey(Exception):
+    """A JSON object that names a key twice (``json`` would keep the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
 
 
 def _file_records(metadata: Any, json_path: Path) -> dict[str, dict[str, str]]:
@@ -349,6 +366,11 @@ def validate_metadata(metadata: Any, json_path: Path) -> None:
     for field in ("epoch", "img_size", "ema_updates"):
         if field in metadata and not _is_int(metadata[field]):
             raise bad(field, f"must be an integer, got {str(metadata[field])[:40]}")
+    if "cfg" in metadata:  # a custom layout: its layers are checked as a model YAML's are, nothing allocated
+        try:
+            check_spec(ModelSpec.from_mapping(metadata["cfg"], "cfg"), nc, in_channels)
+        except (TypeError, ValueError) as exc:
+            raise bad("cfg", f"is not a valid architecture ({shorten(str(exc), 300)})") from None
 
 
 def read_checkpoint(path: str | Path) -> CheckpointContents:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from .messages import shorten
 
 # Exceptions that mean "bad input or configuration": printed as one line, no traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, NotADirectoryError, PermissionError,
@@ -203,7 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except USER_ERRORS + _domain_errors() as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"yolotrain {args.command}: error: {message}", file=sys.stderr)
+        print(f"yolotrain {args.command}: error: {shorten(str(message))}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        print(f"yolotrain {args.command}: error: {shorten(str(error.filename or error))}: file name too long "
+              "(shorten --name, --project or the file names given)", file=sys.stderr)
         return 1
 
 

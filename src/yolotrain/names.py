@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from .messages import brief, shorten
+
+
+class DuplicateClassNamesWarning(UserWarning):
+    """A dataset names two classes alike: results by name (per-class tables) cannot tell them apart."""
+
+
+def repeated_names(names: Sequence[str]) -> dict[str, list[int]]:
+    """Each name given to more than one class, with its class ids."""
+    ids: defaultdict[str, list[int]] = defaultdict(list)
+    for i, name in enumerate(names):
+        ids[name].append(i)
+    return {name: where for name, where in ids.items() if len(where) > 1}
+
+
+def describe_repeats(repeats: Mapping[str, list[int]]) -> str:
+    """``2 names given to several classes: 'car' (ids 1, 4), 'bus' (ids 2, 3)``, bounded in length."""
+    listed = ", ".join(f"{brief(name)} (ids {', '.join(map(str, ids))})" for name, ids in list(repeats.items())[:5])
+    more = f" and {len(repeats) - 5} more" if len(repeats) > 5 else ""
+    return shorten(f"{len(repeats)} name{'s' * (len(repeats) > 1)} given to several classes: {listed}{more}", 400)
 
 
 def class_names(names: Any, nc: int | None = None) -> list[str]:

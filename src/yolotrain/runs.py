@@ -6,12 +6,28 @@ import argparse
 import os
 from pathlib import Path
 
+from .messages import brief
+
+# The longest file name Linux, macOS and Windows file systems accept (bytes); a run name leaves room
+# for the number added when the name is taken.
+FILE_NAME_MAX_BYTES = 255
+MAX_NAME_BYTES = 200
+
 
 def next_run_dir(project: str | os.PathLike, name: str = "exp", exist_ok: bool = False) -> Path:
     """``project/name``, or the first free ``project/nameN`` (N = 2, 3 ...) unless ``exist_ok``.
 
     The folder is not created here.
+
+    Raises:
+        ValueError: a folder name longer than file systems allow (checked before any file is touched).
     """
+    for option, value in (("--project", os.fspath(project)), ("--name", name)):
+        longest = max(Path(value).parts, key=lambda part: len(part.encode()), default="")
+        limit = MAX_NAME_BYTES if option == "--name" else FILE_NAME_MAX_BYTES
+        if len(longest.encode()) > limit:
+            raise ValueError(f"{option}: the folder name {brief(longest)} is {len(longest.encode())} "
+                             f"bytes long, more than the {limit} allowed")
     base = Path(project) / name
     if exist_ok or not base.exists():
         return base

@@ -22,6 +22,8 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, TypeVar, Union
 
+from .messages import brief
+
 T = TypeVar("T")
 
 
@@ -172,7 +174,7 @@ def check_value(path: str, f: dataclasses.Field, tp: Any, value: Any) -> Any:
     try:
         value = _coerce(value, tp)
     except TypeError:
-        raise ConfigError(f"{path}: expected {_describe(tp)}, got {value!r}{_closest_choice(value, tp)}") from None
+        raise ConfigError(f"{path}: expected {_describe(tp)}, got {brief(value)}{_closest_choice(value, tp)}") from None
     for number in value if isinstance(value, tuple) else (value,):
         _check_bounds(path, f, number)
     return value
@@ -198,7 +200,7 @@ def from_mapping(cls: type[T], values: Mapping[str, Any], path: str = "") -> T:
         ConfigError: an unknown name (with the closest valid one), a wrong type, or a value out of bounds.
     """
     if not isinstance(values, Mapping):
-        raise ConfigError(f"{path.rstrip('.') or cls.__name__}: expected a mapping of settings, got {values!r}")
+        raise ConfigError(f"{path.rstrip('.') or cls.__name__}: expected a mapping of settings, got {brief(values)}")
     types_ = field_types(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
@@ -220,7 +222,7 @@ def validate(config: Any, path: str = "") -> None:
         value, tp = getattr(config, f.name), types_[f.name]
         if is_section(tp):
             if not isinstance(value, tp):
-                raise ConfigError(f"{path}{f.name}: expected a {tp.__name__}, got {value!r}")
+                raise ConfigError(f"{path}{f.name}: expected a {tp.__name__}, got {brief(value)}")
             validate(value, f"{path}{f.name}.")
         else:
             check_value(f"{path}{f.name}", f, tp, value)

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from ..names import class_names
+from .. import yamlio
+from ..messages import brief
+from ..names import DuplicateClassNamesWarning, class_names, describe_repeats, repeated_names
 
 IMG_FORMATS = frozenset({"bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp"})
 
@@ -82,28 +84,30 @@ def _dataset_names(cfg: dict, path: Path) -> list[str]:
     if names is None:
         return []
     try:
-        return class_names(names, int(nc) if isinstance(nc, (int, float)) and not isinstance(nc, bool) else None)
+        listed = class_names(names, int(nc) if isinstance(nc, (int, float)) and not isinstance(nc, bool) else None)
     except ValueError as error:
-        raise ValueError(f"{path}: {error}" + (f" (nc: {nc})" if nc is not None else "")) from None
+        raise ValueError(f"{path}: {error}" + (f" (nc: {brief(nc)})" if nc is not None else "")) from None
+    # A warning, not an error: labels are class ids, so training and scoring by id stay right, and
+    # datasets exported with placeholder names still train. What needs unique names refuses them
+    # itself (val --map-classes matches classes by name).
+    repeats = repeated_names(listed)
+    if repeats:
+        warnings.warn(f"{path}: {describe_repeats(repeats)}; results by name will not tell them apart",
+                      DuplicateClassNamesWarning, stacklevel=4)
+    return listed
 
 
 def read_yaml(path: Path) -> object:
-    """The contents of a YAML file; a syntax error is one line naming the file and the line."""
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"{path}{where}: not valid YAML ({getattr(error, 'problem', None) or error})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text file") from None
+    """The contents of a YAML file; a syntax error, a duplicate key or an alias bomb is one line naming
+    the file and the line (:mod:`yolotrain.yamlio`)."""
+    return yamlio.read_yaml(path)
 
 
 def _paths_entry(cfg: dict, key: str, path: Path) -> str | list[str]:
     value = cfg[key]
     if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
         return value
-    raise ValueError(f"{path}: '{key}' must be a path or a list of paths, got {str(value)[:60]}")
+    raise ValueError(f"{path}: '{key}' must be a path or a list of paths, got {brief(value)}")
 
 
 def _from_yaml(path: Path) -> DatasetSource:
@@ -111,7 +115,7 @@ def _from_yaml(path: Path) -> DatasetSource:
     if not isinstance(cfg, dict) or "train" not in cfg:
         raise ValueError(f"{path}: dataset YAML needs at least a 'train' entry")
     if cfg.get("path") is not None and not isinstance(cfg["path"], str):
-        raise ValueError(f"{path}: 'path' must be a folder, got {str(cfg['path'])[:60]}")
+        raise ValueError(f"{path}: 'path' must be a folder, got {brief(cfg['path'])}")
     root = Path(cfg.get("path") or ".").expanduser()
     if not root.is_absolute():
         root = path.parent / root

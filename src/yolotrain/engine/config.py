@@ -28,14 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from ..data.augment import AugmentConfig
 from ..data.loaders import DataConfig, default_workers
 from ..eval.val import EvalConfig
 from ..loss import LossConfig
 from ..model import parse_version
 from ..settings import ConfigError, flat_names, from_mapping, merge, nest, setting, to_dict, validate
+from ..yamlio import YamlError, read_yaml
 from .ema import EMAConfig
 from .optim import DEFAULT_LR0, OptimConfig
 
@@ -123,11 +122,9 @@ def read_settings_file(path: str | os.PathLike, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     try:
-        values = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(error, 'problem', None) or error})") from None
+        values = read_yaml(path)
+    except YamlError as error:
+        raise ConfigError(str(error)) from None
     if values is None:
         return {}
     if not isinstance(values, dict):

@@ -269,7 +269,7 @@ class Trainer:
 
         cfg = self.config
         report = check_anchors(model, self.train_set.shapes, self.train_set.labels, cfg.data.img_size,
-                               cfg.loss.anchor_t, seed=cfg.seed)
+                               cfg.loss.anchor_t, seed=cfg.seed, log=self._log if self.ctx.is_main else None)
         if self.ctx.is_main:
             self._log(report.summary())
 
@@ -281,7 +281,12 @@ class Trainer:
         prefixes = tuple(f"model.{i}." for i in indices)
         if not prefixes:
             return
+        count, given = len(model.model), " ".join(map(str, layers))
+        if max(layers) > count or (len(layers) > 1 and max(layers) == count):
+            raise ValueError(f"--freeze {given}: the model has {count} layers (0..{count - 1})")
         frozen = [p for name, p in model.named_parameters() if name.startswith(prefixes)]
+        if len(frozen) == len(list(model.parameters())):
+            raise ValueError(f"--freeze {given} freezes every layer of the model: nothing to train")
         for param in frozen:
             param.requires_grad_(False)
         if self.ctx.is_main:

@@ -8,17 +8,39 @@ most ``max_nms`` boxes (highest scores) enter NMS, and at most ``max_det`` leave
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
 from torchvision.ops import nms
 
 from ..boxes import xywh_to_xyxy
+from ..messages import brief
 
 # Boxes entering NMS per image at most: beyond this NMS time grows quadratically for no gain.
 MAX_NMS = 30000
 # Per-class coordinate shift for class-aware NMS: larger than any box side in pixels.
 MAX_WH = 7680
+
+
+def check_nms_limits(max_det: int, classes: Sequence[int] | None = None, num_classes: int | None = None) -> None:
+    """``max_det`` and the ``classes`` filter, checked once before any image is read (one-line errors).
+
+    More than :data:`MAX_NMS` detections per image cannot come out of NMS (no more go in), and a class
+    id the model does not predict would silently filter every detection away.
+    """
+    if isinstance(max_det, bool) or not isinstance(max_det, int) or not 1 <= max_det <= MAX_NMS:
+        raise ValueError(f"max_det (--max-det) must be an integer from 1 to {MAX_NMS}, got {brief(max_det)}")
+    if classes is None:
+        return
+    try:
+        ids = [operator.index(c) for c in classes]
+    except TypeError:
+        raise ValueError(f"classes (--classes) must be class ids, got {brief(classes)}") from None
+    outside = [c for c in ids if c < 0 or (num_classes is not None and c >= num_classes)]
+    if not ids or outside:
+        known = f"0..{num_classes - 1}" if num_classes is not None else "0 or more"
+        raise ValueError(f"classes (--classes) {brief(outside or ids)}: this model's class ids are {known}")
 
 
 def _check_thresholds(conf: float, iou: float) -> None:

@@ -26,7 +26,7 @@ from ..names import class_names
 from ..outputs import refuse_overwriting_inputs, weights_inputs
 from ..runs import add_run_dir_arguments, next_run_dir
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
-from .nms import non_max_suppression, scale_boxes_to_original
+from .nms import check_nms_limits, non_max_suppression, scale_boxes_to_original
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
@@ -150,6 +150,7 @@ class Predictor:
             raise ValueError(f"this export takes {'x'.join(map(str, self.model.img_size))} images only, "
                              f"not {img_size}: pass that image size")
         self.names = class_names(getattr(self.model, "names", None), self.model.num_classes)
+        check_nms_limits(max_det, classes, self.model.num_classes)
         self.dtype = input_dtype(self.model)
         self.img_size, self.conf, self.iou = img_size, conf, iou
         self.classes, self.max_det, self.agnostic = classes, max_det, agnostic

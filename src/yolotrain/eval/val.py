@@ -24,14 +24,14 @@ from torch.utils.data import DataLoader
 from ..boxes import letterbox_geometry, xywh_to_xyxy
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
-from ..names import class_names
+from ..names import class_names, describe_repeats, repeated_names
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
 from ..runs import add_run_dir_arguments, next_run_dir
 from ..settings import setting
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
-from .nms import non_max_suppression, scale_boxes_to_original
+from .nms import MAX_NMS, check_nms_limits, non_max_suppression, scale_boxes_to_original
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class EvalConfig:
     val: bool = setting(True, "validate after every epoch (the last epoch always is)", off_flags=("--noval",))
     conf: float = setting(0.001, "confidence threshold for mAP", min=0, max=1)
     iou: float = setting(0.6, "NMS IoU threshold", above=0, max=1)
-    max_det: int = setting(300, "detections kept per image", min=1)
+    max_det: int = setting(300, "detections kept per image", min=1, max=MAX_NMS)
     plots: bool = setting(True, "write results.png, confusion matrix, curves and prediction pictures",
                           off_flags=("--noplots",))
 
@@ -165,6 +165,7 @@ def val(
         raise ValueError(f"task must be 'val' or 'speed', got {task!r}")
     if task == "speed":
         rect, conf, iou, save_dir, save_json, save_txt = False, 0.25, 0.45, None, False, False
+    check_nms_limits(max_det)
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code)
     # Exports fixed at one image size take square letterboxed batches, not rectangular ones.
     rect = rect and getattr(model, "dynamic_size", True)
@@ -325,6 +326,10 @@ def _class_correspondence(model_names: list[str], data_names: list[str],
         raise ValueError(f"the model predicts {len(model_names)} classes but the data has {len(data_names)}: "
                          "scores would be meaningless; use weights trained on these classes, or map the model's "
                          "classes to the data's by name (--map-classes)")
+    for side, names in (("model", model_names), ("data", data_names)):
+        repeats = repeated_names(names)
+        if repeats:
+            raise ValueError(f"--map-classes matches classes by name, but the {side}'s {describe_repeats(repeats)}")
     index = {name: i for i, name in enumerate(data_names)}
     class_map = torch.tensor([index.get(name, -1) for name in model_names])
     if not bool((class_map >= 0).any()):

@@ -43,8 +43,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..boxes import xywh_to_xyxy
+from ..boxes import MAX_IMG_SIZE, xywh_to_xyxy
 from ..checkpoint import CheckpointError
+from ..eval.nms import check_nms_limits
 from ..model import Yolov5
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
@@ -144,6 +145,8 @@ def _image_size(img_size: int | Sequence[int], stride: int = 32) -> tuple[int, i
         size = (size[0], size[0])
     if len(size) != 2 or any(s <= 0 or s % stride for s in size):
         raise ValueError(f"img_size must be one or two positive multiples of {stride}, got {img_size!r}")
+    if max(size) > MAX_IMG_SIZE:
+        raise ValueError(f"img_size must be at most {MAX_IMG_SIZE}, got {img_size!r}")
     return size
 
 
@@ -224,8 +227,9 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     _check_options(fmt, half, int8, raw, nms, data)
     if opset < DEFAULT_OPSET:
         raise ValueError(f"opset must be {DEFAULT_OPSET} or later, got {opset}")
-    if not (0.0 <= conf <= 1.0 and 0.0 <= iou <= 1.0) or max_det <= 0:
-        raise ValueError(f"NMS settings out of range: conf {conf} and iou {iou} in [0, 1], max_det {max_det} > 0")
+    if not (0.0 <= conf <= 1.0 and 0.0 <= iou <= 1.0):
+        raise ValueError(f"NMS settings out of range: conf {conf} and iou {iou} in [0, 1]")
+    check_nms_limits(max_det)
     if out is None and isinstance(weights_or_model, nn.Module):
         raise ValueError("out= is required when exporting a model object")
     out = Path(out) if out is not None else default_output(weights_or_model, fmt, half, int8)

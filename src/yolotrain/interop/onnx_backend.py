@@ -31,13 +31,16 @@ class OnnxModel(ExportedModel):
         # the same cores: onnxruntime's workers must sleep rather than spin after a run (spinning
         # made single-image predict ~1.7x slower on a 2-core CPU).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Runtime failures are raised as one line naming the file; onnxruntime's own log would repeat them.
+        options.log_severity_level = 4
         try:
             self.session = onnxruntime.InferenceSession(str(path), options,
                                                         providers=providers or ["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own unexported exception types
             raise CheckpointError(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0]})") from None
         self.input = self.session.get_inputs()[0]
-        super().__init__(path, self.session.get_modelmeta().custom_metadata_map, self.input.shape)
+        super().__init__(path, self.session.get_modelmeta().custom_metadata_map, self.input.shape,
+                         [output.shape for output in self.session.get_outputs()])
 
     def _run(self, images: np.ndarray) -> list[np.ndarray]:
         return self.session.run(None, {self.input.name: images})

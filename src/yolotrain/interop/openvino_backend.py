@@ -28,6 +28,11 @@ def openvino_module():
     return openvino
 
 
+def _dims(port: openvino.Output) -> list[int | None]:
+    """A port's dimensions, None for a free one."""
+    return [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
+
+
 class OpenVinoModel(ExportedModel):
     """An OpenVINO IR written by :func:`~yolotrain.interop.export.export`, compiled for the CPU.
 
@@ -59,12 +64,15 @@ class OpenVinoModel(ExportedModel):
         model = self._model
         section = model.get_rt_info([RT_INFO_SECTION]).astype(dict) if model.has_rt_info([RT_INFO_SECTION]) else {}
         metadata = {key: str(value.astype(str)) for key, value in section.items()}
-        shape = model.inputs[0].get_partial_shape()
-        super().__init__(path, metadata, [d.get_length() if d.is_static else None for d in shape])
+        super().__init__(path, metadata, _dims(model.inputs[0]), [_dims(output) for output in model.outputs])
         precision = "f16" if self.precision == "fp16" and "FP16" in self._core.get_property(
             "CPU", "OPTIMIZATION_CAPABILITIES") else "f32"
         self._config = {"INFERENCE_PRECISION_HINT": precision}
-        self.request = self._core.compile_model(model, "CPU", self._config).create_infer_request()
+        try:
+            self.request = self._core.compile_model(model, "CPU", self._config).create_infer_request()
+        except Exception as exc:  # noqa: BLE001 - OpenVINO raises plain RuntimeErrors with multi-line text
+            raise CheckpointError(f"{path}: OpenVINO could not compile it ({str(exc).strip().splitlines()[0]})") \
+                from None
         self._last_shape: tuple[int, ...] | None = None
         self._specialised: OrderedDict[tuple[int, ...], openvino.InferRequest] = OrderedDict()
 

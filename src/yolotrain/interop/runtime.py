@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import MAX_CLASSES, CheckpointError
+from ..messages import brief, shorten
 from ..model import Detect
 
 # Suffix of the file a runtime loads → (backend module, class name); imported on demand so that a
@@ -72,26 +75,77 @@ class ExportedModel(abc.ABC):
     format_name = "exported"
 
     def __init__(self, path: str | os.PathLike, metadata: Mapping[str, str],
-                 input_shape: Sequence[int | None]) -> None:
+                 input_shape: Sequence[int | None],
+                 output_shapes: Sequence[Sequence[int | str | None]] | None = None) -> None:
         self.path = Path(path)
         if metadata.get("producer") != "yolotrain":
             raise CheckpointError(f"{self.path}: {self.format_name} file without yolotrain metadata "
                                   "(export it with yolotrain export)")
-        self.num_classes = int(metadata["nc"])
-        self.names: list[str] = json.loads(metadata["names"])
-        self.stride = torch.tensor(json.loads(metadata["stride"]), dtype=torch.float32)
-        self.img_size: tuple[int, int] = tuple(json.loads(metadata["img_size"]))
-        self.raw: bool = json.loads(metadata["raw"])
-        self.precision: str = metadata.get("precision", "fp32")
-        nms = metadata.get("nms")
-        self.nms_settings: dict | None = json.loads(nms) if nms else None
+        fields = _read_metadata(metadata, self.path)
+        self.num_classes: int = fields["nc"]
+        self.names: list[str] = fields["names"]
+        self.stride = torch.tensor(fields["stride"], dtype=torch.float32)
+        self.img_size: tuple[int, int] = tuple(fields["img_size"])
+        self.raw: bool = fields["raw"]
+        self.precision: str = fields["precision"]
+        self.nms_settings: dict | None = fields["nms"]
+        self.anchors_per_level = len(fields["anchors"][0])
         # Fixed axes are ints, free ones None (the runtimes name or mark them differently).
         self.input_shape = [s if isinstance(s, int) and s > 0 else None for s in input_shape]
+        if None not in self.input_shape[2:4] and tuple(self.input_shape[2:4]) != self.img_size:
+            raise CheckpointError(f"{self.path}: its yolotrain metadata disagrees with its graph: img_size "
+                                  f"{list(self.img_size)}, the graph takes {_shape(self.input_shape)} "
+                                  "(was the metadata edited? export the model again)")
+        if output_shapes is not None:  # what the metadata says against what the graph computes
+            shapes = [[d if isinstance(d, int) and d > 0 else None for d in shape] for shape in output_shapes]
+            self._check_outputs(shapes, self.input_shape[2:4], "its graph")
         # Raw exports leave decoding to the caller; Detect owns that maths, so reuse it (its 1-channel
         # convolutions are never run).
         levels = len(self.stride)
-        self._decoder = Detect(self.num_classes, torch.tensor(json.loads(metadata["anchors"])), (1,) * levels,
+        self._decoder = Detect(self.num_classes, torch.tensor(fields["anchors"]), (1,) * levels,
                                tuple(int(s) for s in self.stride.tolist())) if self.raw else None
+
+    def _check_outputs(self, shapes: Sequence[Sequence[int | None]], input_hw: Sequence[int | None],
+                       source: str) -> None:
+        """The outputs' shapes (None: not known) against the metadata; a mismatch is one line naming both."""
+        found = self._output_mismatch(shapes, input_hw)
+        if found:
+            raise CheckpointError(f"{self.path}: its yolotrain metadata disagrees with {source}: {found} "
+                                  "(was the metadata edited? export the model again)")
+
+    def _output_mismatch(self, shapes: Sequence[Sequence[int | None]], input_hw: Sequence[int | None]) -> str | None:
+        """What the metadata (classes, strides, anchors per level, NMS) implies about the outputs that
+        ``shapes`` contradicts, for an input of ``input_hw`` pixels; None when nothing does."""
+        na, no = self.anchors_per_level, self.num_classes + 5
+        strides = [int(s) for s in self.stride.tolist()]
+        height, width = input_hw
+        grids = [(height // s, width // s) if height is not None and width is not None else (None, None)
+                 for s in strides]
+
+        def differs(got: int | None, expected: int | None) -> bool:
+            return got is not None and expected is not None and got != expected
+
+        if self.end_to_end:
+            expected = [None, self.nms_settings["max_det"], 6]
+        elif self.raw:
+            if len(shapes) != len(strides):
+                return f"{len(strides)} strides {strides} mean {len(strides)} raw outputs, it has {len(shapes)}"
+            for level, (shape, (gh, gw)) in enumerate(zip(shapes, grids)):
+                expected = [None, na, gh, gw, no]
+                if len(shape) != 5 or any(differs(g, e) for g, e in zip(shape, expected)):
+                    return (f"level {level} (stride {strides[level]}, {na} anchors, nc {self.num_classes}) means "
+                            f"maps of {_shape(expected)}, it gives {_shape(shape)}")
+            return None
+        else:
+            cells = None if None in grids[0] else sum(gh * gw for gh, gw in grids)
+            expected = [None, None if cells is None else na * cells, no]
+        if len(shapes) != 1:
+            return f"one output expected, it has {len(shapes)}"
+        if len(shapes[0]) != 3 or any(differs(g, e) for g, e in zip(shapes[0], expected)):
+            what = (f"nms max_det {self.nms_settings['max_det']}" if self.end_to_end else
+                    f"strides {strides}, {na} anchors per level and nc {self.num_classes}")
+            return f"{what} mean an output of {_shape(expected)}, it gives {_shape(shapes[0])}"
+        return None
 
     @property
     def end_to_end(self) -> bool:
@@ -116,12 +170,23 @@ class ExportedModel(abc.ABC):
         self._check(imgs)
         batch = imgs.detach().to("cpu", torch.float32).numpy()
         if self.input_shape[0] is None or self.input_shape[0] == len(batch):
-            return [torch.from_numpy(np.ascontiguousarray(o)) for o in self._run(batch)]
-        if self.input_shape[0] != 1:
+            outputs = [torch.from_numpy(np.ascontiguousarray(o)) for o in self._run_checked(batch)]
+        elif self.input_shape[0] != 1:
             raise ValueError(f"{self.path.name} expects batches of {self.input_shape[0]}, got {len(batch)}")
-        # A batch-1 export: run the images one by one and stack the results.
-        per_image = [self._run(batch[i:i + 1]) for i in range(len(batch))]
-        return [torch.from_numpy(np.concatenate(outs)) for outs in zip(*per_image)]
+        else:  # a batch-1 export: run the images one by one and stack the results
+            per_image = [self._run_checked(batch[i:i + 1]) for i in range(len(batch))]
+            outputs = [torch.from_numpy(np.concatenate(outs)) for outs in zip(*per_image)]
+        self._check_outputs([list(o.shape) for o in outputs], list(imgs.shape[2:]), "what it computed")
+        return outputs
+
+    def _run_checked(self, images: np.ndarray) -> list[np.ndarray]:
+        """:meth:`_run`, with whatever the runtime raises turned into one line naming the file."""
+        try:
+            return self._run(images)
+        except Exception as exc:  # noqa: BLE001 - each runtime raises its own (often unexported) types
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(f"{self.path}: {self.format_name} runtime failed on a batch of shape "
+                                  f"{list(images.shape)} ({shorten(first_line, 300)})") from None
 
     def __call__(self, imgs: torch.Tensor) -> torch.Tensor:
         """Decoded ``[B, N, 5+nc]`` predictions for ``imgs`` ``[B, 3, H, W]``."""
@@ -163,3 +228,54 @@ class ExportedModel(abc.ABC):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({str(self.path)!r}, nc={self.num_classes}, img_size={self.img_size}, "
                 f"precision={self.precision!r}{', nms' if self.end_to_end else ''})")
+
+
+def _shape(dims: Sequence[int | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
+    """The yolotrain fields of an export's string metadata, each parsed and checked: one line naming the
+    file and the field for a missing, malformed or out-of-range one."""
+    def field(key: str, check: Callable[[Any], bool], what: str, default: Any = _REQUIRED) -> Any:
+        text = metadata.get(key)
+        if text is None and default is not _REQUIRED:
+            return default
+        try:
+            value = text if key == "precision" else json.loads(text)
+        except (TypeError, ValueError, RecursionError):
+            value = _REQUIRED
+        if value is _REQUIRED or not check(value):
+            shown = "missing" if text is None else f"got {brief(text)}"
+            raise CheckpointError(f"{path}: yolotrain metadata field '{key}' must be {what} ({shown})")
+        return value
+
+    nc = field("nc", lambda v: _is_int(v) and 1 <= v <= MAX_CLASSES, f"an integer from 1 to {MAX_CLASSES}")
+    names = field("names", lambda v: isinstance(v, list) and len(v) == nc and all(isinstance(n, str) for n in v),
+                  f"a list of {nc} class names")
+    stride = field("stride", lambda v: isinstance(v, list) and 1 <= len(v) <= 8
+                   and all(_is_int(s) and 1 <= s <= 1024 for s in v), "a list of 1 to 8 strides (whole numbers)")
+    anchors = field("anchors", lambda v: isinstance(v, list) and len(v) == len(stride) and all(
+        isinstance(level, list) and 1 <= len(level) <= 16 and len(level) == len(v[0]) and all(
+            isinstance(a, list) and len(a) == 2 and all(_is_number(x) and x > 0 for x in a) for a in level)
+        for level in v), f"{len(stride)} levels (one per stride) of equally many (w, h) pairs")
+    img_size = field("img_size", lambda v: isinstance(v, list) and len(v) == 2 and all(_is_int(s) and s > 0 for s in v),
+                     "[height, width]")
+    raw = field("raw", lambda v: isinstance(v, bool), "true or false")
+    precision = field("precision", lambda v: isinstance(v, str) and len(v) <= 16, "a precision such as fp32", "fp32")
+    nms = field("nms", lambda v: v is None or (isinstance(v, dict) and _is_int(v.get("max_det")) and 1 <= v["max_det"]
+                and all(_is_number(v.get(k)) for k in ("conf", "iou")) and isinstance(v.get("multi_label"), bool)),
+                "the NMS settings (conf, iou, max_det, multi_label)", None)
+    return {"nc": nc, "names": names, "stride": stride, "anchors": anchors, "img_size": img_size, "raw": raw,
+            "precision": precision, "nms": nms}
+
+
+_REQUIRED = object()
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -10,6 +10,7 @@ read into one with each entry's line number, so a bad entry is reported as ``fil
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -21,6 +22,8 @@ import torch
 import yaml
 from torch import nn
 
+from ..messages import brief
+from ..yamlio import read_yaml_document
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus
 from .detect import DEFAULT_ANCHORS, Detect
 
@@ -120,6 +123,23 @@ _CHANNEL_BLOCKS = {"Conv": Conv, "C3": C3, "SPPF": SPPF, "SPP": SPP, "Focus": Fo
 # How many arguments after the channel count each block takes here (the reference's g, e, act ... are not).
 _MAX_EXTRA_ARGS = {"Conv": 4, "Focus": 4, "C3": 1, "Bottleneck": 1, "SPPF": 1, "SPP": 1}
 
+# Bounds on any spec (a model YAML, a checkpoint's cfg, a pickled model's yaml), checked before its
+# layers are built, so a hostile or mistyped file is one line rather than minutes or gigabytes. The
+# published architectures stay far inside them (multiples <= 1.33, 12 repeats, 1280 channels,
+# kernels <= 13, 140 M parameters for yolov5x6); 300 M parameters are 1.2 GB in float32.
+MAX_MULTIPLE = 16.0
+MAX_LAYERS = 1000
+MAX_REPEATS = 100
+MAX_CHANNELS = 16384
+MAX_KERNEL = 31
+MAX_CONV_STRIDE = 16
+MAX_UPSAMPLE = 16
+MAX_CLASSES = 10_000
+MAX_IN_CHANNELS = 64
+MAX_ANCHOR_LEVELS = 8
+MAX_ANCHORS_PER_LEVEL = 16
+MAX_PARAMETERS = 300_000_000
+
 
 @dataclass
 class ModelSpec:
@@ -170,27 +190,32 @@ class ModelSpec:
         multiples = []
         for key in ("depth_multiple", "width_multiple"):
             value = cfg[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{where(key)}: {key} must be a positive number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{where(key)}: {key} must be a positive number, got {brief(value)}")
+            if value > MAX_MULTIPLE:
+                raise ValueError(f"{where(key)}: {key} {value:g} is more than {MAX_MULTIPLE:g}")
             multiples.append(float(value))
         nc = cfg.get("nc", 80)
-        if isinstance(nc, bool) or not isinstance(nc, int) or nc < 1:
-            raise ValueError(f"{where('nc')}: nc must be a positive integer, got {nc!r}")
+        if not _is_int_in(nc, 1, MAX_CLASSES):
+            raise ValueError(f"{where('nc')}: nc must be an integer from 1 to {MAX_CLASSES}, got {brief(nc)}")
         in_channels = cfg.get("ch", 3)
-        if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
-            raise ValueError(f"{where('ch')}: ch must be a positive integer, got {in_channels!r}")
+        if not _is_int_in(in_channels, 1, MAX_IN_CHANNELS):
+            raise ValueError(f"{where('ch')}: ch must be an integer from 1 to {MAX_IN_CHANNELS}, "
+                             f"got {brief(in_channels)}")
         anchors = cfg.get("anchors")
         if isinstance(anchors, int) and not isinstance(anchors, bool):
             raise ValueError(f"{where('anchors')}: anchors: {anchors} gives a count without sizes, which needs "
                              "autoanchor (not supported); give rows of (w, h) pixel pairs, one per detection level")
         if not _is_anchor_table(anchors):
             raise ValueError(f"{where('anchors')}: anchors must be a list of rows of (w, h) pixel pairs, one row per "
-                             f"detection level, got {anchors!r}")
+                             f"detection level (at most {MAX_ANCHOR_LEVELS} rows of {MAX_ANCHORS_PER_LEVEL} pairs), "
+                             f"got {brief(anchors)}")
         parts = []
         for key in ("backbone", "head"):
             entries = cfg[key]
-            if not isinstance(entries, list) or not entries:
-                raise ValueError(f"{where(key)}: {key} must be a non-empty list of [from, number, module, args]")
+            if not isinstance(entries, list) or not 0 < len(entries) <= MAX_LAYERS:
+                raise ValueError(f"{where(key)}: {key} must be a list of 1 to {MAX_LAYERS} [from, number, module, "
+                                 "args] entries")
             parts.append([_normalise_entry(e) for e in entries])
         entry_lines = [*lines.get("backbone_entries", []), *lines.get("head_entries", [])] or None
         return cls(multiples[0], multiples[1], parts[0], parts[1], [[float(v) for v in row] for row in anchors],
@@ -219,21 +244,9 @@ def matching_version(spec: ModelSpec) -> str | None:
 def read_model_yaml(path: str | os.PathLike) -> ModelSpec:
     """Read a reference-format model YAML, remembering each layer entry's line for error messages."""
     source = os.fspath(path)
-    try:
-        text = open(source, encoding="utf-8").read()  # noqa: SIM115 - read and closed at once
-    except FileNotFoundError:
-        raise FileNotFoundError(f"model YAML not found: {source}") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        cfg = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ValueError(f"{source}{line}: not valid YAML ({problem})") from None
-    finally:
-        loader.dispose()
+    if not os.path.isfile(source):
+        raise FileNotFoundError(f"model YAML not found: {source}")
+    cfg, node = read_yaml_document(source)
     lines: dict[str, Any] = {}
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
@@ -243,9 +256,14 @@ def read_model_yaml(path: str | os.PathLike) -> ModelSpec:
     return ModelSpec.from_mapping(cfg, source, lines)
 
 
+def _is_int_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def _is_anchor_table(anchors: Any) -> bool:
-    return (isinstance(anchors, (list, tuple)) and len(anchors) > 0
-            and all(isinstance(row, (list, tuple)) and row and len(row) % 2 == 0
+    return (isinstance(anchors, (list, tuple)) and 0 < len(anchors) <= MAX_ANCHOR_LEVELS
+            and all(isinstance(row, (list, tuple)) and 0 < len(row) <= 2 * MAX_ANCHORS_PER_LEVEL
+                    and len(row) % 2 == 0
                     and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in row)
                     for row in anchors)
             and len({len(row) for row in anchors}) == 1)
@@ -271,11 +289,14 @@ class BuiltLayers:
     strides: list[float]  # output stride of each layer relative to the input image
 
 
-def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: int) -> BuiltLayers:
+def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: int,
+                 build: bool = True) -> BuiltLayers:
     """The reference's ``parse_model`` on ``spec``: one module per entry, the Detect head last.
 
     ``anchors`` (pixels, ``[levels, na, 2]``) replaces the spec's own; the stride of every layer is
     tracked so that Concat inputs of different resolutions and Detect strides are known up front.
+    Every entry is checked against the bounds above first; with ``build=False`` the layers before
+    Detect stay on the "meta" device (a check that allocates nothing: :func:`check_spec`).
     """
     entries = spec.layers
     na = anchors.shape[1]
@@ -285,6 +306,7 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
     modules: list[nn.Module] = []
     inputs: list[int | list[int]] = []
     saved: set[int] = set()
+    parameters = 0
     for i, entry in enumerate(entries):
         where = spec.where(i)
         if not isinstance(entry, list) or len(entry) != 4:
@@ -295,7 +317,7 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
         if not isinstance(args, list):
             raise ValueError(f"{where}: args of {name} must be a list, got {args!r}")
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-            raise ValueError(f"{where}: number must be a positive integer, got {number!r}")
+            raise ValueError(f"{where}: number must be a positive integer, got {brief(number)}")
         resolved = _resolve_inputs(source, i, where)
         if (name in ("Concat", "Detect")) != isinstance(resolved, list):
             expected = "a list of layers" if name in ("Concat", "Detect") else "one layer"
@@ -307,13 +329,31 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
         else:
             c_in, s_in = (channels[resolved], strides[resolved]) if isinstance(resolved, int) else (0, 0.0)
         repeats = max(round(number * spec.depth_multiple), 1) if number > 1 else number
+        if repeats > MAX_REPEATS:
+            raise ValueError(f"{where}: number {number} x depth_multiple {spec.depth_multiple:g} gives {repeats} "
+                             f"repeats of {name}, more than {MAX_REPEATS}")
+        make = functools.partial(_make_block, name, args, c_in, s_in, repeats, resolved, channels, strides,
+                                 spec, nc, anchors, outputs_no)
         try:
-            module, c_out, stride = _make_block(name, args, c_in, s_in, repeats, resolved, channels, strides,
-                                                spec, nc, anchors, outputs_no)
+            # Built first without memory (parameters on the "meta" device) to count its parameters,
+            # then for real only while the model stays within MAX_PARAMETERS. Detect, whose bias
+            # priors need real tensors, is counted from its convolutions: one 1x1 with bias per level.
+            probe = None
+            if name == "Detect":
+                parameters += sum((channels[j] + 1) * outputs_no for j in resolved)
+            else:
+                with torch.device("meta"):
+                    probe = make()
+                parameters += sum(p.numel() for p in probe[0].parameters())
+            if parameters > MAX_PARAMETERS:
+                raise ValueError(f"the model would have more than {MAX_PARAMETERS:,} parameters by this layer "
+                                 f"({parameters:,}); check its channels, width_multiple and repeats")
+            module, c_out, stride = make() if build or probe is None else probe
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-        except TypeError as exc:
-            raise ValueError(f"{where}: bad arguments {args!r} for {name} ({exc})") from None
+        except (TypeError, RuntimeError) as exc:
+            raise ValueError(f"{where}: bad arguments {brief(args)} for {name} ({str(exc).splitlines()[0]})") \
+                from None
         modules.append(module)
         inputs.append(resolved)
         saved.update(j for j in ([resolved] if isinstance(resolved, int) else resolved) if j != i - 1)
@@ -322,6 +362,14 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
     if not isinstance(modules[-1], Detect):
         raise ValueError(f"{spec.where(len(entries) - 1)}: the last layer must be Detect")
     return BuiltLayers(modules, inputs, saved, strides)
+
+
+def check_spec(spec: ModelSpec, nc: int | None = None, in_channels: int | None = None) -> None:
+    """Every check :func:`build_layers` makes, without allocating the layers (for stored architectures,
+    such as a checkpoint's ``cfg``, validated with the rest of their file)."""
+    anchors = torch.tensor(spec.anchors, dtype=torch.float32).view(len(spec.anchors), -1, 2)
+    build_layers(spec, spec.nc if nc is None else nc, anchors, spec.in_channels if in_channels is None else in_channels,
+                 build=False)
 
 
 def _resolve_inputs(source: Any, i: int, where: str) -> int | list[int]:
@@ -344,8 +392,12 @@ def _resolve_inputs(source: Any, i: int, where: str) -> int | list[int]:
 def _channels(value: Any, spec: ModelSpec, outputs_no: int) -> int:
     """Output channels: the reference's ``make_divisible(c * width_multiple, 8)``, except a head-sized output."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"output channels must be a positive integer, got {value!r}")
-    return value if value == outputs_no else math.ceil(value * spec.width_multiple / 8) * 8
+        raise ValueError(f"output channels must be a positive integer, got {brief(value)}")
+    channels = value if value == outputs_no else math.ceil(value * spec.width_multiple / 8) * 8
+    if channels > MAX_CHANNELS:
+        raise ValueError(f"{value} output channels x width_multiple {spec.width_multiple:g} gives {channels}, "
+                         f"more than {MAX_CHANNELS}")
+    return channels
 
 
 def _make_block(name: str, args: list[Any], c_in: int, s_in: float, repeats: int, resolved: int | list[int],
@@ -364,11 +416,15 @@ def _make_block(name: str, args: list[Any], c_in: int, s_in: float, repeats: int
             return block(c_in, c_out, repeats, *extra), c_out, s_in
         factor = 1
         if name in ("Conv", "Focus"):
-            conv_stride = extra[1] if len(extra) > 1 else 1
-            if isinstance(conv_stride, bool) or not isinstance(conv_stride, int) or conv_stride < 1:
-                raise ValueError(f"stride must be a positive integer, got {conv_stride!r}")
-            factor = conv_stride * (2 if name == "Focus" else 1)
+            _check_conv_args(extra)
+            factor = (extra[1] if len(extra) > 1 else 1) * (2 if name == "Focus" else 1)
+        if name == "SPPF" and extra and not _is_int_in(extra[0], 1, MAX_KERNEL):
+            raise ValueError(f"kernel size must be an integer from 1 to {MAX_KERNEL}, got {brief(extra[0])}")
         if name == "SPP" and extra:
+            if not (isinstance(extra[0], list) and 0 < len(extra[0]) <= 8
+                    and all(_is_int_in(k, 1, MAX_KERNEL) for k in extra[0])):
+                raise ValueError(f"SPP kernel sizes must be a list of 1 to 8 integers from 1 to {MAX_KERNEL}, "
+                                 f"got {brief(extra[0])}")
             extra = [tuple(extra[0])]
         if repeats == 1:
             return block(c_in, c_out, *extra), c_out, s_in * factor
@@ -380,8 +436,9 @@ def _make_block(name: str, args: list[Any], c_in: int, s_in: float, repeats: int
         raise ValueError(f"{name} cannot be repeated (number {repeats})")
     if name == "nn.Upsample":
         size, scale, mode = (list(args) + [None, None, "nearest"][len(args):])[:3] if len(args) <= 3 else (0, 0, 0)
-        if len(args) > 3 or size is not None or isinstance(scale, bool) or not isinstance(scale, int) or scale < 1:
-            raise ValueError(f"nn.Upsample takes [None, integer scale factor, mode], got {args!r}")
+        if len(args) > 3 or size is not None or not _is_int_in(scale, 1, MAX_UPSAMPLE):
+            raise ValueError(f"nn.Upsample takes [None, integer scale factor 1..{MAX_UPSAMPLE}, mode], "
+                             f"got {brief(args)}")
         if mode != "nearest":
             raise ValueError(f"nn.Upsample mode {mode!r} is not supported (only 'nearest')")
         return nn.Upsample(scale_factor=scale, mode="nearest"), c_in, s_in / scale
@@ -406,6 +463,20 @@ def _make_block(name: str, args: list[Any], c_in: int, s_in: float, repeats: int
         raise ValueError(f"detection levels at strides {level_strides}, which must be whole numbers")
     return (Detect(nc, table, tuple(channels[j] for j in resolved), tuple(int(s) for s in level_strides)),
             0, 0.0)
+
+
+def _check_conv_args(extra: list[Any]) -> None:
+    """Conv/Focus ``[kernel, stride, padding, groups]`` after the channels (each optional)."""
+    kernel, stride, padding, groups = (extra + [1, 1, None, 1][len(extra):])[:4]
+    if not _is_int_in(kernel, 1, MAX_KERNEL):
+        raise ValueError(f"kernel size must be an integer from 1 to {MAX_KERNEL}, got {brief(kernel)}")
+    if not _is_int_in(stride, 1, MAX_CONV_STRIDE):
+        raise ValueError(f"stride must be an integer from 1 to {MAX_CONV_STRIDE}, got {brief(stride)}")
+    if padding is not None and not _is_int_in(padding, 0, kernel):
+        raise ValueError(f"padding must be None or an integer from 0 to the kernel size {kernel}, "
+                         f"got {brief(padding)}")
+    if not _is_int_in(groups, 1, MAX_CHANNELS):
+        raise ValueError(f"groups must be a positive integer, got {brief(groups)}")
 
 
 def _check_same_stride(name: str, resolved: Sequence[int], strides: list[float]) -> None:

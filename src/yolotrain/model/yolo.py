@@ -11,7 +11,7 @@ from torch import nn
 
 from .blocks import Conv
 from .detect import Detect
-from .spec import VERSIONS, ModelSpec, build_layers, builtin_spec, matching_version, read_model_yaml
+from .spec import MAX_CLASSES, VERSIONS, ModelSpec, build_layers, builtin_spec, matching_version, read_model_yaml
 
 # Published models trained at this input size, by their largest stride (P6 models at 1280).
 DEFAULT_IMG_SIZE: dict[int, int] = {32: 640, 64: 1280}
@@ -53,8 +53,8 @@ class Yolov5(nn.Module):
                  anchors: Sequence[Sequence[float]] | torch.Tensor | None = None, in_channels: int | None = None,
                  names: Sequence[str] | None = None) -> None:
         super().__init__()
-        if int(num_classes) < 1:
-            raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+        if not 1 <= int(num_classes) <= MAX_CLASSES:
+            raise ValueError(f"num_classes must be from 1 to {MAX_CLASSES}, got {num_classes}")
         if isinstance(version, ModelSpec):
             self.spec = version
             self.version = matching_version(version) or "custom"
