@@ -272,21 +272,17 @@ def test_resume_takes_only_a_run_folder_or_its_last_checkpoint(tmp_path, checkpo
 
 
 HOLDER = """
-import importlib.util, sys, time
-spec = importlib.util.spec_from_file_location("runs", sys.argv[1])
-runs = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(runs)
-with runs.RunLock(sys.argv[2]):
+import sys
+from yolotrain.runs import RunLock
+with RunLock(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.readline()
 """
 
 
 def hold_lock(folder: Path) -> subprocess.Popen:
-    """Another process holding ``folder``'s lock (runs.py loaded alone: no torch import to wait for)."""
-    import yolotrain.runs
-
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, yolotrain.runs.__file__, str(folder)],
+    """Another process holding ``folder``'s lock."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "held\n"
     return holder
