@@ -291,6 +291,8 @@ def run_export(args: argparse.Namespace) -> int:
             _check_options(fmt, config.half, config.int8, config.raw, config.nms, config.data)
         options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                    if f.name not in ("weights", "format", "output")}
+        if config.img_size is not None:  # a list, as given on the command line (and so named in errors)
+            options["img_size"] = list(config.img_size)
         for fmt in formats:
             print(export(config.weights, fmt, out=config.output, **options))
     except (CheckpointError, ValueError, ImportError, OSError) as exc:
