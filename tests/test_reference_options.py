@@ -39,11 +39,17 @@ OTHERS = {"--hyp", "--resume", "--local_rank"}
 
 
 def reference_options() -> list[tuple[str, list[str]]]:
-    """Each option string of the reference's ``parse_opt`` with a representative value, read from its source."""
+    """Each option string of the reference train.py's ``parse_opt`` with a representative value."""
+    return parse_opt_options("train.py", VALUES)
+
+
+def parse_opt_options(script: str, values: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """Each option string of the ``parse_opt`` in the reference's ``script``, read from its source, with its
+    value from ``values`` (``"value"`` when not listed; none for a switch)."""
     spec = importlib.util.find_spec("yolov5")
     if spec is None or spec.origin is None:
         pytest.skip("reference implementation not installed (pip install '.[parity]')")
-    tree = ast.parse((Path(spec.origin).parent / "train.py").read_text())
+    tree = ast.parse((Path(spec.origin).parent / script).read_text())
     parse_opt = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "parse_opt")
     options = []
     for call in ast.walk(parse_opt):
@@ -51,7 +57,7 @@ def reference_options() -> list[tuple[str, list[str]]]:
             keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
             takes_value = keywords.get("action") != "'store_true'" and keywords.get("nargs") != "'?'"
             for flag in (ast.literal_eval(arg) for arg in call.args):
-                value = VALUES.get(flag, "value") if takes_value else None
+                value = values.get(flag, "value") if takes_value else None
                 options.append((flag, [value] if value is not None else []))
     return options
 

@@ -6,7 +6,7 @@ the outputs (sigmoid, grid offsets, anchor scaling, and NMS when it is built in)
 holds pixel coordinates (0..640) next to probabilities (0..1); one 8-bit scale for both would move
 boxes by pixels and round scores to multiples of 1/255, so quantizers are told to leave it alone.
 onnxruntime int8 exports also keep the head's convolutions, the layers that feed them and the stem in
-float (:func:`onnx_int8_float_nodes`; measured in :mod:`yolotrain.interop.export`); LiteRT int8
+float (:func:`onnx_int8_float_nodes`; measured in docs/int8.md); LiteRT int8
 exports keep the head's convolutions (:data:`TFLITE_FLOAT_SCOPES`).
 """
 

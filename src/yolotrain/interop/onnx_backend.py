@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from ..checkpoint import CheckpointError
-from .export import EXPORT_PACKAGES_HINT
+from .formats._common import EXPORT_PACKAGES_HINT
 from .runtime import ExportedModel
 
 

@@ -24,19 +24,13 @@ import torch
 from ..checkpoint import MAX_CLASSES, CheckpointError
 from ..messages import brief, shorten
 from ..model import Detect
+from .formats import REGISTRY
 
-# Suffix of the file a runtime loads → (backend module, class name); imported on demand so that a
-# missing optional runtime only matters to the files that need it.
-BACKENDS: dict[str, tuple[str, str]] = {
-    ".onnx": ("onnx_backend", "OnnxModel"),
-    ".xml": ("openvino_backend", "OpenVinoModel"),
-    ".tflite": ("tflite_backend", "TfliteModel"),
-    ".engine": ("tensorrt_backend", "TensorRtModel"),
-    ".torchscript": ("torchscript_backend", "TorchScriptModel"),
-}
+# Suffix of the file a runtime loads → (backend module, class name), from the formats' registry entries;
+# imported on demand so that a missing optional runtime only matters to the files that need it.
+BACKENDS: dict[str, tuple[str, str]] = {spec.suffix: spec.runtime for spec in REGISTRY.values() if spec.runtime}
 # Exports that this platform cannot run, with the reason given to the user.
-NOT_RUNNABLE = {".mlpackage": "yolotrain does not run Core ML models: Core ML prediction needs macOS "
-                               "(load the .mlpackage there with coremltools or Xcode)"}
+NOT_RUNNABLE: dict[str, str] = {spec.suffix: spec.not_runnable for spec in REGISTRY.values() if spec.not_runnable}
 
 
 def is_exported(path: str | os.PathLike) -> bool:

@@ -19,14 +19,10 @@ import zlib
 from pathlib import Path
 
 from ..checkpoint import CheckpointError
+from .formats import REGISTRY
 
-# Suffix → why loading such a file runs code from it.
-PROGRAM_FORMATS: dict[str, str] = {
-    ".torchscript": "a TorchScript file is a program that runs its own code when loaded and called "
-                    "(it can create and write files)",
-    ".engine": "a TensorRT engine is compiled native code (and may embed plugin libraries) that runs when "
-               "it is loaded",
-}
+# Suffix → why loading such a file runs code from it, from the formats' registry entries.
+PROGRAM_FORMATS: dict[str, str] = {spec.suffix: spec.runs_code for spec in REGISTRY.values() if spec.runs_code}
 # Largest metadata read to describe a file; ours is a few KB.
 MAX_METADATA_BYTES = 1 << 20
 

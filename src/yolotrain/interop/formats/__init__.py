@@ -1,0 +1,65 @@
+"""The export formats, one module each, found here: the single list of formats the exporter, the
+runtime loader (:mod:`..runtime`) and the trust check (:mod:`..trust`) all read.
+
+Each module in this package (names starting with ``_`` excepted) defines ``FORMAT``, an
+:class:`ExportFormat` saying what the format can do, how it is written and which runtime backend
+loads it. Adding a format is adding one module (see docs/ARCHITECTURE.md, "How to add a format").
+"""
+
+from __future__ import annotations
+
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+
+from ._common import ExportJob
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One export format: its name (``--format``), file suffix, capabilities, writer and runtime.
+
+    ``half``/``int8``/``nms``/``raw``: whether it can store fp16 or int8, build NMS inside, output the
+    raw head maps. ``dynamic``: whether its graph keeps a free batch axis and image size (the others
+    are fixed at batch 1 and the export's size). ``companions``: suffixes of the files written beside
+    the main one (OpenVINO's ``.bin``). ``exact_suffix``: whether ``--output`` must end in ``suffix``.
+    ``runtime``: (module in ``yolotrain.interop``, class) of the backend that runs the file, or
+    ``not_runnable``: why it cannot run here. ``runs_code``: why loading such a file runs code it
+    carries (it then needs ``trust_code``). ``unavailable``: a check returning why the format cannot
+    be written on this machine, or None. ``extra``: the install command for its optional packages.
+    """
+
+    name: str
+    suffix: str
+    title: str
+    write: Callable[[ExportJob], None]
+    half: bool = False
+    int8: bool = False
+    nms: bool = False
+    raw: bool = False
+    dynamic: bool = False
+    companions: tuple[str, ...] = ()
+    exact_suffix: bool = False
+    runtime: tuple[str, str] | None = None
+    not_runnable: str | None = None
+    runs_code: str | None = None
+    unavailable: Callable[[], str | None] | None = None
+    extra: str | None = None
+
+
+def _discover() -> dict[str, ExportFormat]:
+    found: dict[str, ExportFormat] = {}
+    for module in sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")):
+        spec: ExportFormat = import_module(f"{__name__}.{module}").FORMAT
+        if spec.name in found or any(spec.suffix == other.suffix for other in found.values()):
+            raise TypeError(f"export format {spec.name!r} ({spec.suffix}) is declared twice")
+        found[spec.name] = spec
+    return found
+
+
+# Name → format, alphabetical.
+REGISTRY: dict[str, ExportFormat] = _discover()
+BY_SUFFIX: dict[str, ExportFormat] = {spec.suffix: spec for spec in REGISTRY.values()}
+
+__all__ = ["BY_SUFFIX", "REGISTRY", "ExportFormat", "ExportJob"]

@@ -1,0 +1,113 @@
+"""What every format writer receives (:class:`ExportJob`) and the pieces several of them share: staged
+writes that leave nothing behind on failure, and the traced ONNX graph the ONNX-based formats start from."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..export_graph import DECODED_OUTPUT, DETECTIONS_OUTPUT, ExportGraph, raw_output_names
+
+if TYPE_CHECKING:
+    from ..calibration import CalibrationImages
+
+EXPORT_PACKAGES_HINT = "pip install 'yolotrain[export]'"
+
+
+@dataclass(frozen=True)
+class ExportJob:
+    """One export, checked and ready: the graph to trace, an example input, where to write, the
+    metadata to store, the precision (``half``, or ``calibration`` images for int8) and the ONNX
+    tracing options (``dynamic_*`` already off for formats without free axes)."""
+
+    graph: ExportGraph
+    example: torch.Tensor
+    out: Path
+    metadata: dict[str, str]
+    half: bool
+    calibration: CalibrationImages | None
+    size: tuple[int, int]
+    min_side: int
+    dynamic_batch: bool
+    dynamic_size: bool
+    simplify: bool
+    opset: int
+
+
+@contextlib.contextmanager
+def staged(out: Path, suffixes: Sequence[str] = ("",)) -> Iterator[Path]:
+    """A temporary path beside ``out`` to write to; on success it (and its siblings with ``suffixes``
+    replacing the suffix, e.g. OpenVINO's ``.bin``) is renamed onto ``out``, on failure removed."""
+    folder = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    staged_path = folder / out.name
+    try:
+        yield staged_path
+        # The companions first: a reader finds the main file only once everything it points to is there.
+        for suffix in sorted(suffixes, key=lambda s: s in ("", out.suffix)):
+            source, target = ((staged_path.with_suffix(suffix), out.with_suffix(suffix)) if suffix
+                              else (staged_path, out))
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(source, target)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _dynamic_axes(raw: tuple[str, ...] | None, dynamic_batch: bool, dynamic_size: bool,
+                  nms: bool) -> dict[str, dict[int, str]]:
+    batch = {0: "batch"} if dynamic_batch else {}
+    axes = {"images": batch | ({2: "height", 3: "width"} if dynamic_size else {})}
+    if raw:
+        axes.update({name: batch | ({2: f"grid_height{level}", 3: f"grid_width{level}"} if dynamic_size else {})
+                     for level, name in enumerate(raw)})
+    elif nms:
+        axes.update({DETECTIONS_OUTPUT: batch})
+    else:
+        axes.update({DECODED_OUTPUT: batch | ({1: "predictions"} if dynamic_size else {})})
+    return {name: value for name, value in axes.items() if value}
+
+
+def onnx_module():
+    try:
+        import onnx
+    except ImportError:
+        raise ImportError(f"ONNX export needs the 'onnx' package ({EXPORT_PACKAGES_HINT})") from None
+    return onnx
+
+
+def onnx_proto(job: ExportJob) -> Any:
+    """The traced float32 graph as an ONNX ``ModelProto`` (OpenVINO and TensorRT convert from it too)."""
+    onnx = onnx_module()
+    graph = job.graph
+    raw_names = raw_output_names(graph.model) if graph.raw else None
+    outputs = list(raw_names) if raw_names else [DETECTIONS_OUTPUT] if graph.nms else [DECODED_OUTPUT]
+    with tempfile.TemporaryDirectory(prefix="yolotrain-export-") as folder:
+        traced = Path(folder) / "traced.onnx"
+        with warnings.catch_warnings():
+            # The TorchScript-based exporter: the dynamo one needs onnxscript, which is not a
+            # dependency, so its deprecation notices are expected here.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(graph, (job.example,), str(traced), dynamo=False, opset_version=job.opset,
+                              input_names=["images"], output_names=outputs, do_constant_folding=True,
+                              dynamic_axes=_dynamic_axes(raw_names, job.dynamic_batch, job.dynamic_size,
+                                                         graph.nms is not None))
+        proto = onnx.load(str(traced))
+    return _simplify(proto) if job.simplify else proto
+
+
+def _simplify(proto: Any) -> Any:
+    try:
+        import onnxslim
+    except ImportError:
+        raise ImportError(f"simplifying the ONNX graph needs 'onnxslim' ({EXPORT_PACKAGES_HINT}), "
+                          "or pass simplify=False / --no-simplify") from None
+    return onnxslim.slim(proto)

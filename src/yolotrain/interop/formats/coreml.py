@@ -1,0 +1,44 @@
+"""Core ML (``.mlpackage``, an ML program), converted from the PyTorch module with coremltools, fixed at
+batch 1 and the export's size; fp16 compute with ``half``. It runs on macOS only, so nothing here loads it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import warnings
+
+import torch
+
+from ..export_graph import DECODED_OUTPUT, DETECTIONS_OUTPUT
+from . import ExportFormat
+from ._common import ExportJob, staged
+
+EXTRA = "pip install 'yolotrain[coreml]'"
+
+
+def write(job: ExportJob) -> None:
+    try:
+        import coremltools as ct
+    except ImportError:
+        raise ImportError(f"Core ML export needs 'coremltools' ({EXTRA})") from None
+    precision = ct.precision.FLOAT16 if job.half else ct.precision.FLOAT32
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+        # coremltools warns that it was not tested with this torch version; the structure test covers it.
+        warnings.simplefilter("ignore")
+        logging.getLogger("coremltools").setLevel(logging.ERROR)
+        program = torch.export.export(job.graph, (job.example,)).run_decompositions({})
+        mlmodel = ct.convert(program, inputs=[ct.TensorType(name="images", shape=tuple(job.example.shape))],
+                             outputs=[ct.TensorType(name=DETECTIONS_OUTPUT if job.graph.nms else DECODED_OUTPUT)],
+                             convert_to="mlprogram", compute_precision=precision,
+                             minimum_deployment_target=ct.target.iOS16)
+    mlmodel.user_defined_metadata.update(job.metadata)
+    mlmodel.short_description = f"yolotrain {job.metadata['model']} detector, {job.metadata['nc']} classes"
+    with staged(job.out) as path:
+        mlmodel.save(str(path))
+
+
+FORMAT = ExportFormat(name="coreml", suffix=".mlpackage", title="Core ML", write=write, half=True,
+                      exact_suffix=True, extra=EXTRA,
+                      not_runnable="yolotrain does not run Core ML models: Core ML prediction needs macOS "
+                                   "(load the .mlpackage there with coremltools or Xcode)")

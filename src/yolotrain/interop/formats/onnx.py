@@ -1,0 +1,82 @@
+"""ONNX (``.onnx``), run with onnxruntime: fp16 (float32 inputs, outputs and decode tail), int8 (static QDQ
+calibrated by min/max; which nodes stay float, and why, is in docs/int8.md), NMS inside, raw head maps,
+dynamic batch and image size."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from . import ExportFormat
+from ._common import EXPORT_PACKAGES_HINT, ExportJob, onnx_module, onnx_proto, staged
+
+
+def write(job: ExportJob) -> None:
+    onnx = onnx_module()
+    proto = onnx_proto(job)
+    if job.half:
+        proto = _onnx_fp16(proto)
+    with staged(job.out) as path:
+        if job.calibration is not None:
+            _onnx_int8(proto, path, job.calibration)
+            proto = onnx.load(str(path))
+        for key, value in job.metadata.items():
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = key, value
+        onnx.checker.check_model(proto)
+        onnx.save(proto, str(path))
+
+
+def _onnx_fp16(proto: Any) -> Any:
+    """fp16 weights and arithmetic; float32 inputs and outputs, and the decode tail kept in float32."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from ..calibration import onnx_decode_tail
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # values clipped to the fp16 range are reported per tensor
+        converted = convert_float_to_float16(proto, keep_io_types=True, node_block_list=onnx_decode_tail(proto))
+    _sort_nodes(converted.graph)
+    return converted
+
+
+def _sort_nodes(graph: Any) -> None:
+    """Put the nodes in topological order (the fp16 converter appends its input casts at the end)."""
+    ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        runnable = [all(i in ready for i in n.input) for n in pending]
+        if not any(runnable):
+            raise ValueError("the converted ONNX graph has a cycle or an undefined input")
+        ordered += [n for n, ok in zip(pending, runnable) if ok]
+        ready.update(o for n, ok in zip(pending, runnable) if ok for o in n.output)
+        pending = [n for n, ok in zip(pending, runnable) if not ok]
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _onnx_int8(proto: Any, out: Path, calibration: Any) -> None:
+    """Static QDQ quantization (int8 weights per channel, uint8 activations) calibrated by min/max;
+    the decode tail, the head's convolutions and the layers feeding them, and the stem stay float32
+    (measured in docs/int8.md)."""
+    try:
+        from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
+    except ImportError:
+        raise ImportError(f"int8 ONNX export needs 'onnxruntime' ({EXPORT_PACKAGES_HINT})") from None
+    onnx = onnx_module()
+
+    from ..calibration import OnnxCalibrationReader, onnx_int8_float_nodes
+
+    prepared = out.with_name(out.name + ".prepared.onnx")
+    onnx.save(proto, str(prepared))
+    quant_pre_process(str(prepared), str(prepared), skip_symbolic_shape=True)
+    float_nodes = onnx_int8_float_nodes(onnx.load(str(prepared)))
+    reader = OnnxCalibrationReader(calibration, proto.graph.input[0].name)
+    quantize_static(str(prepared), str(out), reader, quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=float_nodes)
+    prepared.unlink()
+
+
+FORMAT = ExportFormat(name="onnx", suffix=".onnx", title="ONNX", write=write, half=True, int8=True, nms=True,
+                      raw=True, dynamic=True, runtime=("onnx_backend", "OnnxModel"), extra=EXPORT_PACKAGES_HINT)

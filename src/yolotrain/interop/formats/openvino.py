@@ -1,0 +1,51 @@
+"""OpenVINO IR (``.xml`` with its ``.bin`` weights), converted from the traced ONNX graph: fp16 weights,
+int8 through NNCF (the decode tail in float32), NMS inside, dynamic batch and image size."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+from . import ExportFormat
+from ._common import ExportJob, onnx_module, onnx_proto, staged
+
+EXTRA = "pip install 'yolotrain[openvino]'"
+
+
+def write(job: ExportJob) -> None:
+    from ..openvino_backend import RT_INFO_SECTION, openvino_module
+
+    ov = openvino_module()
+    onnx = onnx_module()
+    proto = onnx_proto(job)
+    with staged(job.out, (".xml", ".bin")) as path:
+        source = path.with_name("source.onnx")
+        onnx.save(proto, str(source))
+        model = ov.convert_model(str(source))
+        source.unlink()
+        if job.calibration is not None:
+            model = _openvino_int8(model, job.calibration)
+        for key, value in job.metadata.items():
+            model.set_rt_info(value, [RT_INFO_SECTION, key])
+        ov.save_model(model, str(path), compress_to_fp16=job.half)
+
+
+def _openvino_int8(model: Any, calibration: Any) -> Any:
+    try:
+        import nncf
+    except ImportError:
+        raise ImportError(f"int8 OpenVINO export needs 'nncf' ({EXTRA})") from None
+    from ..calibration import openvino_decode_tail
+
+    nncf.set_log_level(40)  # errors only: its progress bars and notes are not ours to print
+    dataset = nncf.Dataset(calibration)
+    scope = nncf.IgnoredScope(names=openvino_decode_tail(model), validate=False)
+    with contextlib.redirect_stdout(sys.stderr):  # its progress bars
+        return nncf.quantize(model, dataset, subset_size=len(calibration), preset=nncf.QuantizationPreset.MIXED,
+                             ignored_scope=scope)
+
+
+FORMAT = ExportFormat(name="openvino", suffix=".xml", title="OpenVINO", write=write, half=True, int8=True,
+                      nms=True, dynamic=True, companions=(".bin",), exact_suffix=True,
+                      runtime=("openvino_backend", "OpenVinoModel"), extra=EXTRA)

@@ -1,0 +1,28 @@
+"""TorchScript (``.torchscript``), traced from the PyTorch module, metadata in its ``config.json``: float32,
+raw head maps possible, fixed at batch 1 and the export's size. A TorchScript file is a program, so
+loading one needs the user's trust (:mod:`..trust`)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import torch
+
+from . import ExportFormat
+from ._common import ExportJob, staged
+
+
+def write(job: ExportJob) -> None:
+    with torch.no_grad(), warnings.catch_warnings():
+        # TorchScript is deprecated upstream but still what C++/mobile deployments load; the user asked for it.
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        traced = torch.jit.trace(job.graph, job.example, strict=False, check_trace=False)
+        with staged(job.out) as path:
+            torch.jit.save(traced, str(path), _extra_files={"config.json": json.dumps(job.metadata)})
+
+
+FORMAT = ExportFormat(name="torchscript", suffix=".torchscript", title="TorchScript", write=write, raw=True,
+                      runtime=("torchscript_backend", "TorchScriptModel"),
+                      runs_code="a TorchScript file is a program that runs its own code when loaded and called "
+                                "(it can create and write files)")
