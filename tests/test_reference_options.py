@@ -38,12 +38,13 @@ SAME_MEANING = {
 OTHERS = {"--hyp", "--resume", "--local_rank"}
 
 
-def reference_options() -> list[tuple[str, list[str]]]:
-    """Each option string of the reference's ``parse_opt`` with a representative value, read from its source."""
+def reference_options(script: str = "train.py", values: dict[str, str] = VALUES) -> list[tuple[str, list[str]]]:
+    """Each option string of a reference script's ``parse_opt`` with a representative value from ``values``,
+    read from its source."""
     spec = importlib.util.find_spec("yolov5")
     if spec is None or spec.origin is None:
         pytest.skip("reference implementation not installed (pip install '.[parity]')")
-    tree = ast.parse((Path(spec.origin).parent / "train.py").read_text())
+    tree = ast.parse((Path(spec.origin).parent / script).read_text())
     parse_opt = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "parse_opt")
     options = []
     for call in ast.walk(parse_opt):
@@ -51,7 +52,7 @@ def reference_options() -> list[tuple[str, list[str]]]:
             keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
             takes_value = keywords.get("action") != "'store_true'" and keywords.get("nargs") != "'?'"
             for flag in (ast.literal_eval(arg) for arg in call.args):
-                value = VALUES.get(flag, "value") if takes_value else None
+                value = values.get(flag, "value") if takes_value else None
                 options.append((flag, [value] if value is not None else []))
     return options
 
