@@ -128,6 +128,17 @@ def test_view_img_without_a_display_is_one_line(tmp_path, monkeypatch, capsys):
     assert "no window support" in err or "no display" in err
 
 
+def test_view_img_with_a_headless_opencv_is_one_line(tmp_path, monkeypatch, capsys):
+    # What opencv-python-headless reports about its window support, on a machine with a display.
+    monkeypatch.setattr(cv2, "getBuildInformation", lambda: "  GUI:                           NONE\n")
+    monkeypatch.setenv("DISPLAY", ":0")
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--weights", "missing.pt", "--source", "x.jpg", "--view-img"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == ("yolotrain predict: error: --view-img cannot show a window: this OpenCV has no window support "
+                   "(opencv-python-headless); install opencv-python for it, or leave --view-img out")
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> tuple[Path, Path]:
     """A random-init two-class checkpoint and a two-image shapes dataset's YAML."""
