@@ -5,6 +5,7 @@ the same meaning, or stops the command in one line saying why, and is then liste
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import cv2
@@ -16,8 +17,10 @@ from test_reference_options import README, reference_options
 from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.cli import build_parser, main
+from yolotrain.eval import predict, val
 from yolotrain.eval.predict import UNSUPPORTED_PREDICT_OPTIONS, PredictConfig, predict_config
 from yolotrain.eval.val import UNSUPPORTED_VAL_OPTIONS, ValConfig, val_config
+from yolotrain.settings import flat_values
 
 # A value for each reference option that takes one, unlike yolotrain's default so the effect shows.
 VAL_VALUES = {"--data": "data.yaml", "--weights": "w.pt", "--batch-size": "8", "--imgsz": "320", "--img": "320",
@@ -65,6 +68,19 @@ def _cases(kind: str) -> list[tuple[str, str]]:
 def _option(command: str, flag: str) -> list[str]:
     script, values = COMMANDS[command][:2]
     return [flag, *dict(reference_options(script, values))[flag]]
+
+
+# Settings that say what to run on and where the run folder goes, not keywords of val() and predict().
+RUN_ONLY = {"weights", "data", "source", "project", "name", "exist_ok"}
+
+
+@pytest.mark.parametrize(("function", "config"), [(val, ValConfig()), (predict, PredictConfig())])
+def test_python_api_takes_every_setting_with_its_default(function, config):
+    parameters = inspect.signature(function).parameters
+    settings = {k: v for k, v in flat_values(config).items() if k not in RUN_ONLY}
+    if function is val:  # val scores every class
+        assert (settings.pop("classes"), settings.pop("agnostic")) == (None, False)
+    assert {name: parameters[name].default for name in settings} == settings
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
