@@ -104,6 +104,12 @@ def test_reference_option_has_the_same_meaning(command, flag):
     assert config == pytest.approx(expected) if isinstance(expected, float) else config == expected
 
 
+@pytest.mark.parametrize(("command", "expected"), [("val", (0.01, 0.6, 300)), ("predict", (0.01, 0.45, 1000))])
+def test_one_nms_option_keeps_the_commands_other_defaults(command, expected):
+    config = COMMANDS[command][4](build_parser().parse_args([command, *REQUIRED[command], "--conf-thres", "0.01"]))
+    assert (config.nms.conf, config.nms.iou, config.nms.max_det) == expected
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_options_accepted_as_they_are_change_nothing(command):
     make_config = COMMANDS[command][4]

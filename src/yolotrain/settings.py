@@ -257,6 +257,12 @@ def nest(cls: type, flat: Mapping[str, Any], where: str = "") -> dict[str, Any]:
     return nested
 
 
+def from_flat(cls: type[T], flat: Mapping[str, Any]) -> T:
+    """Build and validate ``cls`` from flat keywords (``conf=0.1``) over all its defaults: a section keeps
+    its field's default instance for what is not given (val's NMS section is not predict's)."""
+    return from_mapping(cls, merge(to_dict(cls()), nest(cls, flat)))
+
+
 def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """Nested mappings merged, ``update`` winning."""
     out = dict(base)

@@ -27,7 +27,15 @@ from ..draw import draw_detections
 from ..names import class_names
 from ..outputs import refuse_overwriting_inputs, weights_inputs
 from ..runs import next_run_dir
-from ..settings import add_arguments, add_refused, check_refused, flat_names, flat_values, from_mapping, nest, setting
+from ..settings import (
+    add_arguments,
+    add_refused,
+    check_refused,
+    flat_names,
+    flat_values,
+    from_flat,
+    setting,
+)
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model, one_weights
 from .nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
@@ -494,7 +502,7 @@ def predict_config(args: argparse.Namespace) -> PredictConfig:
             raise ValueError(f"--imgsz {' '.join(map(str, sizes))}: only square inputs are predicted on; give one "
                              "size (the long side of the letterboxed input)")
         settings["img_size"] = sizes[0]
-    return from_mapping(PredictConfig, nest(PredictConfig, settings))
+    return from_flat(PredictConfig, settings)
 
 
 def run_predict(args: argparse.Namespace) -> int:

@@ -35,8 +35,7 @@ from ..settings import (
     check_refused,
     flat_names,
     flat_values,
-    from_mapping,
-    nest,
+    from_flat,
     setting,
 )
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
@@ -423,7 +422,7 @@ def val_config(args: argparse.Namespace) -> ValConfig:
     """The validated :class:`ValConfig` of parsed ``val`` options; a refused reference option is one line."""
     check_refused(args, UNSUPPORTED_VAL_OPTIONS)
     names = flat_names(ValConfig)
-    return from_mapping(ValConfig, nest(ValConfig, {k: v for k, v in vars(args).items() if k in names}))
+    return from_flat(ValConfig, {k: v for k, v in vars(args).items() if k in names})
 
 
 def run_val(args: argparse.Namespace) -> int:
