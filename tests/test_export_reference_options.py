@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_reference_options import parse_opt_options
+from test_reference_options import reference_options
 
 from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
@@ -39,7 +39,7 @@ SAME_MEANING = {
 
 
 def reference_export_options() -> dict[str, list[str]]:
-    return dict(parse_opt_options("export.py", VALUES))
+    return dict(reference_options("export.py", VALUES))
 
 
 def test_every_reference_export_option_is_classified_and_documented():

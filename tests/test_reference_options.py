@@ -38,14 +38,9 @@ SAME_MEANING = {
 OTHERS = {"--hyp", "--resume", "--local_rank"}
 
 
-def reference_options() -> list[tuple[str, list[str]]]:
-    """Each option string of the reference train.py's ``parse_opt`` with a representative value."""
-    return parse_opt_options("train.py", VALUES)
-
-
-def parse_opt_options(script: str, values: dict[str, str]) -> list[tuple[str, list[str]]]:
-    """Each option string of the ``parse_opt`` in the reference's ``script``, read from its source, with its
-    value from ``values`` (``"value"`` when not listed; none for a switch)."""
+def reference_options(script: str = "train.py", values: dict[str, str] = VALUES) -> list[tuple[str, list[str]]]:
+    """Each option string of a reference script's ``parse_opt`` with a representative value from ``values``,
+    read from its source."""
     spec = importlib.util.find_spec("yolov5")
     if spec is None or spec.origin is None:
         pytest.skip("reference implementation not installed (pip install '.[parity]')")

@@ -41,18 +41,10 @@ UNSUPPORTED_TRAIN_OPTIONS = {
 }
 
 
-class _Unsupported(argparse.Action):
-    """Records an unsupported reference option (with or without its value) so the run stops on it in one line."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
-        namespace.unsupported = [*getattr(namespace, "unsupported", []), option_string]
-
-
 def _train_parser(sub: argparse._SubParsersAction) -> None:
     from .engine.config import TrainConfig
     from .engine.trainer import ResumeOptions
-    from .settings import add_arguments
+    from .settings import add_arguments, add_refused
 
     p = sub.add_parser("train", help="train a detector (default: yolov5n on the built-in shapes dataset)",
                        description="Train a detector. Settings not given follow the data: the built-in shapes "
@@ -66,8 +58,7 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
                    "published ones (the reference's spelling of --model)")
     # torch.distributed.launch passes it; the rank is read from LOCAL_RANK, as the reference reads it.
     p.add_argument("--local_rank", "--local-rank", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    for flag in UNSUPPORTED_TRAIN_OPTIONS:
-        p.add_argument(flag, nargs="?", action=_Unsupported, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_refused(p, UNSUPPORTED_TRAIN_OPTIONS)
     add_arguments(p, TrainConfig)
     for action in p._actions:
         if action.dest == "batch_size":  # the reference's AutoBatch spellings: -1, or a fraction of GPU memory
@@ -102,9 +93,9 @@ def _run_train(args: argparse.Namespace) -> int:
 def train_settings(args: argparse.Namespace) -> dict[str, object]:
     """The settings of parsed ``train`` options, with the reference's spellings (``--cfg``, ``--weights ''``)
     turned into yolotrain's; an unsupported reference option is a ``ValueError`` saying why."""
-    unsupported = getattr(args, "unsupported", [])
-    if unsupported:
-        raise ValueError(f"{unsupported[0]} is not supported: {UNSUPPORTED_TRAIN_OPTIONS[unsupported[0]]}")
+    from .settings import check_refused
+
+    check_refused(args, UNSUPPORTED_TRAIN_OPTIONS)
     settings = {k: v for k, v in vars(args).items()
                 if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank", "argv")}
     batch = settings.get("batch_size")

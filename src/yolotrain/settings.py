@@ -257,6 +257,12 @@ def nest(cls: type, flat: Mapping[str, Any], where: str = "") -> dict[str, Any]:
     return nested
 
 
+def from_flat(cls: type[T], flat: Mapping[str, Any]) -> T:
+    """Build and validate ``cls`` from flat keywords (``conf=0.1``) over all its defaults: a section keeps
+    its field's default instance for what is not given (val's NMS section is not predict's)."""
+    return from_mapping(cls, merge(to_dict(cls()), nest(cls, flat)))
+
+
 def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """Nested mappings merged, ``update`` winning."""
     out = dict(base)
@@ -266,22 +272,31 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+_METAVARS = {int: "N", float: "X", str: "TEXT"}
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
+                  required: tuple[str, ...] = ()) -> None:
     """One option per setting of ``cls``, grouped by section, help and defaults from the declarations.
 
     Options that are not given do not appear in the parsed namespace (``argparse.SUPPRESS``), so the
     caller can tell an explicit value from a default. Each option's ``dest`` is the setting's flat name.
+    A section's defaults are those of its field's default instance (val's NMS section is not predict's).
+    The settings named in ``required`` must be given.
     """
     groups: dict[str, argparse._ArgumentGroup] = {}
+    defaults = section_defaults(cls)
     for path, f, tp in leaves(cls):
         if f.name in skip:
             continue
         section = path.rpartition(".")[0] or "run"
         group = groups.get(section) or groups.setdefault(section, parser.add_argument_group(f"{section} settings"))
         flags = f.metadata.get("flags") or (f"--{f.name.replace('_', '-')}",)
-        default = f.default if f.default is not dataclasses.MISSING else None
+        default = getattr(defaults[section], f.name) if section in defaults else \
+            f.default if f.default is not dataclasses.MISSING else None
         shown = "" if default in (None, ()) else f" (default {default})"
-        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": f.metadata["help"] + shown}
+        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": f.metadata["help"] + shown,
+                                  "required": f.name in required}
         base = _base_type(tp)
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -295,13 +310,57 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
             if typing.get_origin(item) is Literal:  # names checked with the setting, which suggests the closest
                 kwargs.update(nargs="+", metavar="NAME")
             else:
-                kwargs.update(nargs="+", type=item, metavar="N")
+                kwargs.update(nargs="+", type=item, metavar=_METAVARS.get(item))
         else:
             kwargs["type"] = base
-            kwargs["metavar"] = {int: "N", float: "X", str: "TEXT"}.get(base, None)
+            kwargs["metavar"] = _METAVARS.get(base)
         if f.metadata.get("const") is not None:
             kwargs.update(nargs="?", const=f.metadata["const"])
         group.add_argument(*flags, **kwargs)
+
+
+def section_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
+    """Dotted section path → the default instance of each section of ``cls`` that has one."""
+    found: dict[str, Any] = {}
+    types_ = field_types(cls)
+    for f in dataclasses.fields(cls):
+        if is_section(types_[f.name]) and f.default_factory is not dataclasses.MISSING:
+            found[f"{prefix}{f.name}"] = f.default_factory()
+            found.update(section_defaults(types_[f.name], f"{prefix}{f.name}."))
+    return found
+
+
+def flat_values(config: Any) -> dict[str, Any]:
+    """Flat name → value of every setting of a built configuration (``conf`` for ``nms.conf`` ...)."""
+    values: dict[str, Any] = {}
+    for path, f, _ in leaves(type(config)):
+        node = config
+        for part in path.split("."):
+            node = getattr(node, part)
+        values[f.name] = node
+    return values
+
+
+class _Refused(argparse.Action):
+    """Records a refused option (with or without its value) so the command stops on it in one line."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        namespace.refused = [*getattr(namespace, "refused", []), option_string]
+
+
+def add_refused(parser: argparse.ArgumentParser, refusals: Mapping[str, str]) -> None:
+    """Hidden options (flag → why it is not supported) that parse, with or without a value, and are then
+    refused in one line by :func:`check_refused`, rather than reported as unrecognised."""
+    for flag in refusals:
+        parser.add_argument(flag, nargs="?", action=_Refused, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def check_refused(args: argparse.Namespace, refusals: Mapping[str, str]) -> None:
+    """``ValueError`` naming the first refused option given, and why it is not supported."""
+    refused = getattr(args, "refused", [])
+    if refused:
+        raise ValueError(f"{refused[0]} is not supported: {refusals[refused[0]]}")
 
 
 def _base_type(tp: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,14 @@ WEIGHTS_HELP = ("checkpoint, official YOLOv5 .pt, or an export (.onnx, OpenVINO 
 # --trust-model-code of val and predict.
 TRUST_HELP = ("load model files that are programs (.torchscript, TensorRT .engine): they run their own code "
               "when loaded, so only for files from a source you trust")
+
+
+def one_weights(weights: Sequence[str]) -> str:
+    """The one file of ``--weights``; the reference's several (an ensemble of models) are refused."""
+    if len(weights) != 1:
+        raise ValueError(f"--weights: {len(weights)} files make an ensemble (their detections merged), which is "
+                         "not supported; give one weights file")
+    return weights[0]
 
 
 def input_dtype(model: Detector) -> torch.dtype:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torchvision.ops import nms
 
 from ..boxes import xywh_to_xyxy
 from ..messages import brief
+from ..settings import setting
 
 # Boxes entering NMS per image at most: beyond this NMS time grows quadratically for no gain.
 MAX_NMS = 30000
@@ -50,6 +52,27 @@ def _check_thresholds(conf: float, iou: float) -> None:
         raise ValueError(f"iou must be in [0, 1], got {iou}")
 
 
+@dataclass(frozen=True)
+class NMSConfig:
+    """What detections leave NMS; the defaults are the reference's for prediction (``detect.py``),
+    :data:`VAL_NMS` its mAP settings (``val.py``). Checked by :func:`check_nms_limits`: ``max_det`` here,
+    ``classes`` once the model's class count is known."""
+
+    conf: float = setting(0.25, "confidence threshold", flags=("--conf", "--conf-thres"))
+    iou: float = setting(0.45, "NMS IoU threshold", flags=("--iou", "--iou-thres"))
+    max_det: int = setting(1000, f"detections kept per image (1 to {MAX_NMS})")
+    classes: tuple[int, ...] | None = setting(None, "keep only these class ids")
+    agnostic: bool = setting(False, "suppress across classes", flags=("--agnostic-nms",))
+
+    def __post_init__(self) -> None:
+        _check_thresholds(self.conf, self.iou)
+        check_nms_limits(self.max_det)
+
+
+# The reference's mAP settings (its val.py): a low threshold so the precision-recall curve is complete.
+VAL_NMS = NMSConfig(conf=0.001, iou=0.6, max_det=300)
+
+
 def _candidates(x: torch.Tensor, conf: float, multi_label: bool) -> torch.Tensor:
     """Rows of one image ``[n, 5+nc]`` (objectness already above ``conf``) → ``[m, 6]`` (xyxy, score, class)
     whose score = objectness × class probability exceeds ``conf``."""
@@ -66,12 +89,12 @@ def _candidates(x: torch.Tensor, conf: float, multi_label: bool) -> torch.Tensor
 
 def non_max_suppression(
     prediction: torch.Tensor,
-    conf: float = 0.25,
-    iou: float = 0.45,
+    conf: float = NMSConfig.conf,
+    iou: float = NMSConfig.iou,
     classes: Sequence[int] | None = None,
     agnostic: bool = False,
     multi_label: bool = False,
-    max_det: int = 300,
+    max_det: int = VAL_NMS.max_det,
     max_nms: int = MAX_NMS,
 ) -> list[torch.Tensor]:
     """Filter and suppress decoded detections.

@@ -9,9 +9,11 @@ import glob
 import json
 import math
 import os
+import re
+import sys
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
@@ -24,15 +26,55 @@ from ..data.sources import IMG_FORMATS
 from ..draw import draw_detections
 from ..names import class_names
 from ..outputs import refuse_overwriting_inputs, weights_inputs
-from ..runs import add_run_dir_arguments, next_run_dir
-from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
-from .nms import check_nms_limits, non_max_suppression, scale_boxes_to_original
+from ..runs import next_run_dir
+from ..settings import (
+    add_arguments,
+    add_refused,
+    check_refused,
+    flat_names,
+    flat_values,
+    from_flat,
+    setting,
+)
+from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model, one_weights
+from .nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
 _GLOB_CHARS = frozenset("*?[")
 
 Source = str | os.PathLike | np.ndarray | int
+
+
+@dataclass(frozen=True)
+class PredictConfig:
+    """``yolotrain predict``: its command line is generated from these settings and :func:`predict`'s
+    keyword defaults are theirs. The reference's ``detect.py`` spellings are flags of the same settings
+    (``--imgsz``, ``--conf-thres``, ``--line-thickness``, ``--nosave``)."""
+
+    weights: tuple[str, ...] = setting((), WEIGHTS_HELP)
+    source: tuple[str, ...] = setting((), "image, video, folder, glob, camera index (0, 1 ...) or rtsp://, "
+                                      "rtmp://, http(s):// stream (several allowed)")
+    img_size: int | None = setting(None, "inference size (px; default 640, 1280 for P6 models; the reference's "
+                                   "--imgsz H W only when square)", flags=("--img", "--img-size", "--imgsz"))
+    nms: NMSConfig = field(default_factory=NMSConfig)
+    device: str | None = setting(None, "cpu, cuda, 0 ... (default: GPU if available)")
+    half: bool = setting(False, "half-precision inference: float16 on CUDA, bfloat16 on the CPU")
+    save: bool = setting(True, "save annotated images and videos (--nosave: only what the other --save "
+                         "options ask for and predictions.json)", off_flags=("--nosave",))
+    save_txt: bool = setting(False, "also write YOLO-format labels/*.txt (each row ends with its score)")
+    save_crop: bool = setting(False, "save each detection as crops/CLASS/STEM.jpg")
+    hide_labels: bool = setting(False, "draw boxes without class labels")
+    hide_conf: bool = setting(False, "draw labels without scores")
+    line_width: int | None = setting(None, "box line width in pixels (default: scaled to the image)",
+                                     flags=("--line-width", "--line-thickness"))
+    vid_stride: int = setting(1, "predict every N-th video/stream frame")
+    view_img: bool = setting(False, "show each annotated image or frame in a window (needs a display and an "
+                             "OpenCV with window support)")
+    trust_code: bool = setting(False, TRUST_HELP, flags=("--trust-model-code",))
+    project: str = setting("runs/predict", "parent of the run folder")
+    name: str = setting("exp", "run folder name (exp, exp2 ... when taken)")
+    exist_ok: bool = setting(False, "reuse an existing run folder")
 
 
 class SourceWarning(UserWarning):
@@ -135,9 +177,9 @@ def prepare_image(image: np.ndarray, img_size: int, stride: int = 32,
 class Predictor:
     """A loaded detector with fixed settings; call :meth:`predict_image` per image."""
 
-    def __init__(self, model_or_weights: ModelOrWeights, img_size: int | None = None, conf: float = 0.25,
-                 iou: float = 0.45, classes: Sequence[int] | None = None, max_det: int = 1000,
-                 agnostic: bool = False, device: str | torch.device | None = None, half: bool = False,
+    def __init__(self, model_or_weights: ModelOrWeights, img_size: int | None = None, conf: float = NMSConfig.conf,
+                 iou: float = NMSConfig.iou, classes: Sequence[int] | None = None, max_det: int = NMSConfig.max_det,
+                 agnostic: bool = NMSConfig.agnostic, device: str | torch.device | None = None, half: bool = False,
                  trust_code: bool = False) -> None:
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half,
                                                        trust_code=trust_code)
@@ -189,11 +231,33 @@ def _live_name(source: str, position: int) -> str:
     return f"camera{source}" if source.isdigit() else f"stream{position}"
 
 
+def check_display() -> None:
+    """``ValueError`` in one line saying why no window can be shown here: an OpenCV built without window
+    support (``opencv-python-headless``), or no display to show one on."""
+    gui = re.search(r"^\s*GUI:\s*(\S+)", cv2.getBuildInformation(), re.MULTILINE)
+    if gui is None or gui.group(1).upper() == "NONE":
+        raise ValueError("--view-img cannot show a window: this OpenCV has no window support "
+                         "(opencv-python-headless); install opencv-python for it, or leave --view-img out")
+    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        raise ValueError("--view-img cannot show a window: there is no display ($DISPLAY and $WAYLAND_DISPLAY "
+                         "are not set)")
+
+
+def _show(window: str, image: np.ndarray) -> None:
+    """``image`` in a resizable window named after its source, given 1 ms to draw, as the reference shows it."""
+    cv2.namedWindow(window, cv2.WINDOW_NORMAL | cv2.WINDOW_KEEPRATIO)
+    cv2.imshow(window, image)
+    cv2.waitKey(1)
+
+
 class _Outputs:
     """Writes what a run saves: annotated images/videos, YOLO ``.txt`` rows, crops and the run's JSON."""
 
-    def __init__(self, save_dir: Path | None, save_txt: bool, save_crop: bool, draw_options: dict) -> None:
+    def __init__(self, save_dir: Path | None, save_txt: bool, save_crop: bool, draw_options: dict,
+                 save_media: bool = True, view: bool = False) -> None:
         self.save_dir = save_dir
+        self.save_media = save_media and save_dir is not None
+        self.view = view
         self.save_txt = save_txt and save_dir is not None
         self.save_crop = save_crop and save_dir is not None
         self.draw_options = draw_options
@@ -206,16 +270,25 @@ class _Outputs:
         return draw_detections(image, result.boxes, result.classes, result.names, result.scores, **self.draw_options)
 
     def image(self, name: str, image: np.ndarray, result: Result) -> None:
+        if self.save_media or self.view:
+            annotated = self.draw(image, result)
+            if self.view:
+                _show(result.path, annotated)
+            if self.save_media:
+                cv2.imwrite(str(self.save_dir / name), annotated)
         if self.save_dir is None:
             return
-        cv2.imwrite(str(self.save_dir / name), self.draw(image, result))
         self.txt(Path(name).stem, result)
         self.crops(Path(name).stem, image, result)
 
     def frame(self, stem: str, image: np.ndarray, result: Result, writer: cv2.VideoWriter | None) -> None:
         """One video or stream frame: onto the annotated video, and its labels and crops as ``STEM_FRAME``."""
-        if writer is not None:
-            writer.write(self.draw(image, result))
+        if writer is not None or self.view:
+            annotated = self.draw(image, result)
+            if self.view:
+                _show(result.path, annotated)
+            if writer is not None:
+                writer.write(annotated)
         self.txt(f"{stem}_{result.frame}", result)
         self.crops(f"{stem}_{result.frame}", image, result)
 
@@ -243,7 +316,7 @@ class _Outputs:
             (self.save_dir / "labels" / f"{stem}.txt").write_text("".join(f"{line}\n" for line in lines))
 
     def video_writer(self, stem: str, frame: np.ndarray, fps: float) -> cv2.VideoWriter | None:
-        if self.save_dir is None:
+        if not self.save_media:
             return None
         h, w = frame.shape[:2]
         return cv2.VideoWriter(str(self.save_dir / f"{stem}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
@@ -256,22 +329,24 @@ class _Outputs:
 def predict(
     model_or_weights: ModelOrWeights,
     source: Source | Sequence[Source],
-    img_size: int | None = None,
-    conf: float = 0.25,
-    iou: float = 0.45,
-    classes: Sequence[int] | None = None,
-    max_det: int = 1000,
-    agnostic: bool = False,
-    device: str | torch.device | None = None,
-    half: bool = False,
+    img_size: int | None = PredictConfig.img_size,
+    conf: float = NMSConfig.conf,
+    iou: float = NMSConfig.iou,
+    classes: Sequence[int] | None = NMSConfig.classes,
+    max_det: int = NMSConfig.max_det,
+    agnostic: bool = NMSConfig.agnostic,
+    device: str | torch.device | None = PredictConfig.device,
+    half: bool = PredictConfig.half,
     save_dir: str | os.PathLike | None = None,
-    save_txt: bool = False,
-    save_crop: bool = False,
-    hide_labels: bool = False,
-    hide_conf: bool = False,
-    line_width: int | None = None,
-    vid_stride: int = 1,
-    trust_code: bool = False,
+    save_txt: bool = PredictConfig.save_txt,
+    save_crop: bool = PredictConfig.save_crop,
+    hide_labels: bool = PredictConfig.hide_labels,
+    hide_conf: bool = PredictConfig.hide_conf,
+    line_width: int | None = PredictConfig.line_width,
+    vid_stride: int = PredictConfig.vid_stride,
+    trust_code: bool = PredictConfig.trust_code,
+    save: bool = PredictConfig.save,
+    view_img: bool = PredictConfig.view_img,
 ) -> list[Result]:
     """Detect objects in images, videos, cameras and network streams.
 
@@ -294,6 +369,10 @@ def predict(
         vid_stride: predict every N-th frame of videos and live sources.
         trust_code: load weights that are programs (TorchScript, TensorRT engines), which run their own
             code when loaded; without it they are refused before anything of them is loaded.
+        save: with ``save_dir``, save the annotated images and videos (the other files as asked).
+        view_img: show each annotated image or frame in a window as it is predicted; where no window
+            can be shown (no display, or an OpenCV without window support) that is an error before
+            anything is loaded.
 
     Returns:
         One :class:`Result` per image and per predicted video frame, in source order. Files that
@@ -306,6 +385,8 @@ def predict(
         raise ValueError(f"vid_stride must be at least 1, got {vid_stride}")
     if line_width is not None and line_width < 1:
         raise ValueError(f"line_width must be at least 1 pixel, got {line_width}")
+    if view_img:
+        check_display()
     predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code)
     items = expand_sources(source)
     if save_dir is not None:
@@ -319,7 +400,8 @@ def predict(
             if isinstance(item, str):
                 live[n] = LatestFrameReader(item, vid_stride)
         draw_options = {"line_width": line_width, "hide_labels": hide_labels, "hide_conf": hide_conf}
-        outputs = _Outputs(Path(save_dir) if save_dir is not None else None, save_txt, save_crop, draw_options)
+        outputs = _Outputs(Path(save_dir) if save_dir is not None else None, save_txt, save_crop, draw_options,
+                           save, view_img)
         results: list[Result] = []
         try:
             unreadable = _predict_items(predictor, outputs, items, live, vid_stride, results)
@@ -384,43 +466,54 @@ def _predict_frames(predictor: Predictor, outputs: _Outputs, frames: Iterable[tu
             writer.release()
 
 
+# Options of the reference's detect.py that yolotrain does not have, and why: each stops the command in
+# one line rather than being ignored. README.md's "Coming from YOLOv5" lists them.
+UNSUPPORTED_PREDICT_OPTIONS = {
+    "--data": "class names come from the weights (a checkpoint, a .pt or an export's metadata), not a dataset YAML",
+    "--augment": "test-time augmentation is not implemented",
+    "--visualize": "feature-map visualisation is not implemented",
+    "--update": "predict does not rewrite weights files",
+    "--dnn": "ONNX models run with ONNX Runtime, not OpenCV DNN",
+}
+# The settings predict() takes as keywords (the others say what to predict and where the run folder goes).
+_RUN_ONLY = ("weights", "source", "project", "name", "exist_ok")
+
+
 def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``yolotrain predict`` options to ``parser``."""
-    parser.add_argument("--weights", required=True, help=WEIGHTS_HELP)
-    parser.add_argument("--source", required=True, nargs="+",
-                        help="image, video, folder, glob, camera index (0, 1 ...) or rtsp://, rtmp://, "
-                             "http(s):// stream (several allowed)")
-    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
-                        help="inference size (px; default 640, 1280 for P6 models)")
-    parser.add_argument("--conf", type=float, default=0.25, help="confidence threshold")
-    parser.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
-    parser.add_argument("--classes", type=int, nargs="+", default=None, help="keep only these class ids")
-    parser.add_argument("--max-det", type=int, default=1000, help="detections per image")
-    parser.add_argument("--agnostic-nms", action="store_true", help="suppress across classes")
-    parser.add_argument("--device", default=None, help="cpu, cuda, 0 ... (default: GPU if available)")
-    parser.add_argument("--half", action="store_true",
-                        help="half-precision inference: float16 on CUDA, bfloat16 on the CPU")
-    parser.add_argument("--save-txt", action="store_true", help="also write YOLO-format labels/*.txt")
-    parser.add_argument("--save-crop", action="store_true", help="save each detection as crops/CLASS/STEM.jpg")
-    parser.add_argument("--hide-labels", action="store_true", help="draw boxes without class labels")
-    parser.add_argument("--hide-conf", action="store_true", help="draw labels without scores")
-    parser.add_argument("--line-width", type=int, default=None, help="box line width in pixels (default: scaled)")
-    parser.add_argument("--vid-stride", type=int, default=1, help="predict every N-th video/stream frame")
-    parser.add_argument("--trust-model-code", dest="trust_code", action="store_true", help=TRUST_HELP)
-    add_run_dir_arguments(parser, "runs/predict")
+    """Add the ``yolotrain predict`` options (:class:`PredictConfig`, the reference's spellings) to ``parser``."""
+    add_arguments(parser, PredictConfig, required=("weights", "source"))
+    for action in parser._actions:
+        if action.dest == "img_size":  # the reference's --imgsz H W (one value means square)
+            action.nargs = "+"
+    # The reference's --save-conf adds scores to the --save-txt rows, which always end with theirs here.
+    parser.add_argument("--save-conf", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_refused(parser, UNSUPPORTED_PREDICT_OPTIONS)
     return parser
+
+
+def predict_config(args: argparse.Namespace) -> PredictConfig:
+    """The validated :class:`PredictConfig` of parsed ``predict`` options; a refused reference option is one line."""
+    check_refused(args, UNSUPPORTED_PREDICT_OPTIONS)
+    names = flat_names(PredictConfig)
+    settings = {k: v for k, v in vars(args).items() if k in names}
+    if "img_size" in settings:
+        sizes = settings["img_size"]
+        if len(set(sizes)) > 1 or len(sizes) > 2:
+            raise ValueError(f"--imgsz {' '.join(map(str, sizes))}: only square inputs are predicted on; give one "
+                             "size (the long side of the letterboxed input)")
+        settings["img_size"] = sizes[0]
+    return from_flat(PredictConfig, settings)
 
 
 def run_predict(args: argparse.Namespace) -> int:
     """Run ``yolotrain predict`` from parsed arguments; returns the process exit code."""
-    save_dir = next_run_dir(args.project, args.name, args.exist_ok)
+    config = predict_config(args)
+    weights = one_weights(config.weights)
+    save_dir = next_run_dir(config.project, config.name, config.exist_ok)
+    keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SourceWarning)
-        results = predict(args.weights, args.source, img_size=args.img_size, conf=args.conf, iou=args.iou,
-                          classes=args.classes, max_det=args.max_det, agnostic=args.agnostic_nms,
-                          device=args.device, half=args.half, save_dir=save_dir, save_txt=args.save_txt,
-                          save_crop=args.save_crop, hide_labels=args.hide_labels, hide_conf=args.hide_conf,
-                          line_width=args.line_width, vid_stride=args.vid_stride, trust_code=args.trust_code)
+        results = predict(weights, list(config.source), save_dir=save_dir, **keywords)
     for w in caught:
         print(f"warning: {w.message}")
     total = sum(len(r.scores) for r in results)

@@ -14,8 +14,9 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -26,12 +27,21 @@ from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
 from ..names import class_names, describe_repeats, repeated_names
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
-from ..runs import add_run_dir_arguments, next_run_dir
-from ..settings import setting
+from ..runs import next_run_dir
+from ..settings import (
+    ConfigError,
+    add_arguments,
+    add_refused,
+    check_refused,
+    flat_names,
+    flat_values,
+    from_flat,
+    setting,
+)
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
-from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model
+from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model, one_weights
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
-from .nms import MAX_NMS, check_nms_limits, non_max_suppression, scale_boxes_to_original
+from .nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 
 
 @dataclass(frozen=True)
@@ -39,11 +49,45 @@ class EvalConfig:
     """Validation during training; the NMS defaults are the reference's mAP settings."""
 
     val: bool = setting(True, "validate after every epoch (the last epoch always is)", off_flags=("--noval",))
-    conf: float = setting(0.001, "confidence threshold for mAP", min=0, max=1)
-    iou: float = setting(0.6, "NMS IoU threshold", above=0, max=1)
-    max_det: int = setting(300, "detections kept per image", min=1, max=MAX_NMS)
+    conf: float = setting(VAL_NMS.conf, "confidence threshold for mAP", min=0, max=1)
+    iou: float = setting(VAL_NMS.iou, "NMS IoU threshold", above=0, max=1)
+    max_det: int = setting(VAL_NMS.max_det, "detections kept per image", min=1, max=MAX_NMS)
     plots: bool = setting(True, "write results.png, confusion matrix, curves and prediction pictures",
                           off_flags=("--noplots",))
+
+
+@dataclass(frozen=True)
+class ValConfig:
+    """``yolotrain val``: its command line is generated from these settings and :func:`val`'s keyword
+    defaults are theirs. The reference's spellings are flags of the same settings (``--imgsz``,
+    ``--conf-thres``, ``--iou-thres``)."""
+
+    weights: tuple[str, ...] = setting((), WEIGHTS_HELP)
+    data: str | None = setting(None, "dataset folder or YAML (its val split is used)")
+    img_size: int | None = setting(None, "inference size (px; default 640, 1280 for P6 models)",
+                                   flags=("--img", "--img-size", "--imgsz"))
+    batch_size: int = setting(32, "images per batch", min=1)
+    nms: NMSConfig = field(default_factory=lambda: VAL_NMS)
+    rect: bool = setting(True, "rectangular batches in the reference's order (--no-rect: square letterbox)")
+    device: str | None = setting(None, "cpu, cuda, 0 ... (default: GPU if available)")
+    workers: int | None = setting(None, "loader processes", min=0)
+    half: bool = setting(False, "half-precision inference: float16 on CUDA, bfloat16 on the CPU")
+    save_json: bool = setting(False, "COCO json + pycocotools evaluation")
+    plots: bool = setting(True, "confusion matrix and P/R/F1/PR curves (--no-plots: skip them)")
+    map_classes: bool = setting(False, "score a model with other classes on the data's classes, matched by name")
+    task: Literal["val", "speed"] = setting("val", "speed: time pre-process, inference and NMS per image; "
+                                            "nothing is written")
+    save_txt: bool = setting(False, "write labels/STEM.txt (class cx cy w h) per image")
+    save_conf: bool = setting(False, "with --save-txt, add each detection's confidence")
+    single_cls: bool = setting(False, "treat every class as one (data and predictions)")
+    trust_code: bool = setting(False, TRUST_HELP, flags=("--trust-model-code",))
+    project: str = setting("runs/val", "parent of the run folder")
+    name: str = setting("exp", "run folder name (exp, exp2 ... when taken)")
+    exist_ok: bool = setting(False, "reuse an existing run folder")
+
+    def __post_init__(self) -> None:
+        if self.nms.classes is not None or self.nms.agnostic:
+            raise ConfigError("val scores every class: nms.classes and nms.agnostic are prediction settings")
 
 
 def build_val_loader(data: str | os.PathLike, nc: int | None, img_size: int = 640, batch_size: int = 32,
@@ -103,27 +147,27 @@ class _Timer:
 def val(
     model_or_weights: ModelOrWeights,
     data: str | os.PathLike | DataLoader,
-    img_size: int | None = None,
-    batch_size: int = 32,
-    conf: float = EvalConfig.conf,
-    iou: float = EvalConfig.iou,
-    max_det: int = EvalConfig.max_det,
-    rect: bool = True,
-    device: str | torch.device | None = None,
-    workers: int | None = None,
+    img_size: int | None = ValConfig.img_size,
+    batch_size: int = ValConfig.batch_size,
+    conf: float = VAL_NMS.conf,
+    iou: float = VAL_NMS.iou,
+    max_det: int = VAL_NMS.max_det,
+    rect: bool = ValConfig.rect,
+    device: str | torch.device | None = ValConfig.device,
+    workers: int | None = ValConfig.workers,
     criterion: Callable | None = None,
     save_dir: str | os.PathLike | None = None,
-    save_json: bool = False,
-    plots: bool = True,
+    save_json: bool = ValConfig.save_json,
+    plots: bool = ValConfig.plots,
     verbose: bool = True,
-    half: bool = False,
+    half: bool = ValConfig.half,
     fuse: bool = True,
-    map_classes: bool = False,
-    task: str = "val",
-    save_txt: bool = False,
-    save_conf: bool = False,
-    single_cls: bool = False,
-    trust_code: bool = False,
+    map_classes: bool = ValConfig.map_classes,
+    task: str = ValConfig.task,
+    save_txt: bool = ValConfig.save_txt,
+    save_conf: bool = ValConfig.save_conf,
+    single_cls: bool = ValConfig.single_cls,
+    trust_code: bool = ValConfig.trust_code,
 ) -> Metrics:
     """Evaluate a detector on a labelled split.
 
@@ -164,7 +208,7 @@ def val(
     if task not in ("val", "speed"):
         raise ValueError(f"task must be 'val' or 'speed', got {task!r}")
     if task == "speed":
-        rect, conf, iou, save_dir, save_json, save_txt = False, 0.25, 0.45, None, False, False
+        rect, conf, iou, save_dir, save_json, save_txt = False, NMSConfig.conf, NMSConfig.iou, None, False, False
     check_nms_limits(max_det)
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code)
     # Exports fixed at one image size take square letterboxed batches, not rectangular ones.
@@ -353,44 +397,42 @@ def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path)
     return coco_evaluate(gt_path, pred_path)
 
 
+# Options of the reference's val.py that yolotrain does not have, and why: each stops the command in one
+# line rather than being ignored. README.md's "Coming from YOLOv5" lists them.
+UNSUPPORTED_VAL_OPTIONS = {
+    "--augment": "test-time augmentation is not implemented",
+    "--save-hybrid": "label+prediction hybrid files are not written: they mix the labels into the detections, "
+                     "so a mAP over them is not the model's",
+    "--dnn": "ONNX models run with ONNX Runtime, not OpenCV DNN",
+}
+# The settings val() takes as keywords (the others say what to evaluate and where the run folder goes).
+_RUN_ONLY = ("weights", "data", "project", "name", "exist_ok", "classes", "agnostic")
+
+
 def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``yolotrain val`` options to ``parser``."""
-    parser.add_argument("--weights", required=True, help=WEIGHTS_HELP)
-    parser.add_argument("--data", required=True, help="dataset folder or YAML (its val split is used)")
-    parser.add_argument("--img", "--img-size", dest="img_size", type=int, default=None,
-                        help="inference size (px; default 640, 1280 for P6 models)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--conf", type=float, default=EvalConfig.conf, help="confidence threshold")
-    parser.add_argument("--iou", type=float, default=EvalConfig.iou, help="NMS IoU threshold")
-    parser.add_argument("--max-det", type=int, default=EvalConfig.max_det, help="detections per image")
-    parser.add_argument("--no-rect", dest="rect", action="store_false", help="square letterbox, not rect batches")
-    parser.add_argument("--device", default=None, help="cpu, cuda, 0 ... (default: GPU if available)")
-    parser.add_argument("--workers", type=int, default=None, help="loader processes")
-    parser.add_argument("--half", action="store_true",
-                        help="half-precision inference: float16 on CUDA, bfloat16 on the CPU")
-    parser.add_argument("--save-json", action="store_true", help="COCO json + pycocotools evaluation")
-    parser.add_argument("--no-plots", dest="plots", action="store_false", help="skip confusion matrix / curves")
-    parser.add_argument("--map-classes", action="store_true",
-                        help="score a model with other classes on the data's classes, matched by name")
-    parser.add_argument("--task", choices=("val", "speed"), default="val",
-                        help="speed: time pre-process, inference and NMS per image; nothing is written")
-    parser.add_argument("--save-txt", action="store_true", help="write labels/STEM.txt (class cx cy w h) per image")
-    parser.add_argument("--save-conf", action="store_true", help="with --save-txt, add each detection's confidence")
-    parser.add_argument("--single-cls", action="store_true", help="treat every class as one (data and predictions)")
-    parser.add_argument("--trust-model-code", dest="trust_code", action="store_true", help=TRUST_HELP)
-    add_run_dir_arguments(parser, "runs/val")
+    """Add the ``yolotrain val`` options (:class:`ValConfig`, the reference's spellings) to ``parser``."""
+    add_arguments(parser, ValConfig, skip=("classes", "agnostic"), required=("weights", "data"))
+    # The reference's --verbose asks for the per-class table, which the command always prints.
+    parser.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_refused(parser, UNSUPPORTED_VAL_OPTIONS)
     return parser
+
+
+def val_config(args: argparse.Namespace) -> ValConfig:
+    """The validated :class:`ValConfig` of parsed ``val`` options; a refused reference option is one line."""
+    check_refused(args, UNSUPPORTED_VAL_OPTIONS)
+    names = flat_names(ValConfig)
+    return from_flat(ValConfig, {k: v for k, v in vars(args).items() if k in names})
 
 
 def run_val(args: argparse.Namespace) -> int:
     """Run ``yolotrain val`` from parsed arguments; returns the process exit code."""
-    speed = args.task == "speed"
-    save_dir = None if speed else next_run_dir(args.project, args.name, args.exist_ok)
-    metrics = val(args.weights, args.data, img_size=args.img_size, batch_size=args.batch_size, conf=args.conf,
-                  iou=args.iou, max_det=args.max_det, rect=args.rect, device=args.device, workers=args.workers,
-                  save_dir=save_dir, save_json=args.save_json, plots=args.plots, half=args.half,
-                  map_classes=args.map_classes, task=args.task, save_txt=args.save_txt,
-                  save_conf=args.save_conf, single_cls=args.single_cls, trust_code=args.trust_code)
+    config = val_config(args)
+    weights = one_weights(config.weights)
+    speed = config.task == "speed"
+    save_dir = None if speed else next_run_dir(config.project, config.name, config.exist_ok)
+    keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
+    metrics = val(weights, config.data, save_dir=save_dir, **keywords)
     if speed:
         return 0
     print(f"Results saved to {save_dir}")
