@@ -45,7 +45,7 @@ from torch import nn
 
 from ..boxes import MAX_IMG_SIZE
 from ..checkpoint import CheckpointError
-from ..eval.nms import check_nms_limits
+from ..eval.nms import NMSConfig, check_nms_limits
 from ..model import Yolov5
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
 from ..settings import add_arguments, from_mapping, setting
@@ -96,8 +96,8 @@ class ExportConfig:
     calibration_images: int = setting(DEFAULT_CALIBRATION_IMAGES, "images used for int8 calibration (all if fewer)")
     nms: bool = setting(False, "build NMS into the graph: outputs the final [B, max-det, 6] detections "
                         f"({', '.join(sorted(NMS_FORMATS))})")
-    conf: float = setting(0.25, "score threshold of --nms", flags=("--conf", "--conf-thres"))
-    iou: float = setting(0.45, "IoU threshold of --nms", flags=("--iou", "--iou-thres"))
+    conf: float = setting(NMSConfig.conf, "score threshold of --nms", flags=("--conf", "--conf-thres"))
+    iou: float = setting(NMSConfig.iou, "IoU threshold of --nms", flags=("--iou", "--iou-thres"))
     max_det: int = setting(300, "detections per image of --nms", flags=("--max-det", "--topk-all"))
     multi_label: bool = setting(False, "--nms keeps a box once per class above --conf (as val does), not only "
                                 "its best class")
