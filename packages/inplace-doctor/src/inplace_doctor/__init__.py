@@ -3,7 +3,8 @@
 ``watch()`` tracks saved tensors and in-place operators at runtime, ``check_step()`` reports
 modifications that do not raise, and ``lint_paths()`` finds the same hazards statically.
 Under ``watch()`` the "backward through the graph a second time" error also names the
-backward that freed the graph and the line that carried a tensor of it into a new one.
+backward that freed the graph and the line that carried a tensor of it into a new one, and an
+in-place write PyTorch refuses (into a leaf, or a view of several) names the line that made it.
 ``%load_ext inplace_doctor`` adds the ``%%doctor`` cell magic to IPython and Jupyter.
 """
 
@@ -14,6 +15,7 @@ from .lint import lint_paths
 from .messages import DoctorError, InplaceWarning, SavedTensorModifiedError, is_inplace_error
 from .mode import Tracker
 from .report import GraphReport, Patch, Report, Site, TensorInfo
+from .view_write import InplaceWriteError
 
 
 def load_ipython_extension(ipython: object) -> None:
@@ -28,6 +30,7 @@ __all__ = [
     "GraphFreedError",
     "GraphReport",
     "InplaceWarning",
+    "InplaceWriteError",
     "LintFinding",
     "Patch",
     "Report",
