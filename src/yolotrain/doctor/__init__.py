@@ -6,6 +6,7 @@ Re-exported here so that ``yolotrain.doctor`` and ``yolotrain doctor`` keep work
 
 from inplace_doctor import (
     DoctorError,
+    GraphCutError,
     GraphFreedError,
     GraphReport,
     InplaceWarning,
@@ -18,6 +19,7 @@ from inplace_doctor import (
     TensorInfo,
     Tracker,
     check_step,
+    is_graph_cut_error,
     is_graph_freed_error,
     is_inplace_error,
     lint_paths,
@@ -27,6 +29,7 @@ from inplace_doctor import (
 
 __all__ = [
     "DoctorError",
+    "GraphCutError",
     "GraphFreedError",
     "GraphReport",
     "InplaceWarning",
@@ -39,6 +42,7 @@ __all__ = [
     "TensorInfo",
     "Tracker",
     "check_step",
+    "is_graph_cut_error",
     "is_graph_freed_error",
     "is_inplace_error",
     "lint_paths",

@@ -60,7 +60,9 @@ class watch:  # noqa: N801 - used as a context manager, named like one
         self._tracker.__exit__(kind, error, traceback)
         if error is not None and write_error_kind(error) is not None:
             # A refused leaf or view write raises in forward; its traceback holds all the diagnosis needs.
-            raise explain_write(error, traceback, self._cwd).with_traceback(traceback) from None
+            explained = explain_write(error, traceback, self._cwd)
+            if explained.reports:
+                raise explained.with_traceback(traceback) from None
 
 
 def check_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Report]:

@@ -185,10 +185,13 @@ def _targets(node: ast.expr) -> Iterator[str]:
             yield name
 
 
-def _bindings(scope: ast.AST) -> Iterator[Binding]:
-    """The assignments and ``for`` headers of ``scope``, one per bound name."""
+def _bindings(scope: ast.AST, augmented: bool) -> Iterator[Binding]:
+    """The assignments and ``for`` headers of ``scope`` (and ``x += y`` if ``augmented``), one per bound name."""
     for node in _own_statements(scope):
-        if isinstance(node, ast.Assign):
+        if augmented and isinstance(node, ast.AugAssign):
+            for name in _targets(node.target):
+                yield Binding(node, name, node.value)
+        elif isinstance(node, ast.Assign):
             for target in node.targets:
                 for name in _targets(target):
                     yield Binding(node, name, node.value)
@@ -212,14 +215,14 @@ def _scopes(tree: ast.Module, line: int) -> list[ast.AST]:
     return [*functions, *classes, tree]
 
 
-def _creation(tree: ast.Module, line: int, name: str) -> Binding | None:
+def _creation(tree: ast.Module, line: int, name: str, augmented: bool = False) -> Binding | None:
     """The assignment that last bound ``name`` (or an object holding it) before ``line``, nearest scope first.
 
     In a function or class the binding may also come later (a method defined below, a loop's next turn).
     """
     for candidate in _prefixes(name):
         for scope in _scopes(tree, line):
-            found = [b for b in _bindings(scope) if b.name == candidate]
+            found = [b for b in _bindings(scope, augmented) if b.name == candidate]
             before = [b for b in found if b.statement.lineno < line]
             if before:
                 return max(before, key=lambda b: b.statement.lineno)
