@@ -8,12 +8,14 @@ reported. ``clean_*`` programs must report nothing.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stderr
 from pathlib import Path
 
 import inplace_doctor
@@ -146,3 +148,35 @@ def test_nothing_requiring_grad_anywhere_is_left_to_pytorch() -> None:
         data = torch.randn(3)
         data.sum().backward()
     assert type(info.value) is RuntimeError
+
+
+def test_ipython_cell_magic_reports_a_graph_cut() -> None:
+    pytest.importorskip("IPython", reason="IPython not installed (pip install 'inplace-doctor[ipython]')")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "inplace_doctor")
+        shell.user_ns["torch"] = torch
+        cell = "w = torch.ones(3, requires_grad=True)\nwith torch.no_grad():\n    y = w * 2\ny.sum().backward()\n"
+        stream = io.StringIO()
+        with redirect_stderr(stream), pytest.raises(inplace_doctor.GraphCutError) as info:
+            shell.run_cell_magic("doctor", "", cell)
+        (report,) = info.value.reports
+        assert [(role, site.line) for role, site in report.sites] == [("cut at", 3), ("failed at", 4)]
+        assert [p.code for p in report.patches] == ["with torch.enable_grad(): y = w * 2"]
+        assert "cut at:      torch.no_grad() at <doctor-cell-" in stream.getvalue()
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_pytest_plugin_attaches_the_graph_cut_report(tmp_path: Path) -> None:
+    (tmp_path / "test_model.py").write_text(
+        "import torch\n\n\ndef test_loss():\n    w = torch.ones(2, requires_grad=True)\n"
+        "    loss = (w * 3).sum().item()\n    torch.tensor(loss).backward()\n"
+    )
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--inplace-doctor", "test_model.py"]
+    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout
+    assert "cut at:      round trip at test_model.py:6" in proc.stdout
+    assert "loss = (w * 3).sum()" in proc.stdout

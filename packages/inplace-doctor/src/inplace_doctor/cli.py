@@ -19,7 +19,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "backward was modified in place, report which operation saved it and which modified it; "
             "if it fails on a graph already freed, report the backward that freed it and the line that "
             "carried it into the new graph; if an in-place write into a leaf or a view is refused, report the "
-            "line that made the leaf or view."
+            "line that made the leaf or view; if backward gets a loss without graph, report the lines that cut it."
         ),
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")

@@ -36,12 +36,12 @@ _LEAVING = {"item", "tolist", "numpy"}  # methods whose result is no tensor
 _WRAPPERS = {"tensor", "as_tensor", "from_numpy"}  # torch.X(...) makes a new leaf from data
 _INTEGER = {"argmax", "argmin", "long", "int", "bool", "round", "floor", "ceil", "sign"}
 _REASONS = {
-    NO_GRAD: "runs inside a `torch.no_grad()` block, so its result records no graph",
-    DETACH: "`.detach()` cuts the result off the graph",
-    ROUND_TRIP: "goes through Python numbers or NumPy (`.item()`, `.tolist()`, `.numpy()`, `torch.tensor(...)`), "
+    NO_GRAD: "ran inside a `torch.no_grad()` block, so recorded no graph",
+    DETACH: "lost the graph to `.detach()`",
+    ROUND_TRIP: "went through Python numbers or NumPy (`.item()`, `.tolist()`, `.numpy()`, `torch.tensor(...)`), "
     "which autograd cannot follow",
-    INTEGER: "makes an integer or piecewise-constant result (`argmax`, `.long()`, `round`), which has no gradient",
-    FROZEN: "calls a module whose parameters all have `requires_grad=False`",
+    INTEGER: "became an integer or piecewise-constant result (`argmax`, `.long()`, `round`), which has no gradient",
+    FROZEN: "came from a module whose optimised parameters all have `requires_grad=False`",
 }
 _LABELS = {NO_GRAD: "torch.no_grad()", DETACH: ".detach()", ROUND_TRIP: "round trip", INTEGER: "integer result",
            FROZEN: "frozen module"}
@@ -196,9 +196,10 @@ class _Reconnect(ast.NodeTransformer):
 def _patch(binding: Binding, reason: str, lines: list[str], frame: FrameType) -> str | None:
     """The statement's line changed so its result keeps the graph; None when one line cannot do it."""
     statement = binding.statement
-    if not isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or _one_line(statement, lines) is None:
+    simple = isinstance(statement, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign))
+    code = _one_line(statement, lines) if simple else None
+    if code is None:
         return None
-    code = _one_line(statement, lines)
     if reason == NO_GRAD:
         torch_name = _torch_name(frame)
         return f"with {torch_name}.enable_grad(): {code}" if torch_name else None
@@ -208,28 +209,38 @@ def _patch(binding: Binding, reason: str, lines: list[str], frame: FrameType) ->
     return None
 
 
-def _cuts(tree: ast.Module, frame: FrameType, start: list[str], line: int) -> list[tuple[Binding, str]]:
-    """Statements on the loss's ancestry that cut the graph, nearest to the loss first."""
-    queue = [(name, line) for name in start]
-    seen: set[tuple[str, int]] = set()
-    found: list[tuple[Binding, str]] = []
+def _follows(value: object) -> bool:
+    """Whether a value read by a statement may carry the cut further up: a tensor without grad, a number, a list."""
+    if isinstance(value, torch.Tensor):
+        return not value.requires_grad
+    return isinstance(value, (int, float, list)) and not isinstance(value, bool)
+
+
+def _cuts(tree: ast.Module, frame: FrameType, failing: Binding) -> list[tuple[Binding, str]]:
+    """Statements on the loss's ancestry that cut the graph, nearest to the loss first.
+
+    ``failing`` is the backward's own statement, which may cut too (``torch.tensor(loss).backward()``).
+    """
     optimised = _optimised(frame)
-    while queue and len(seen) < MAX_STATEMENTS:
-        name, before = queue.pop(0)
-        binding = _creation(tree, before, name, augmented=True)
-        if binding is None or (name, binding.statement.lineno) in seen:
-            continue
-        seen.add((name, binding.statement.lineno))
+    found: list[tuple[Binding, str]] = []
+    queue: list[tuple[str, int]] = []
+    seen: set[tuple[str, int]] = set()
+    binding: Binding | None = failing
+    while binding is not None or queue:
+        if binding is None:
+            name, before = queue.pop(0)
+            binding = _creation(tree, before, name, augmented=True)
+            if binding is None or (name, binding.statement.lineno) in seen or len(seen) >= MAX_STATEMENTS:
+                binding = None
+                continue
+            seen.add((name, binding.statement.lineno))
         reason = _reason(binding, tree, frame, optimised)
         if reason is not None:
             found.append((binding, reason))
-        if binding.value is None:
-            continue
-        for read in _names_read(binding.value):
-            value = _value(frame, ast.parse(read, mode="eval").body)
-            without_grad = isinstance(value, torch.Tensor) and not value.requires_grad
-            if without_grad or isinstance(value, (int, float, list)) and not isinstance(value, bool):
+        for read in _names_read(binding.value) if binding.value is not None else ():
+            if _follows(_value(frame, ast.parse(read, mode="eval").body)):
                 queue.append((read, binding.statement.lineno))
+        binding = None
     return found
 
 
@@ -245,14 +256,14 @@ def diagnose_cut(message: str, frame: FrameType | None, cwd: str) -> GraphReport
     failing = _statement_at(tree, frame.f_lineno)
     if failing is None:
         return None
-    start = [n for n in _names_read(failing) if isinstance(_value(frame, ast.parse(n, mode="eval").body), torch.Tensor)]
-    cuts = _cuts(tree, frame, start, failing.lineno)
+    value = failing.value if isinstance(failing, (ast.Expr, ast.Assign, ast.AugAssign)) else None
+    cuts = _cuts(tree, frame, Binding(failing, ast.unparse(value) if value is not None else "loss", value))
     if not cuts:
         return None
     file = display_path(filename, cwd)
     sites: list[tuple[str, Site]] = []
     patches: list[Patch] = []
-    reasons: list[str] = []
+    by_reason: dict[str, list[str]] = {}
     for binding, reason in cuts:
         line = binding.statement.lineno
         site = Site(_LABELS[reason], file, line, lines[line - 1].strip())
@@ -260,7 +271,7 @@ def diagnose_cut(message: str, frame: FrameType | None, cwd: str) -> GraphReport
         code = _patch(binding, reason, lines, frame)
         if code is not None:
             patches.append(Patch(file, line, code))
-        reasons.append(f"`{binding.name}` at {site.where()} {_REASONS[reason]}")
+        by_reason.setdefault(reason, []).append(f"`{binding.name}` ({site.where()})")
     sites.append(("failed at", Site("backward()", file, failing.lineno, lines[failing.lineno - 1].strip())))
     remedy = (
         "; change " + ", ".join(f"{p.file}:{p.line} to `{p.code}`" for p in patches)
@@ -268,5 +279,6 @@ def diagnose_cut(message: str, frame: FrameType | None, cwd: str) -> GraphReport
         else "; compute the loss from tensors that keep their graph (outside `no_grad`, without `.detach()`, "
         "`.item()` or integer results, through parameters with `requires_grad=True`)"
     )
+    reasons = [f"{' and '.join(names)} {_REASONS[reason]}" for reason, names in by_reason.items()]
     fix = "the loss's ancestry lost its graph: " + "; ".join(reasons) + remedy
     return GraphReport("graph_cut", message, sites, fix, patches)
