@@ -24,7 +24,7 @@ from torch.optim import Optimizer
 from .frames import display_path, is_user_code
 from .messages import DoctorError
 from .report import GraphReport, Patch, Site
-from .view_write import Binding, _creation, _dotted, _one_line, _torch_name, _value
+from .source import Binding, binding_of, dotted_name, frame_value, single_line, statement_at, torch_name
 
 CUT_ERROR = "does not require grad and does not have a grad_fn"
 NO_GRAD = "no_grad"
@@ -77,35 +77,26 @@ def _caller() -> FrameType | None:
     return frame
 
 
-def _statement_at(tree: ast.Module, line: int) -> ast.stmt | None:
-    best: ast.stmt | None = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):
-            if best is None or node.lineno >= best.lineno:
-                best = node
-    return best
-
-
 def _names_read(node: ast.AST) -> list[str]:
     """Dotted names an expression reads (not the functions it calls), first seen first."""
     found: list[str] = []
     for child in ast.walk(node):
         if isinstance(child, (ast.Name, ast.Attribute)) and isinstance(getattr(child, "ctx", None), ast.Load):
-            name = _dotted(child)
+            name = dotted_name(child)
             if name is not None and name not in found:
                 found.append(name)
     return found
 
 
 def _called_names(node: ast.AST) -> list[str]:
-    return [n for c in ast.walk(node) if isinstance(c, ast.Call) for n in [_dotted(c.func)] if n is not None]
+    return [n for c in ast.walk(node) if isinstance(c, ast.Call) for n in [dotted_name(c.func)] if n is not None]
 
 
 def _no_grad_blocks(tree: ast.Module, line: int) -> list[ast.With]:
     blocks = []
     for node in ast.walk(tree):
         if isinstance(node, ast.With) and node.lineno < line <= (node.end_lineno or node.lineno):
-            if any(_dotted(item.context_expr.func) in ("torch.no_grad", "no_grad") for item in node.items
+            if any(dotted_name(item.context_expr.func) in ("torch.no_grad", "no_grad") for item in node.items
                    if isinstance(item.context_expr, ast.Call)):
                 blocks.append(node)
     return blocks
@@ -124,14 +115,14 @@ def _optimised(frame: FrameType) -> set[int] | None:
 
 
 def _modules(value: ast.expr, frame: FrameType) -> list[torch.nn.Module]:
-    found = (_value(frame, ast.parse(name, mode="eval").body) for name in _called_names(value))
+    found = (frame_value(frame, ast.parse(name, mode="eval").body) for name in _called_names(value))
     return [module for module in found if isinstance(module, torch.nn.Module)]
 
 
 def _carries_grad(value: ast.expr, frame: FrameType, optimised: set[int] | None) -> bool:
     """Whether the statement's inputs would have given its result a graph (what was cut was meant to train)."""
     modules = _modules(value, frame)
-    reads = [_value(frame, ast.parse(name, mode="eval").body) for name in _names_read(value)]
+    reads = [frame_value(frame, ast.parse(name, mode="eval").body) for name in _names_read(value)]
     if any(isinstance(v, torch.Tensor) and v.requires_grad for v in reads):
         return True
     if optimised is None or not modules:
@@ -173,8 +164,9 @@ class _Reconnect(ast.NodeTransformer):
     def _is_list(self, node: ast.expr) -> bool:
         if isinstance(node, (ast.List, ast.ListComp, ast.Tuple)):
             return True
-        name = _dotted(node)
-        return name is not None and isinstance(_value(self.frame, ast.parse(name, mode="eval").body), (list, tuple))
+        name = dotted_name(node)
+        value = frame_value(self.frame, ast.parse(name, mode="eval").body) if name is not None else None
+        return isinstance(value, (list, tuple))
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
@@ -182,7 +174,7 @@ class _Reconnect(ast.NodeTransformer):
         if isinstance(func, ast.Attribute) and not node.args and not node.keywords:
             if func.attr in {"detach", "cpu", *_LEAVING}:
                 return func.value
-        name = _dotted(func) or ""
+        name = dotted_name(func) or ""
         if name.rsplit(".", 1)[-1] in _WRAPPERS and name.startswith("torch.") and len(node.args) == 1:
             if not node.keywords:
                 inner = node.args[0]
@@ -197,12 +189,12 @@ def _patch(binding: Binding, reason: str, lines: list[str], frame: FrameType) ->
     """The statement's line changed so its result keeps the graph; None when one line cannot do it."""
     statement = binding.statement
     simple = isinstance(statement, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign))
-    code = _one_line(statement, lines) if simple else None
+    code = single_line(statement, lines) if simple else None
     if code is None:
         return None
     if reason == NO_GRAD:
-        torch_name = _torch_name(frame)
-        return f"with {torch_name}.enable_grad(): {code}" if torch_name else None
+        torch_module = torch_name(frame)
+        return f"with {torch_module}.enable_grad(): {code}" if torch_module else None
     if reason in (DETACH, ROUND_TRIP):
         changed = ast.unparse(ast.fix_missing_locations(_Reconnect(frame).visit(ast.parse(code).body[0])))
         return changed if changed != ast.unparse(ast.parse(code).body[0]) else None
@@ -229,7 +221,7 @@ def _cuts(tree: ast.Module, frame: FrameType, failing: Binding) -> list[tuple[Bi
     while binding is not None or queue:
         if binding is None:
             name, before = queue.pop(0)
-            binding = _creation(tree, before, name, augmented=True)
+            binding = binding_of(tree, before, name, augmented=True)
             if binding is None or (name, binding.statement.lineno) in seen or len(seen) >= MAX_STATEMENTS:
                 binding = None
                 continue
@@ -238,7 +230,7 @@ def _cuts(tree: ast.Module, frame: FrameType, failing: Binding) -> list[tuple[Bi
         if reason is not None:
             found.append((binding, reason))
         for read in _names_read(binding.value) if binding.value is not None else ():
-            if _follows(_value(frame, ast.parse(read, mode="eval").body)):
+            if _follows(frame_value(frame, ast.parse(read, mode="eval").body)):
                 queue.append((read, binding.statement.lineno))
         binding = None
     return found
@@ -253,7 +245,7 @@ def diagnose_cut(message: str, frame: FrameType | None, cwd: str) -> GraphReport
     if not lines:
         return None
     tree = ast.parse("".join(lines))
-    failing = _statement_at(tree, frame.f_lineno)
+    failing = statement_at(tree, frame.f_lineno)
     if failing is None:
         return None
     value = failing.value if isinstance(failing, (ast.Expr, ast.Assign, ast.AugAssign)) else None
