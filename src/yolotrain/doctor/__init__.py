@@ -6,9 +6,11 @@ Re-exported here so that ``yolotrain.doctor`` and ``yolotrain doctor`` keep work
 
 from inplace_doctor import (
     DoctorError,
+    GraphCutError,
     GraphFreedError,
     GraphReport,
     InplaceWarning,
+    InplaceWriteError,
     LintFinding,
     Patch,
     Report,
@@ -17,6 +19,7 @@ from inplace_doctor import (
     TensorInfo,
     Tracker,
     check_step,
+    is_graph_cut_error,
     is_graph_freed_error,
     is_inplace_error,
     lint_paths,
@@ -26,9 +29,11 @@ from inplace_doctor import (
 
 __all__ = [
     "DoctorError",
+    "GraphCutError",
     "GraphFreedError",
     "GraphReport",
     "InplaceWarning",
+    "InplaceWriteError",
     "LintFinding",
     "Patch",
     "Report",
@@ -37,6 +42,7 @@ __all__ = [
     "TensorInfo",
     "Tracker",
     "check_step",
+    "is_graph_cut_error",
     "is_graph_freed_error",
     "is_inplace_error",
     "lint_paths",

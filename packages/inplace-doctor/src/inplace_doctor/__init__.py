@@ -3,17 +3,21 @@
 ``watch()`` tracks saved tensors and in-place operators at runtime, ``check_step()`` reports
 modifications that do not raise, and ``lint_paths()`` finds the same hazards statically.
 Under ``watch()`` the "backward through the graph a second time" error also names the
-backward that freed the graph and the line that carried a tensor of it into a new one.
+backward that freed the graph and the line that carried a tensor of it into a new one, and an
+in-place write PyTorch refuses (into a leaf, or a view of several) names the line that made it;
+a backward on a loss without graph names the lines that cut it off.
 ``%load_ext inplace_doctor`` adds the ``%%doctor`` cell magic to IPython and Jupyter.
 """
 
 from .api import check_step, run_with_report, watch
+from .graph_cut import GraphCutError, is_graph_cut_error
 from .graph_freed import GraphFreedError, is_graph_freed_error
 from .lint import Finding as LintFinding
 from .lint import lint_paths
 from .messages import DoctorError, InplaceWarning, SavedTensorModifiedError, is_inplace_error
 from .mode import Tracker
 from .report import GraphReport, Patch, Report, Site, TensorInfo
+from .view_write import InplaceWriteError
 
 
 def load_ipython_extension(ipython: object) -> None:
@@ -25,9 +29,11 @@ def load_ipython_extension(ipython: object) -> None:
 
 __all__ = [
     "DoctorError",
+    "GraphCutError",
     "GraphFreedError",
     "GraphReport",
     "InplaceWarning",
+    "InplaceWriteError",
     "LintFinding",
     "Patch",
     "Report",
@@ -36,6 +42,7 @@ __all__ = [
     "TensorInfo",
     "Tracker",
     "check_step",
+    "is_graph_cut_error",
     "is_graph_freed_error",
     "is_inplace_error",
     "lint_paths",

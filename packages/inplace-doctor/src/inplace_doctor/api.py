@@ -7,11 +7,13 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, TypeVar
 
 from .messages import DoctorError, InplaceWarning
 from .mode import Tracker
 from .report import Report, format_reports
+from .view_write import explain_write, write_error_kind
 
 T = TypeVar("T")
 
@@ -50,11 +52,17 @@ class watch:  # noqa: N801 - used as a context manager, named like one
         _ACTIVE.tracker = self._tracker
         return self._tracker
 
-    def __exit__(self, *exc: object) -> None:
-        if self._owner and self._tracker is not None:
-            _ACTIVE.tracker = None
-            self._owner = False
-            self._tracker.__exit__(*exc)
+    def __exit__(self, kind: object, error: BaseException | None, traceback: TracebackType | None) -> None:
+        if not self._owner or self._tracker is None:
+            return
+        _ACTIVE.tracker = None
+        self._owner = False
+        self._tracker.__exit__(kind, error, traceback)
+        if error is not None and write_error_kind(error) is not None:
+            # A refused leaf or view write raises in forward; its traceback holds all the diagnosis needs.
+            explained = explain_write(error, traceback, self._cwd)
+            if explained.reports:
+                raise explained.with_traceback(traceback) from None
 
 
 def check_step(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Report]:

@@ -1,4 +1,4 @@
-"""``inplace-doctor``: run a script and explain in-place and freed-graph autograd errors, or lint sources."""
+"""``inplace-doctor``: run a script and explain in-place, freed-graph, leaf and view errors, or lint sources."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "Run SCRIPT like `python SCRIPT ARGS` and, if backward fails because a tensor saved for "
             "backward was modified in place, report which operation saved it and which modified it; "
             "if it fails on a graph already freed, report the backward that freed it and the line that "
-            "carried it into the new graph."
+            "carried it into the new graph; if an in-place write into a leaf or a view is refused, report the "
+            "line that made the leaf or view; if backward gets a loss without graph, report the lines that cut it."
         ),
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")

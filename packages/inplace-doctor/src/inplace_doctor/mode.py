@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .fixes import Change, suggest_fix
 from .frames import call_context, is_user_code, resolve, user_site
+from .graph_cut import explain_cut, is_graph_cut_error
 from .graph_freed import BackwardHistory, is_graph_freed_error, mark_carried_inputs
 from .messages import (
     PROBE_THREAD_PREFIX,
@@ -98,6 +99,9 @@ def _backward_outside_tracker(engine_run: Callable[..., Any], args: tuple, kwarg
     try:
         return _run_engine(mode, engine_run, args, kwargs)
     except RuntimeError as error:
+        explained = explain_cut(error, mode.cwd) if is_graph_cut_error(error) else None
+        if explained is not None and explained.reports:
+            raise explained.with_traceback(error.__traceback__) from None
         if not is_graph_freed_error(error) or isinstance(error, DoctorError):
             raise
         raise mode.backwards.explain(error, call).with_traceback(error.__traceback__) from None

@@ -41,6 +41,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Gener
     if call.excinfo is None or not item.config.getoption("inplace_doctor"):
         return
     reports = getattr(call.excinfo.value, "reports", None)
+    if not reports:
+        from .view_write import explain_write, write_error_kind
+
+        if write_error_kind(call.excinfo.value) is not None:
+            reports = explain_write(call.excinfo.value, call.excinfo.tb, str(item.config.rootpath)).reports
     if reports:
         from .report import format_reports
 

@@ -12,6 +12,7 @@ from types import TracebackType
 from .api import watch
 from .messages import DoctorError
 from .report import GraphReport, Report
+from .view_write import explain_write, write_error_kind
 
 
 @dataclass
@@ -81,7 +82,11 @@ def run_script(script: str, args: list[str], check: bool = False) -> RunResult:
                 result.errors = list(error.reports)
                 result.exit_code = 1
             except BaseException as error:  # noqa: BLE001 - mirror the interpreter for any failure
-                traceback.print_exception(type(error), error, _user_traceback(error.__traceback__, script))
+                explained = explain_write(error, error.__traceback__, os.getcwd()) if write_error_kind(error) else None
+                if explained is not None and explained.reports:
+                    result.errors = list(explained.reports)
+                else:
+                    traceback.print_exception(type(error), error, _user_traceback(error.__traceback__, script))
                 result.exit_code = 1
             if check:
                 seen = {_signature(r) for r in result.errors if isinstance(r, Report)}
