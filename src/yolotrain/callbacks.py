@@ -65,16 +65,19 @@ class Callbacks:
     """The functions registered per hook, run in registration order (the default loggers first)."""
 
     def __init__(self, spec: CallbackSpec | None = None) -> None:
-        self._hooks: dict[str, list[Callback]] = {hook: [] for hook in HOOKS}
+        # Each function with whether it is the user's (its errors are reported as a callback's).
+        self._hooks: dict[str, list[tuple[Callback, bool]]] = {hook: [] for hook in HOOKS}
         for hook, fns in (spec or {}).items():
             for fn in [fns] if callable(fns) else list(fns):
                 self.add(hook, fn)
 
-    def add(self, hook: str, fn: Callback) -> None:
+    def add(self, hook: str, fn: Callback, *, user: bool = True) -> None:
+        """Run ``fn`` at ``hook``. ``user=False`` marks yolotrain's own (the default loggers): their errors
+        (a logger that cannot start, say) pass through as they are."""
         check_hook(hook)
         if not callable(fn):
             raise ValueError(f"callback for {hook} must be callable, got {type(fn).__name__}")
-        self._hooks[hook].append(fn)
+        self._hooks[hook].append((fn, user))
 
     def extend(self, other: Callbacks) -> None:
         for hook, fns in other._hooks.items():
@@ -82,7 +85,10 @@ class Callbacks:
 
     def run(self, hook: str, *args: Any) -> None:
         """Call each function of ``hook``; an exception becomes a one-line :class:`CallbackError`."""
-        for fn in self._hooks[hook]:
+        for fn, user in self._hooks[hook]:
+            if not user:
+                fn(*args)
+                continue
             try:
                 fn(*args)
             except Exception as error:

@@ -299,10 +299,10 @@ class RunLogging:
         self.loggers: RunLoggers | None = None
 
     def register(self, callbacks: Callbacks) -> None:
-        callbacks.add("on_train_start", self.start)
-        callbacks.add("on_model_save", self.epoch_saved)
-        callbacks.add("on_train_end", self.end)
-        callbacks.add("teardown", self.teardown)
+        callbacks.add("on_train_start", self.start, user=False)
+        callbacks.add("on_model_save", self.epoch_saved, user=False)
+        callbacks.add("on_train_end", self.end, user=False)
+        callbacks.add("teardown", self.teardown, user=False)
 
     def start(self, trainer: Any) -> None:
         cfg = trainer.config

@@ -352,7 +352,7 @@ class Trainer:
     # ----------------------------------------------------------------------------------- loop
     def fit(self) -> TrainResult:
         """Train for the configured epochs; returns where the weights and results were written."""
-        error: BaseException | None = None
+        ended_by: BaseException | None = None  # what teardown is told
         try:
             self._fire("on_pretrain_routine_start", self)
             self.setup()
@@ -371,14 +371,14 @@ class Trainer:
                     _silence_loader_death_signals()
                     raise TrainingError(self._stopped_message(reason)) from None
         except CallbackError as failure:
-            error = CallbackError(f"{failure}; {self._checkpoint_kept()}")
-            raise error from None
+            ended_by = CallbackError(f"{failure}; {self._checkpoint_kept()}")
+            raise ended_by from None
         except BaseException as failure:
-            error = failure
+            ended_by = failure
             raise
         finally:
             try:
-                self._fire("teardown", self, error)
+                self._fire("teardown", self, ended_by)
             finally:
                 D.destroy_process_group()
 
