@@ -25,8 +25,11 @@ from typing import Any, Protocol
 
 import cv2
 import numpy as np
+from tqdm import tqdm
 
 from ..atomic import write_atomic
+from ..callbacks import Callbacks
+from .plots import plot_results
 
 # results.csv column → the reference's TensorBoard tag.
 TAGS = {
@@ -271,3 +274,54 @@ class RunLoggers:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+
+def write_results(path: Path, history: list[Mapping[str, Any]]) -> None:
+    """results.csv from the run's history, which the last checkpoint holds: after a resume it shows
+    each epoch once, whatever the interrupted run had written."""
+    def write(temp: Path) -> None:
+        with temp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(history[0]))
+            writer.writeheader()
+            for row in history:
+                writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+
+    write_atomic(path, write, durable=False)
+
+
+class RunLogging:
+    """results.csv, results.png and the experiment loggers as the training callbacks every run has.
+
+    They write after each epoch's checkpoint (``on_model_save``), so results.csv never shows an epoch
+    the last checkpoint does not hold."""
+
+    def __init__(self) -> None:
+        self.loggers: RunLoggers | None = None
+
+    def register(self, callbacks: Callbacks) -> None:
+        callbacks.add("on_train_start", self.start, user=False)
+        callbacks.add("on_model_save", self.epoch_saved, user=False)
+        callbacks.add("on_train_end", self.end, user=False)
+        callbacks.add("teardown", self.teardown, user=False)
+
+    def start(self, trainer: Any) -> None:
+        cfg = trainer.config
+        self.loggers = RunLoggers(trainer.save_dir, cfg.tensorboard, tqdm.write, integrations=cfg.loggers,
+                                  config=cfg.to_dict(), resumed=trainer.resume_from is not None)
+
+    def epoch_saved(self, trainer: Any, last: Path, epoch: int, final: bool, best_fitness: float,
+                    fitness: float) -> None:
+        results = trainer.save_dir / "results.csv"
+        write_results(results, trainer.history)
+        if trainer.config.eval.plots:
+            plot_results(results, trainer.save_dir / "results.png")
+        self.loggers.log_epoch(results)
+        if final and (trainer.save_dir / "val_predictions").is_dir():
+            self.loggers.log_images(trainer.save_dir / "val_predictions", "val/predictions", epoch + 1)
+
+    def end(self, trainer: Any, result: Any) -> None:
+        self.loggers.close()
+
+    def teardown(self, trainer: Any, error: BaseException | None) -> None:
+        if self.loggers is not None and error is not None:
+            self.loggers.close(failed=True)

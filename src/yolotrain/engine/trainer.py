@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import math
 import os
@@ -26,6 +25,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ..atomic import write_atomic
+from ..callbacks import Callback, CallbackError, Callbacks, CallbackSpec, as_callbacks
 from ..data.dataset import ImageReadError
 from ..data.fingerprint import ResumeDataWarning, dataset_changes, dataset_record, record_problem
 from ..data.loaders import build_loaders, run_class_names
@@ -39,7 +39,7 @@ from ..settings import ConfigError, flat_names, from_mapping, setting
 from . import distributed as D
 from .config import TrainConfig, resolve_config, with_runtime
 from .ema import ModelEMA
-from .loggers import RunLoggers, require_loggers
+from .loggers import RunLogging, require_loggers
 from .optim import apply_warmup, build_optimizer, lr_lambda, warmup_iterations
 
 # Validation columns of results.csv (left empty in epochs that skip validation).
@@ -79,13 +79,15 @@ class Trainer:
     def __init__(self, config: TrainConfig, ctx: D.DistributedContext | None = None,
                  loss: Callable[[Yolov5, bool], Callable] | None = None, resume_from: Path | None = None,
                  setting_files: Sequence[str | os.PathLike] = (),
-                 accept_changed_data: bool = ResumeOptions.accept_changed_data) -> None:
+                 accept_changed_data: bool = ResumeOptions.accept_changed_data,
+                 callbacks: Callbacks | CallbackSpec | None = None) -> None:
         """``loss(model, rect_training)`` builds a custom training criterion (default: :class:`YoloLoss`
         with the run's loss settings); it is called as ``criterion(outputs, targets, pred_size=...)``
         and must return a scalar. ``resume_from`` continues the run of that ``last`` checkpoint, whose
         configuration ``config`` must be (see :func:`resume_training`), on the data it recorded unless
         ``accept_changed_data``. ``setting_files`` (the ``--config`` and ``--hyp`` files ``config`` was
-        read from) are inputs the run folder must not write over."""
+        read from) are inputs the run folder must not write over. ``callbacks`` (``{hook: fn or [fn, ...]}``)
+        run after the default ones (results.csv, plots, loggers); see :mod:`yolotrain.callbacks`."""
         self.loss_factory = loss
         self.setting_files = [Path(f) for f in setting_files]
         self.config = resolve_config(config)
@@ -100,7 +102,19 @@ class Trainer:
         if not (Path(cfg.model).suffix or Path(cfg.model).exists()):
             parse_version(cfg.model)  # an unknown model name fails now, not after the data scan
         require_loggers(cfg.loggers)  # a missing package too
-        self.loggers: RunLoggers | None = None
+        self.callbacks = Callbacks()
+        RunLogging().register(self.callbacks)
+        self.callbacks.extend(as_callbacks(callbacks))
+        self.stop = False  # a callback sets it to end the run after the current epoch
+        self.save_dir: Path | None = None
+
+    def add_callback(self, hook: str, fn: Callback) -> None:
+        """Run ``fn`` at ``hook`` (a name of :data:`yolotrain.callbacks.HOOKS`), after those added before."""
+        self.callbacks.add(hook, fn)
+
+    def _fire(self, hook: str, *args: Any) -> None:
+        if self.ctx.is_main:
+            self.callbacks.run(hook, *args)
 
     # ----------------------------------------------------------------------------------- data
     def _build_data(self) -> None:
@@ -317,6 +331,13 @@ class Trainer:
                   f"(--patience {patience}); its weights are in {self.save_dir / 'weights' / 'best'}.safetensors")
         return True
 
+    def _stopped_by_callback(self, epoch: int) -> bool:
+        """Whether a callback set ``trainer.stop``: the run ends after this epoch, as ``--patience`` ends it."""
+        if self.stop:
+            self._log(f"Stopping after epoch {epoch + 1}: a callback set trainer.stop; the weights are in "
+                      f"{self.save_dir / 'weights'}")
+        return self.stop
+
     def _save_period(self, epoch: int) -> None:
         """``--save-period N``: a copy of this epoch's ``last`` checkpoint (without the training state) as
         ``weights/epoch{epoch}`` every N epochs, numbered as the reference numbers them (0-based)."""
@@ -331,12 +352,16 @@ class Trainer:
     # ----------------------------------------------------------------------------------- loop
     def fit(self) -> TrainResult:
         """Train for the configured epochs; returns where the weights and results were written."""
+        ended_by: BaseException | None = None  # what teardown is told
         try:
+            self._fire("on_pretrain_routine_start", self)
             self.setup()
             # One writer per run folder: a second run or resume of it stops here, naming the holder.
             with RunLock(self.save_dir) if self.ctx.is_main else contextlib.nullcontext():
                 if self.resume_from is not None:
                     self._load_resumed_state(self.resume_from)
+                self._fire("on_params_update", self, self.config.to_dict())
+                self._fire("on_pretrain_routine_end", self)
                 try:
                     return self._fit()
                 except (RuntimeError, ImageReadError) as error:
@@ -345,19 +370,27 @@ class Trainer:
                         raise
                     _silence_loader_death_signals()
                     raise TrainingError(self._stopped_message(reason)) from None
-        except BaseException:
-            if self.loggers is not None:
-                self.loggers.close(failed=True)
+        except CallbackError as failure:
+            ended_by = CallbackError(f"{failure}; {self._checkpoint_kept()}")
+            raise ended_by from None
+        except BaseException as failure:
+            ended_by = failure
             raise
         finally:
-            D.destroy_process_group()
+            try:
+                self._fire("teardown", self, ended_by)
+            finally:
+                D.destroy_process_group()
 
     def _stopped_message(self, reason: str) -> str:
         """One line: why training stopped, and which checkpoint it can continue from."""
-        last = self.save_dir / "weights" / "last"
-        kept = (f"the last checkpoint {last}.safetensors is intact: continue with --resume {self.save_dir}"
-                if last.with_suffix(".json").exists() else "no checkpoint was saved yet")
-        return f"training stopped: {reason}; {kept}"
+        return f"training stopped: {reason}; {self._checkpoint_kept()}"
+
+    def _checkpoint_kept(self) -> str:
+        last = self.save_dir / "weights" / "last" if self.save_dir is not None else None
+        if last is None or not last.with_suffix(".json").exists():
+            return "no checkpoint was saved yet"
+        return f"the last checkpoint {last}.safetensors is intact: continue with --resume {self.save_dir}"
 
     def _fit(self) -> TrainResult:
         cfg, ctx = self.config, self.ctx
@@ -374,8 +407,7 @@ class Trainer:
                       f"{len(self.train_set)} train / {len(self.val_set)} val images, {cfg.epochs} epochs, "
                       f"batch {cfg.data.batch_size} on {ctx.world_size} process(es), {self.device}; "
                       f"results in {self.save_dir}")
-            self.loggers = RunLoggers(self.save_dir, cfg.tensorboard, self._log, integrations=cfg.loggers,
-                                      config=cfg.to_dict(), resumed=self.resume_from is not None)
+        self._fire("on_train_start", self)
         metrics: dict[str, float] = {}
         epochs_run = 0
         self.best_epoch = self.start_epoch  # a resumed run counts its patience from where it resumes
@@ -384,6 +416,7 @@ class Trainer:
                 self.train_set.close_mosaic()
             self.train_sampler.set_epoch(epoch)
             self.ddp.train()
+            self._fire("on_train_epoch_start", self, epoch)
             mean_loss = torch.zeros(3, device=self.device)
             progress = tqdm(received(self.train_loader), total=batches, disable=not ctx.is_main, dynamic_ncols=True,
                             bar_format="{l_bar}{bar:10}{r_bar}")
@@ -394,7 +427,9 @@ class Trainer:
                 if warmup_iters and step <= warmup_iters:
                     self.accumulate = max(1, round(float(np.interp(step, [0, warmup_iters], [1, nominal_ratio]))))
                     apply_warmup(self.optimizer, step, warmup_iters, self.lf(epoch), cfg.optim)
+                self._fire("on_train_batch_start", self, epoch, i)
                 imgs, loss = self.train_batch(imgs, targets, epoch, i, step)
+                self._fire("on_train_batch_end", self, epoch, i, imgs, targets, loss)
                 mean_loss = (mean_loss * i + self._loss_components(loss)) / (i + 1)
                 seen += imgs.shape[0] * ctx.world_size
                 if ctx.is_main:
@@ -412,21 +447,20 @@ class Trainer:
             self.scheduler.step()
             epochs_run += 1
             stop = False
+            self._fire("on_train_epoch_end", self, epoch)
             if ctx.is_main:
                 best_before = self.best_fitness
                 metrics = self._end_epoch(epoch, mean_loss)
                 self._save_period(epoch)
-                self.loggers.log_epoch(self.save_dir / "results.csv")
-                if epoch + 1 == cfg.epochs and (self.save_dir / "val_predictions").is_dir():
-                    self.loggers.log_images(self.save_dir / "val_predictions", "val/predictions", epoch + 1)
-                stop = self._no_longer_improving(epoch, bool(metrics), self.best_fitness > best_before)
+                stop = (self._no_longer_improving(epoch, bool(metrics), self.best_fitness > best_before)
+                        or self._stopped_by_callback(epoch))
             D.barrier(ctx)
             if _agree(ctx, stop):
                 break
         result = TrainResult(self.save_dir, self.save_dir / "weights" / "last",
                              self.save_dir / "weights" / "best", epochs_run, metrics)
+        self._fire("on_train_end", self, result)
         if ctx.is_main:
-            self.loggers.close()
             self._log(f"Done: {result.epochs_run} epoch(s). Weights: {result.last}.safetensors, "
                       f"{result.best}.safetensors; results: {self.save_dir / 'results.csv'}")
         return result
@@ -479,6 +513,8 @@ class Trainer:
             raise TrainingError(self._divergence_message(epoch, batch, f"gradient norm is {grad_norm.item()}"))
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        self._fire("optimizer_step", self, epoch, batch)
+        self._fire("on_before_zero_grad", self, epoch, batch)
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(self.model)
@@ -531,7 +567,8 @@ class Trainer:
             result = val(self.ema.module, self.val_loader, conf=cfg.eval.conf, iou=cfg.eval.iou,
                          max_det=cfg.eval.max_det, criterion=self.val_criterion, verbose=final,
                          save_dir=self.save_dir if final and plots else None, plots=final and plots,
-                         half=self.amp_dtype is not None)  # as the reference: half-precision val under AMP
+                         half=self.amp_dtype is not None,  # as the reference: half-precision val under AMP
+                         callbacks=self.callbacks)
             metrics = {"precision": result.mp, "recall": result.mr, "mAP50": result.map50, "mAP50-95": result.map}
             metrics.update({f"val_{k}": v for k, v in (result.loss or {}).items()})
             score = result.fitness()
@@ -546,12 +583,10 @@ class Trainer:
         self.history.append(row)
         improved = score > self.best_fitness
         self.best_fitness = max(self.best_fitness, score)
+        self._fire("on_fit_epoch_end", self, epoch, row, score)
         self._save(epoch, metrics, improved)
-        self._write_results()
-        if plots:
-            from .plots import plot_results
-
-            plot_results(self.save_dir / "results.csv", self.save_dir / "results.png")
+        # results.csv, results.png and the loggers are written by the default callbacks here (loggers.py).
+        self._fire("on_model_save", self, self.save_dir / "weights" / "last", epoch, final, self.best_fitness, score)
         return metrics
 
     def _draw_val_predictions(self, count: int = 8) -> None:
@@ -560,18 +595,6 @@ class Trainer:
 
         predict(self.ema.module, self.val_set.im_files[:count], img_size=self.config.data.img_size,
                 save_dir=self.save_dir / "val_predictions")
-
-    def _write_results(self) -> None:
-        """results.csv from the run's history, which the last checkpoint holds: after a resume it
-        shows each epoch once, whatever the interrupted run had written."""
-        def write(temp: Path) -> None:
-            with temp.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=list(self.history[0]))
-                writer.writeheader()
-                for row in self.history:
-                    writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
-
-        write_atomic(self.save_dir / "results.csv", write, durable=False)
 
     def _save(self, epoch: int, metrics: dict[str, float], improved: bool) -> None:
         from ..checkpoint import save_checkpoint
@@ -781,7 +804,7 @@ RESUME_SETTINGS = frozenset({"device", "workers", "project"})
 def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = None,
           loss: Callable[[Yolov5, bool], Callable] | None = None, *,
           hyp: str | os.PathLike | Mapping[str, Any] | None = None, resume: str | os.PathLike | bool = False,
-          **settings: Any) -> TrainResult:
+          callbacks: Callbacks | CallbackSpec | None = None, **settings: Any) -> TrainResult:
     """Train a detector: ``yolotrain.train(data="data.yaml", model="yolov5s", epochs=50, lr0=0.02)``.
 
     ``config``, ``hyp`` and the keyword ``settings`` are resolved by
@@ -789,8 +812,11 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
     or whole sections). ``resume`` (``True`` for the newest run under ``project``, or a run folder or
     ``last`` checkpoint) continues a run with its saved configuration; only ``device`` and ``workers``
     may be given with it, and the :class:`ResumeOptions` (``accept_changed_data=True``). ``loss``
-    optionally builds a custom criterion from ``(model, rect_training)``.
+    optionally builds a custom criterion from ``(model, rect_training)``. ``callbacks``
+    (``{"on_fit_epoch_end": fn}``, a list of functions per hook allowed) run at the hooks of
+    :data:`yolotrain.callbacks.HOOKS`.
     """
+    user_callbacks = as_callbacks(callbacks)  # an unknown hook fails before anything is read
     options = from_mapping(ResumeOptions, {k: settings.pop(k) for k in flat_names(ResumeOptions) if k in settings})
     if resume:
         extra = sorted(set(settings) - RESUME_SETTINGS) + (["config"] if config is not None else []) + \
@@ -802,14 +828,22 @@ def train(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = N
         job = (_elastic_restart(path.parent.parent.parent, settings.get("device"), settings.get("workers"), loss)
                or resume_training(path, device=settings.get("device"), workers=settings.get("workers"), loss=loss,
                                   accept_changed_data=options.accept_changed_data))
-        return job if isinstance(job, TrainResult) else job.fit()
+        return _fit_with(job, user_callbacks)
     if options != ResumeOptions():
         raise ConfigError("accept_changed_data applies only with resume")
     setting_files = [f for f in (config, hyp) if isinstance(f, (str, os.PathLike))]
     resolved = resolve_config(config, hyp=hyp, **settings)
     job = _elastic_restart(resolved.project, resolved.device, resolved.data.workers, loss, resolved) or \
         Trainer(resolved, loss=loss, setting_files=setting_files)
-    return job if isinstance(job, TrainResult) else job.fit()
+    return _fit_with(job, user_callbacks)
+
+
+def _fit_with(job: Trainer | TrainResult, callbacks: Callbacks) -> TrainResult:
+    """``job``'s result: a finished run's as it is, else the trainer's, run with ``callbacks`` added."""
+    if isinstance(job, TrainResult):
+        return job
+    job.callbacks.extend(callbacks)
+    return job.fit()
 
 
 def _elastic_restart(project: str | os.PathLike, device: str | None, workers: int | None,

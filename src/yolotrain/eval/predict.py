@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..boxes import check_image_size, letterbox_geometry
+from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
 from ..draw import draw_detections
@@ -347,7 +348,9 @@ def predict(
     trust_code: bool = PredictConfig.trust_code,
     save: bool = PredictConfig.save,
     view_img: bool = PredictConfig.view_img,
-) -> list[Result]:
+    stream: bool = False,
+    callbacks: Callbacks | CallbackSpec | None = None,
+) -> list[Result] | Iterator[Result]:
     """Detect objects in images, videos, cameras and network streams.
 
     Args:
@@ -373,10 +376,16 @@ def predict(
         view_img: show each annotated image or frame in a window as it is predicted; where no window
             can be shown (no display, or an OpenCV without window support) that is an error before
             anything is loaded.
+        stream: return an iterator that predicts one image or frame per step, instead of the list of
+            all (a long video or a live source then holds one frame's result in memory at a time).
+            The model, sources and output folder are checked before it is returned; ``predictions.json``
+            is written when it is exhausted or closed.
+        callbacks: functions for ``on_predict_start`` (the :class:`Predictor`), ``on_predict_image_end``
+            (each :class:`Result`) and ``on_predict_end`` (all of them), as ``{hook: fn or [fn, ...]}``.
 
     Returns:
-        One :class:`Result` per image and per predicted video frame, in source order. Files that
-        cannot be read are skipped and named in one :class:`SourceWarning`.
+        One :class:`Result` per image and per predicted video frame, in source order (with ``stream``,
+        an iterator of them). Files that cannot be read are skipped and named in one :class:`SourceWarning`.
 
     Raises:
         ValueError: a camera or stream cannot be opened (before anything is predicted or written).
@@ -387,6 +396,7 @@ def predict(
         raise ValueError(f"line_width must be at least 1 pixel, got {line_width}")
     if view_img:
         check_display()
+    hooks = as_callbacks(callbacks)
     predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code)
     items = expand_sources(source)
     if save_dir is not None:
@@ -402,23 +412,54 @@ def predict(
         draw_options = {"line_width": line_width, "hide_labels": hide_labels, "hide_conf": hide_conf}
         outputs = _Outputs(Path(save_dir) if save_dir is not None else None, save_txt, save_crop, draw_options,
                            save, view_img)
-        results: list[Result] = []
+    except BaseException:
+        _close_readers(live)
+        raise
+    results = _predict_all(predictor, outputs, items, live, vid_stride, hooks)
+    return results if stream else list(results)
+
+
+def _close_readers(live: dict[int, LatestFrameReader]) -> None:
+    for reader in live.values():
+        reader.close()
+
+
+def _predict_all(predictor: Predictor, outputs: _Outputs, items: list[Path | np.ndarray | str],
+                 live: dict[int, LatestFrameReader], vid_stride: int, hooks: Callbacks) -> Iterator[Result]:
+    """Each result in turn; however the iteration ends, ``predictions.json`` is written with the results so
+    far and the live readers are closed."""
+    results: list[Result] = []
+    try:
         try:
-            unreadable = _predict_items(predictor, outputs, items, live, vid_stride, results)
+            hooks.run("on_predict_start", predictor)
+            unreadable = yield from _with_hook(_predict_items(predictor, outputs, items, live, vid_stride),
+                                               results, hooks)
         finally:
             outputs.json(results)
     finally:
-        for reader in live.values():
-            reader.close()
+        _close_readers(live)
     if unreadable:
         shown = ", ".join(unreadable[:5]) + (" ..." if len(unreadable) > 5 else "")
-        warnings.warn(f"skipped {len(unreadable)} unreadable source file(s): {shown}", SourceWarning, stacklevel=2)
-    return results
+        warnings.warn(f"skipped {len(unreadable)} unreadable source file(s): {shown}", SourceWarning, stacklevel=3)
+    hooks.run("on_predict_end", results)
+
+
+def _with_hook(predicted: Generator[Result, None, list[str]], results: list[Result],
+               hooks: Callbacks) -> Generator[Result, None, list[str]]:
+    """``predicted``'s results, each kept in ``results`` and given to ``on_predict_image_end``."""
+    while True:
+        try:
+            result = next(predicted)
+        except StopIteration as done:
+            return done.value
+        results.append(result)
+        hooks.run("on_predict_image_end", result)
+        yield result
 
 
 def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | np.ndarray | str],
-                   live: dict[int, LatestFrameReader], vid_stride: int, results: list[Result]) -> list[str]:
-    """Predict every source item into ``results`` and ``outputs``; returns the files that could not be read.
+                   live: dict[int, LatestFrameReader], vid_stride: int) -> Generator[Result, None, list[str]]:
+    """Predict every source item into ``outputs``, yielding each result; returns the files that could not be read.
 
     Ctrl-C while a live source is read ends the run there, as the normal way to stop a stream.
     """
@@ -426,41 +467,44 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
     for n, item in enumerate(items):
         if isinstance(item, np.ndarray):
             name = f"image{n}.jpg"
-            results.append(predictor.predict_image(item, name))
-            outputs.image(name, item, results[-1])
+            result = predictor.predict_image(item, name)
+            outputs.image(name, item, result)
+            yield result
         elif isinstance(item, str):
             reader = live[n]
             frames = ((index, frame, reader.fps) for index, frame in reader)
             try:
-                _predict_frames(predictor, outputs, frames, item, _live_name(item, n), results)
+                yield from _predict_frames(predictor, outputs, frames, item, _live_name(item, n))
             except KeyboardInterrupt:
                 break
         elif _suffix(item) in VIDEO_FORMATS:
-            before = len(results)
-            _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), item.stem, results)
-            if len(results) == before:
+            if not (yield from _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), item.stem)):
                 unreadable.append(str(item))
         else:
             image = cv2.imread(str(item), cv2.IMREAD_COLOR)
             if image is None:
                 unreadable.append(str(item))
                 continue
-            results.append(predictor.predict_image(image, str(item)))
-            outputs.image(item.name, image, results[-1])
+            result = predictor.predict_image(image, str(item))
+            outputs.image(item.name, image, result)
+            yield result
     return unreadable
 
 
 def _predict_frames(predictor: Predictor, outputs: _Outputs, frames: Iterable[tuple[int, np.ndarray, float]],
-                    path: str, stem: str, results: list[Result]) -> None:
-    """Predict a sequence of ``(index, frame, fps)`` into ``results``, the video ``STEM.mp4`` and per-frame
-    files; the video is finalised however the sequence ends (Ctrl-C included)."""
-    writer = None
+                    path: str, stem: str) -> Generator[Result, None, int]:
+    """Predict a sequence of ``(index, frame, fps)`` into the video ``STEM.mp4`` and per-frame files,
+    yielding each result; returns how many frames were predicted. The video is finalised however the
+    sequence ends (Ctrl-C or a closed stream included)."""
+    writer, count = None, 0
     try:
         for index, frame, fps in frames:
             result = predictor.predict_image(frame, path, frame=index)
-            results.append(result)
             writer = writer or outputs.video_writer(stem, frame, fps)
             outputs.frame(stem, frame, result, writer)
+            count += 1
+            yield result
+        return count
     finally:
         if writer is not None:
             writer.release()

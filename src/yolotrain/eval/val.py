@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..boxes import letterbox_geometry, xywh_to_xyxy
+from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
 from ..names import class_names, describe_repeats, repeated_names
@@ -168,6 +169,7 @@ def val(
     save_conf: bool = ValConfig.save_conf,
     single_cls: bool = ValConfig.single_cls,
     trust_code: bool = ValConfig.trust_code,
+    callbacks: Callbacks | CallbackSpec | None = None,
 ) -> Metrics:
     """Evaluate a detector on a labelled split.
 
@@ -204,7 +206,10 @@ def val(
             count need not match the data's); the results are reported under one class.
         trust_code: load weights that are programs (TorchScript, TensorRT engines), which run their own
             code when loaded; without it they are refused before anything of them is loaded.
+        callbacks: functions for the ``on_val_*`` hooks (``{"on_val_image_end": fn}``; see
+            :data:`yolotrain.callbacks.HOOKS` for what each receives).
     """
+    hooks = as_callbacks(callbacks)
     if task not in ("val", "speed"):
         raise ValueError(f"task must be 'val' or 'speed', got {task!r}")
     if task == "speed":
@@ -236,14 +241,16 @@ def val(
         refuse_overwriting_inputs([("--project/--name", out_dir)], weights + dataset_inputs(
             getattr(dataset, "im_files", ()), None if isinstance(data, DataLoader) else data))
     scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
-                          out_dir / "labels" if save_txt else None, save_conf, save_json)
+                          out_dir / "labels" if save_txt else None, save_conf, save_json,
+                          lambda path, det: hooks.run("on_val_image_end", path, det))
     timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
     loss_sum, batches = torch.zeros(3), 0
     dtype = input_dtype(model)
     if criterion is not None and not isinstance(model, torch.nn.Module):
         raise ValueError("the validation loss needs a torch model (it reads the raw head maps)")
-    seen = 0
+    seen, batch_index = 0, 0
     iterator = iter(loader)
+    hooks.run("on_val_start", loader)
     with torch.inference_mode():
         while True:
             with timers["preprocess"]:
@@ -255,6 +262,7 @@ def val(
             if batch is None:
                 break
             b, _, h, w = imgs.shape
+            hooks.run("on_val_batch_start", batch_index, imgs, targets)
             end_to_end = getattr(model, "end_to_end", False)  # an export with NMS inside
             with timers["inference"]:
                 if end_to_end:
@@ -277,7 +285,9 @@ def val(
                     dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:])), 1) for d in dets]
 
             scorer.add_batch(dets, targets, seen, (h, w))
+            hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
             seen += b
+            batch_index += 1
 
     metrics = scorer.stats.compute(names)
     metrics.speed = {k: t.total / max(seen, 1) * 1e3 for k, t in timers.items()}
@@ -290,6 +300,7 @@ def val(
                                      dataset.img_size, dataset.img_size))
     if out_dir is not None:
         _save_results(metrics, scorer, names, out_dir)
+    hooks.run("on_val_end", metrics)
     return metrics
 
 
@@ -298,8 +309,9 @@ class _ImageScorer:
     writes what the options ask for: the confusion matrix, COCO detections, YOLO label files."""
 
     def __init__(self, dataset, nc: int, class_map: torch.Tensor | None, confusion: bool,
-                 labels_dir: Path | None, save_conf: bool, save_json: bool) -> None:
-        self.dataset, self.class_map = dataset, class_map
+                 labels_dir: Path | None, save_conf: bool, save_json: bool,
+                 image_end: Callable[[str, torch.Tensor], None] = lambda path, det: None) -> None:
+        self.dataset, self.class_map, self.image_end = dataset, class_map, image_end
         self.stats = DetectionStats(nc)
         self.confusion = ConfusionMatrix(nc) if confusion else None
         self.labels_dir, self.save_conf = labels_dir, save_conf
@@ -326,6 +338,7 @@ class _ImageScorer:
             gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
             gt_cls = per_image[i][:, 1]
             self.stats.update(det_native, gt_boxes, gt_cls)
+            self.image_end(self.dataset.im_files[first + i], det_native)
             if self.confusion is not None:
                 self.confusion.update(det_native, gt_boxes, gt_cls)
             if self.coco_ids is not None:
