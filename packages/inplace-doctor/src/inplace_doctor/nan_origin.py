@@ -42,11 +42,23 @@ _OPS = {  # the operator family of a forward function or a backward node, and th
     "sqrt": {"sqrt", "rsqrt"},
     "exp": {"exp", "exp2"},
     "div": {"div", "true_divide", "divide"},
-    "norm": {"norm", "vector_norm"},
+    "norm": {"norm", "vector_norm", "vectornorm"},
     "acos": {"acos", "arccos"},
     "asin": {"asin", "arcsin"},
     "pow": {"pow", "float_power"},
 }
+# Ops whose result is finite whenever their inputs are: not checked (a NaN they pass on is found by
+# the next op that is checked, and the op that made it was recorded when it did).
+_PRESERVING = {
+    "view", "reshape", "permute", "transpose", "contiguous", "flatten", "unflatten", "squeeze", "unsqueeze",
+    "expand", "expand_as", "chunk", "split", "unbind", "narrow", "select", "cat", "stack", "clone", "detach",
+    "relu", "relu_", "sigmoid", "tanh", "silu", "hardswish", "hardtanh", "max_pool2d", "adaptive_avg_pool2d",
+    "interpolate", "pad", "zeros_like", "ones_like", "where", "masked_fill",
+}
+# Ops whose backward can turn finite gradients non-finite at finite inputs (sqrt and powers below 1 at 0,
+# acos/asin at ±1, std at a constant): their nodes get the backward check; others only when their result
+# was already non-finite.
+_SINGULAR = {"sqrt", "rsqrt", "pow", "acos", "asin", "std", "var", "cdist", "norm"}
 _LEAVING = {"item", "tolist"}  # the value leaves torch: a NaN in it is no longer masked
 _DUNDER = {"truediv": "div", "rtruediv": "div", "itruediv": "div_", "radd": "add", "iadd": "add_", "rsub": "sub",
            "isub": "sub_", "rmul": "mul", "imul": "mul_", "rmatmul": "matmul", "rpow": "pow", "ipow": "pow_"}
@@ -109,10 +121,17 @@ def _floating(value: Any) -> list[torch.Tensor]:
 
 
 def _finite(tensors: list[torch.Tensor]) -> bool:
-    """One fused check (and one host sync) for all the tensors."""
-    if len(tensors) == 1:
-        return bool(torch.isfinite(tensors[0]).all())
-    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+    """Exact check: every element of every tensor is finite."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _surely_finite(tensors: list[torch.Tensor]) -> bool:
+    """The hot-path check: one read-only reduction per tensor and one host sync.
+
+    A sum is finite when all its terms are, except when it overflows: then the exact check decides.
+    """
+    total = sum(t.detach().sum(dtype=torch.float32) for t in tensors)
+    return math.isfinite(float(total)) or _finite(tensors)
 
 
 def _has_nan(tensors: list[torch.Tensor]) -> bool:
@@ -141,7 +160,7 @@ def _display(name: str) -> str:
 def _family(name: str) -> str:
     """``log`` for ``log``/``Tensor.log``/``LogBackward0``; ``div`` for ``/``; the name itself otherwise."""
     match = _BACKWARD.match(name)
-    stem = match.group(1).lower() if match else name.lower()
+    stem = match.group(1).lower() if match else _display(name).lower()
     stem = stem.rstrip("_").removeprefix("linalg_").removeprefix("_foreach_")
     if name in _DIV_NAMES or stem in ("truediv", "rtruediv"):
         return "div"
@@ -175,18 +194,21 @@ class NanWatch(TorchFunctionMode):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        if not self.active or name in _SKIPPED:
+        if not self.active or name in _SKIPPED or name in _PRESERVING:
             return result
         if name in _LEAVING:
             leaving = _floating(args[0]) if args else []
-            if leaving and not _finite(leaving) and _has_nan(leaving):
+            if leaving and not _surely_finite(leaving) and _has_nan(leaving):
                 self._reached(name, args, kwargs, leaving)
             return result
         checked = _floating(args[0] if result is None and name.endswith("_") and args else result)
         if not checked:
             return result
-        if not _finite(checked):
+        finite = _surely_finite(checked)
+        if not finite:
             self._forward(name, args, kwargs, checked)
+        if finite and _family(name) not in _SINGULAR:
+            return result
         grad_fn = next((t.grad_fn for t in checked if t.grad_fn is not None), None)
         if grad_fn is not None and torch.is_grad_enabled():
             site = user_site(0)
@@ -232,7 +254,7 @@ class NanWatch(TorchFunctionMode):
             return
         produced = [g for g in grads_in if isinstance(g, torch.Tensor) and g.numel()]
         received = [g for g in grads_out if isinstance(g, torch.Tensor) and g.numel()]
-        if not produced or _finite(produced) or (received and not _finite(received)):
+        if not produced or _surely_finite(produced) or (received and not _surely_finite(received)):
             return
         saved = [(key, getattr(node, key, None)) for key in dir(node) if key.startswith("_saved_")]
         ranges = [_range(f"saved {key.removeprefix('_saved_')}", v) for key, v in saved
