@@ -280,7 +280,7 @@ def _fix(found: _Found, first: _Found | None) -> str:
         return _FIXES[origin.family]
     if found.family in _FIXES:
         return _FIXES[found.family]
-    if origin.dtype in (torch.float16, torch.bfloat16) and origin.family not in _FIXES:
+    if origin.dtype in (torch.float16, torch.bfloat16):
         return _OVERFLOW.format(dtype=str(origin.dtype).removeprefix("torch."), limit=torch.finfo(origin.dtype).max)
     if first is not None and origin.family in ("add", "sub", "mul", "matmul", "linear", "mse_loss", "pow"):
         return _GROWTH.format(dtype=str(origin.dtype).removeprefix("torch."))
