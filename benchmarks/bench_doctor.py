@@ -1,5 +1,8 @@
 """Training-step cost of ``yolotrain.doctor.watch()`` against a plain step and anomaly mode.
 
+``nan`` is ``watch(nan=True)`` (the in-place tracking plus the NaN-origin checks), measured
+against anomaly mode with its NaN check on (``anomaly_nan``), the mode PyTorch offers for NaNs.
+
 Target: yolov5n at 320x320, batch 8, CPU, AdamW. The three modes run interleaved, round
 after round, so background load hits them alike; min and median per mode are reported and
 written to ``benchmarks/results/doctor.json``.
@@ -77,10 +80,20 @@ def _anomaly() -> Iterator[None]:
             yield
 
 
+@contextlib.contextmanager
+def _anomaly_nan() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autograd.detect_anomaly(check_nan=True):
+            yield
+
+
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "plain": contextlib.nullcontext,
     "watch": watch,
     "anomaly": _anomaly,
+    "nan": lambda: watch(nan=True),
+    "anomaly_nan": _anomaly_nan,
 }
 
 

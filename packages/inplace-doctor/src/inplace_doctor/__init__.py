@@ -16,6 +16,7 @@ from .lint import Finding as LintFinding
 from .lint import lint_paths
 from .messages import DoctorError, InplaceWarning, SavedTensorModifiedError, is_inplace_error
 from .mode import Tracker
+from .nan_origin import NanOriginError
 from .report import GraphReport, Patch, Report, Site, TensorInfo
 from .view_write import InplaceWriteError
 
@@ -34,6 +35,7 @@ __all__ = [
     "GraphReport",
     "InplaceWarning",
     "InplaceWriteError",
+    "NanOriginError",
     "LintFinding",
     "Patch",
     "Report",

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from .messages import DoctorError, InplaceWarning
 from .mode import Tracker
+from .nan_origin import NanWatch
 from .report import Report, format_reports
 from .view_write import explain_write, write_error_kind
 
@@ -33,15 +34,19 @@ class watch:  # noqa: N801 - used as a context manager, named like one
     would raise is raised unchanged in type and message, with ``.reports`` and a note holding
     the diagnosis. The tracker is returned by ``__enter__``; its :meth:`Tracker.reports`
     lists modifications that did not (or not yet) raise. Nested ``watch()`` blocks share
-    the outermost tracker.
+    the outermost tracker. With ``nan=True`` the first non-finite value stops the block with
+    a :class:`NanOriginError` naming the operator (or backward node) that made it.
     """
 
-    def __init__(self, cwd: str | None = None) -> None:
+    def __init__(self, cwd: str | None = None, nan: bool = False) -> None:
         self._cwd = cwd or os.getcwd()
         self._tracker: Tracker | None = None
         self._owner = False
+        self._nan = NanWatch(self._cwd) if nan else None
 
     def __enter__(self) -> Tracker:
+        if self._nan is not None:
+            self._nan.__enter__()
         current = active_tracker()
         if current is not None:
             self._tracker = current
@@ -53,6 +58,9 @@ class watch:  # noqa: N801 - used as a context manager, named like one
         return self._tracker
 
     def __exit__(self, kind: object, error: BaseException | None, traceback: TracebackType | None) -> None:
+        if self._nan is not None:
+            self._nan.active = False
+            self._nan.__exit__(kind, error, traceback)
         if not self._owner or self._tracker is None:
             return
         _ACTIVE.tracker = None

@@ -19,7 +19,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "backward was modified in place, report which operation saved it and which modified it; "
             "if it fails on a graph already freed, report the backward that freed it and the line that "
             "carried it into the new graph; if an in-place write into a leaf or a view is refused, report the "
-            "line that made the leaf or view; if backward gets a loss without graph, report the lines that cut it."
+            "line that made the leaf or view; if backward gets a loss without graph, report the lines that cut it. "
+            "With --nan, stop at the first non-finite value and report the operation that made it."
         ),
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -27,6 +28,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--check",
         action="store_true",
         help="also report modifications of saved tensors that did not raise (exit 1 if any)",
+    )
+    parser.add_argument(
+        "--nan",
+        action="store_true",
+        help="stop at the first operation (forward op or backward node) whose result is NaN or inf, and name it",
     )
     parser.add_argument("--lint", action="store_true", help="statically scan the given files/folders instead")
     parser.add_argument("target", metavar="SCRIPT|PATH", help="script to run, or path to lint with --lint")
@@ -52,7 +58,7 @@ def main(argv: list[str], prog: str = "inplace-doctor") -> int:
     if options.lint:
         return _lint([options.target, *options.args], options.json)
     sys.stdout.flush()
-    result = run_script(options.target, options.args, check=options.check)
+    result = run_script(options.target, options.args, check=options.check, nan=options.nan)
     reports = result.errors + result.warnings
     if reports:
         sys.stdout.flush()

@@ -49,12 +49,13 @@ def _signature(report: Report) -> tuple:
     return report.saved_by, tuple(report.modified_by)
 
 
-def run_script(script: str, args: list[str], check: bool = False) -> RunResult:
+def run_script(script: str, args: list[str], check: bool = False, nan: bool = False) -> RunResult:
     """Execute ``script`` as ``__main__`` with ``sys.argv``/``sys.path[0]`` set like the interpreter.
 
     A backward failure the doctor explains (an in-place modification, a freed graph) becomes
     ``errors``; with ``check``, modifications that did not raise become ``warnings``. Other
-    exceptions are printed as Python would print them and give exit code 1.
+    exceptions are printed as Python would print them and give exit code 1. With ``nan``, the
+    first non-finite value stops the script with its origin as the error.
     """
     try:
         with open(script, "rb") as handle:
@@ -73,7 +74,7 @@ def run_script(script: str, args: list[str], check: bool = False) -> RunResult:
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     result = RunResult(0)
     try:
-        with watch(os.getcwd()) as tracker:
+        with watch(os.getcwd(), nan=nan) as tracker:
             try:
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as exit_request:

@@ -1,0 +1,148 @@
+"""The doctor's ``--nan`` mode: the corpus in tests/doctor_cases/nan_origin/.
+
+Each failing program marks the line of the first non-finite forward value (``# doctor: first OP``),
+of the op that made the NaN (``# doctor: forward OP``) or of the forward call that recorded the
+backward node whose gradient went non-finite (``# doctor: backward NODE``). The doctor runs as a
+real subprocess; its patch is applied to a copy of the program, which must then run to the end
+under ``--nan`` with nothing reported. ``clean_*`` programs must report nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import inplace_doctor
+import pytest
+import torch
+from inplace_doctor.report import Patch
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = "tests/doctor_cases/nan_origin"
+CASES = ROOT / FOLDER
+MARK = re.compile(r"#\s*doctor:\s*(.+?)\s*$")
+ROLES = {"first": "non-finite", "forward": "forward op", "backward": "backward node"}
+FAILING = sorted(p.name for p in CASES.glob("[a-z]*.py") if not p.name.startswith("clean_"))
+CLEAN = sorted(p.name for p in CASES.glob("clean_*.py"))
+KEYS = {"schema", "kind", "error", "sites", "fix", "patches", "severity", "notes"}
+# Programs whose repair is no one-line change of the named line, and what the fix must say instead.
+UNPATCHED = {"autocast_fp16_attention.py": "overflowed float16", "lr_blowup.py": "lower the learning rate"}
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join([str(ROOT / "src"), str(Path(inplace_doctor.__file__).parents[1])])
+    return dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
+
+
+def _doctor(*args: str, cwd: Path = ROOT, module: str = "inplace_doctor") -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", module, *args]
+    return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def _marks(path: Path) -> set[tuple[str, str, int]]:
+    """(role, op, line) for every ``# doctor: ROLE OP [ROLE OP]`` mark."""
+    found = set()
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        match = MARK.search(line)
+        if match:
+            words = match.group(1).split()
+            found |= {(ROLES[role], op, number) for role, op in zip(words[::2], words[1::2])}
+    return found
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    """Per failing program: the doctor's process, its JSON report, and the doctor's run of the patched copy."""
+    folder = tmp_path_factory.mktemp("patched")
+
+    def run(name: str) -> tuple:
+        proc = _doctor("--nan", "--json", f"{FOLDER}/{name}")
+        start = proc.stdout.find("{\n")
+        report = json.loads(proc.stdout[start:]) if start >= 0 else None
+        patched = None
+        if report and report["patches"]:
+            source = (CASES / name).read_text()
+            for patch in report["patches"]:
+                assert patch["file"] == f"{FOLDER}/{name}"
+                source = Patch(name, patch["line"], patch["code"]).apply(source)
+            (folder / name).write_text(source)
+            patched = _doctor("--nan", name, cwd=folder)
+        return proc, report, patched
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(FAILING, pool.map(run, FAILING)))
+
+
+def test_corpus_size() -> None:
+    assert len(FAILING) >= 8 and len(CLEAN) >= 2
+
+
+@pytest.mark.parametrize("name", FAILING)
+def test_report_names_the_origin(name: str, runs: dict) -> None:
+    proc, report, _ = runs[name]
+    assert proc.returncode == 1, proc.stderr
+    assert report is not None, proc.stdout
+    assert set(report) == KEYS
+    assert (report["schema"], report["kind"], report["severity"]) == (2, "nan_origin", "error")
+    assert {(s["role"], s["op"], s["line"]) for s in report["sites"]} == _marks(CASES / name)
+    assert all(s["file"] == f"{FOLDER}/{name}" for s in report["sites"])
+    assert any(re.search(r"min \S+ max \S+, nan (yes|no), inf (yes|no)", note) for note in report["notes"])
+
+
+@pytest.mark.parametrize("name", sorted(set(FAILING) - set(UNPATCHED)))
+def test_applied_fix_runs_clean(name: str, runs: dict) -> None:
+    _, report, patched = runs[name]
+    first = min(line for _, _, line in _marks(CASES / name))
+    assert [p["line"] for p in report["patches"]] == [first], report["fix"]
+    assert f"`{report['patches'][0]['code']}`" in report["fix"]
+    assert (patched.returncode, patched.stdout, patched.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("name", sorted(UNPATCHED))
+def test_fix_without_a_one_line_patch_says_what_to_change(name: str, runs: dict) -> None:
+    _, report, _ = runs[name]
+    assert report["patches"] == [] and UNPATCHED[name] in report["fix"]
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_clean_programs_report_nothing(name: str) -> None:
+    proc = _doctor("--nan", f"{FOLDER}/{name}")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
+def test_yolotrain_doctor_text_report_names_the_backward_node() -> None:
+    proc = _doctor("doctor", "--nan", f"{FOLDER}/pairwise_sqrt_backward.py", module="yolotrain")
+    assert proc.returncode == 1
+    assert "doctor error: Function 'SqrtBackward0' returned inf values in its gradient" in proc.stderr
+    assert f"backward node: SqrtBackward0 at {FOLDER}/pairwise_sqrt_backward.py:11" in proc.stderr
+    assert "dist = diff.pow(2).sum(-1).clamp_min(1e-12).sqrt()" in proc.stderr
+
+
+def test_watch_nan_stops_at_the_forward_op_with_its_input_ranges() -> None:
+    scores = torch.tensor([[0.0, 3.0], [0.0, 0.0]], requires_grad=True)
+    with pytest.raises(inplace_doctor.NanOriginError) as info, inplace_doctor.watch(nan=True):
+        total = scores.sum(1, keepdim=True)
+        share = scores / total
+        share.mean().backward()
+    (report,) = info.value.reports
+    assert str(info.value) == "`div` returned nan values (they reached `mean`)"
+    assert [(role, site.op, site.code) for role, site in report.sites] == [
+        ("forward op", "div", "share = scores / total")
+    ]
+    assert "div: input 1: float32 [2, 1] min 0 max 3, nan no, inf no" in report.notes
+    assert [p.code for p in report.patches] == ["share = scores / total.clamp_min(1e-12)"]
+
+
+def test_watch_without_nan_and_masked_values_without_backward_stop_nothing() -> None:
+    x = torch.tensor([0.0, 4.0], requires_grad=True)
+    with inplace_doctor.watch():
+        torch.sqrt(x).sum().backward()
+    assert torch.isinf(x.grad).any()
+    with inplace_doctor.watch(nan=True), torch.no_grad():
+        safe = torch.where(x > 0, x * torch.log(x), 0.0)
+    assert safe.tolist() == [0.0, 4.0 * float(torch.log(torch.tensor(4.0)))]
