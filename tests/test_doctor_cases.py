@@ -219,6 +219,7 @@ NO_SINGLE_LINE = {
     "gan_two_optimizers.py",  # backward calls and optimiser steps must be reordered
     "module_backward_hook.py",  # a hook writes a parameter another node saved
     "optimizer_in_backward.py",
+    "parametrize_assign.py",  # the assignment to the parametrized weight must move after backward
     "step_before_backward.py",
     "yolo_pred_slice_assign.py",  # a slice assignment into a tensor whose view was saved
 }
@@ -275,3 +276,22 @@ def test_proposed_fix_runs_and_keeps_the_maths(name: str, fix_runs: dict) -> Non
     assert (patched.returncode, patched.stderr) == (0, ""), patched.stderr
     assert intended.returncode == 0, intended.stderr
     assert _roots(intended) and _roots(patched) == [pytest.approx(values, rel=1e-6) for values in _roots(intended)]
+
+
+def test_parametrized_assignment_fix_moved_after_backward_runs_and_keeps_the_maths(
+    fix_runs: dict, tmp_path: Path
+) -> None:
+    """The parametrization report names the right_inverse write and says to assign after backward; doing so works."""
+    report, _, _ = fix_runs["parametrize_assign.py"]
+    assert "`layer.parametrizations.weight.original` in place" in report["fix"]
+    assert "make the assignment after the backward" in report["fix"]
+    lines = (CASES / "parametrize_assign.py").read_text().splitlines(keepends=True)
+    assignment = report["modified_by"][0]["line"] - 1
+    backward = next(n for n, line in enumerate(lines) if line.startswith("loss.backward()"))
+    assert assignment < backward
+    lines.insert(backward, lines.pop(assignment))
+    (tmp_path / "parametrize_assign.py").write_text("".join(lines))
+    moved = _run(RECORDER, "run", str(tmp_path / "parametrize_assign.py"))
+    intended = _run_python(RECORDER, "forward", "tests/doctor_cases/parametrize_assign.py")
+    assert (moved.returncode, moved.stderr) == (0, ""), moved.stderr
+    assert _roots(moved) == [pytest.approx(values, rel=1e-6) for values in _roots(intended)]

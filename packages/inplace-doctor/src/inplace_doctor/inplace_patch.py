@@ -4,7 +4,8 @@ Three rewrites are right in general: the modifying statement made out of place w
 name of its own scope (``x += y``, ``x.foo_(...)``, ``x.copy_(y)``, ``y = x.foo_(...)``), or
 ``.clone()`` appended where the saving line binds the saved output, so the later writes change the
 copy and not the tensor autograd saved. Anything else (a write through a view, an attribute, a
-closure, an optimiser step, ``.data``) needs edits on more than one line, and the report says so.
+closure, an optimiser step, ``.data``, an
+assignment to a parametrized tensor) needs edits on more than one line, and the report says so.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .fixes import (
     FUNCTION_INPUT,
     INPLACE_METHOD,
     OPTIMIZER,
+    PARAMETRIZED_ASSIGN,
     Change,
     classify_change,
     out_of_place,
@@ -33,6 +35,7 @@ _INPLACE_CALL = re.compile(r"\.(?P<name>[a-z][a-z0-9_]*[a-z0-9])_\(")
 _NO_PATCH = {
     OPTIMIZER: "the backward calls and the optimiser step must be reordered",
     DATA_WRITE: "the `.data` write must move after backward",
+    PARAMETRIZED_ASSIGN: "the assignment must move to another place",
 }
 NO_SINGLE_LINE = "no single-line change fixes this"
 
