@@ -16,6 +16,7 @@ class Positive(nn.Module):
 
 torch.manual_seed(0)
 layer = nn.Linear(4, 3)
+nn.init.uniform_(layer.weight, 0.1, 1.0)  # positive, so right_inverse (log of expm1) is finite
 parametrize.register_parametrization(layer, "weight", Positive())
 loss = layer(torch.randn(8, 4)).pow(2).mean()
 layer.weight = layer.weight.clamp(max=1.0)  # doctor: modified aten::set_
