@@ -22,13 +22,15 @@ from pathlib import Path
 import inplace_doctor
 import pytest
 import torch
+from inplace_doctor.report import Patch
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "tests" / "doctor_cases"
 MARK = re.compile(r"#\s*doctor:\s*(saved|modified)\s+(\S+)")
 MESSAGE = re.compile(r"\[(torch\.[\w.]+) \[([\d, ]*)\]\].*is at version (\d+); expected version (\d+) instead")
 REPORT_KEYS = {
-    "schema", "kind", "error", "tensor", "saved_by", "modified_by", "fix", "severity", "observed", "notes", "count"
+    "schema", "kind", "error", "tensor", "saved_by", "modified_by", "fix", "severity", "observed", "notes", "count",
+    "patches",
 }
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
 
@@ -193,6 +195,8 @@ def test_text_report_prints_path_line_for_each_site(results: dict) -> None:
     assert "saved by:    aten::sigmoid at tests/doctor_cases/sigmoid_iadd.py:5" in proc.stderr
     assert "modified by: aten::add_ at tests/doctor_cases/sigmoid_iadd.py:6" in proc.stderr
     assert "`probs += 1e-6` updates `probs` in place; write `probs = probs + 1e-6`" in proc.stderr
+    change = "change:      tests/doctor_cases/sigmoid_iadd.py:6 to\n                   probs = probs + 1e-6"
+    assert change in proc.stderr
 
 
 @pytest.mark.parametrize("command", CLEAN_COMMANDS)
@@ -206,3 +210,88 @@ def test_script_sees_argv_main_and_keeps_its_exit_code(results: dict) -> None:
     assert proc.returncode == 3
     assert proc.stdout == "args: ['a', '--json'] main: __main__\n"
     assert proc.stderr == ""
+
+
+# Failing cases where one changed line cannot fix the program; the report must say so.
+NO_SINGLE_LINE = {
+    "checkpoint_recompute.py",  # a buffer written while checkpoint recomputes the block
+    "data_clamp_silent.py",  # the .data clipping must move after backward
+    "gan_two_optimizers.py",  # backward calls and optimiser steps must be reordered
+    "module_backward_hook.py",  # a hook writes a parameter another node saved
+    "optimizer_in_backward.py",
+    "parametrize_assign.py",  # the assignment to the parametrized weight must move after backward
+    "step_before_backward.py",
+    "yolo_pred_slice_assign.py",  # a slice assignment into a tensor whose view was saved
+}
+RECORDER = "tests/doctor_cases/_record_backward.py"
+
+
+def _roots(proc: subprocess.CompletedProcess[str]) -> list[list[float]]:
+    """The values the program called backward on, as ``_record_backward.py`` printed them."""
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("backward roots: "))
+    return json.loads(line.removeprefix("backward roots: "))
+
+
+@pytest.fixture(scope="module")
+def fix_runs(results: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    """Per failing case: its report, the doctor's run of the patched copy, and the unpatched forward values."""
+    folder = tmp_path_factory.mktemp("patched")
+
+    def run(name: str) -> tuple:
+        data = _trailing_json(results[_case_args(name)].stdout)
+        report = data if isinstance(data, dict) else _matching(data, _marks(CASES / name))
+        if not report["patches"]:
+            return report, None, None
+        target = folder / Path(name).stem
+        target.mkdir()
+        for source in (CASES / name, CASES / "_helper_modules.py"):
+            (target / source.name).write_text(source.read_text())
+        for patch in report["patches"]:
+            path = target / Path(patch["file"]).name
+            path.write_text(Patch(patch["file"], patch["line"], patch["code"]).apply(path.read_text()))
+        check = ("--check",) if _marks(CASES / name).mode == "check" else ()
+        patched = _run(*check, RECORDER, "run", str(target / name))
+        intended = _run_python(RECORDER, "forward", f"tests/doctor_cases/{name}")
+        return report, patched, intended
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(FAILING, pool.map(run, FAILING)))
+
+
+def _run_python(*args: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join([str(ROOT / "src"), str(Path(inplace_doctor.__file__).parents[1])])
+    env = dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", FAILING)
+def test_proposed_fix_runs_and_keeps_the_maths(name: str, fix_runs: dict) -> None:
+    """The report's patch, applied to a copy, runs clean under the doctor and computes the same forward values."""
+    report, patched, intended = fix_runs[name]
+    if name in NO_SINGLE_LINE:
+        assert report["patches"] == [] and "no single-line change fixes this" in report["fix"]
+        return
+    assert len(report["patches"]) == 1, report["fix"]
+    assert "no single-line change" not in report["fix"]
+    assert (patched.returncode, patched.stderr) == (0, ""), patched.stderr
+    assert intended.returncode == 0, intended.stderr
+    assert _roots(intended) and _roots(patched) == [pytest.approx(values, rel=1e-6) for values in _roots(intended)]
+
+
+def test_parametrized_assignment_fix_moved_after_backward_runs_and_keeps_the_maths(
+    fix_runs: dict, tmp_path: Path
+) -> None:
+    """The parametrization report names the right_inverse write and says to assign after backward; doing so works."""
+    report, _, _ = fix_runs["parametrize_assign.py"]
+    assert "`layer.parametrizations.weight.original` in place" in report["fix"]
+    assert "make the assignment after the backward" in report["fix"]
+    lines = (CASES / "parametrize_assign.py").read_text().splitlines(keepends=True)
+    assignment = report["modified_by"][0]["line"] - 1
+    backward = next(n for n, line in enumerate(lines) if line.startswith("loss.backward()"))
+    assert assignment < backward
+    lines.insert(backward, lines.pop(assignment))
+    (tmp_path / "parametrize_assign.py").write_text("".join(lines))
+    moved = _run(RECORDER, "run", str(tmp_path / "parametrize_assign.py"))
+    intended = _run_python(RECORDER, "forward", "tests/doctor_cases/parametrize_assign.py")
+    assert (moved.returncode, moved.stderr) == (0, ""), moved.stderr
+    assert _roots(moved) == [pytest.approx(values, rel=1e-6) for values in _roots(intended)]

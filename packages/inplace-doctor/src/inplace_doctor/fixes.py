@@ -21,9 +21,12 @@ INPLACE_METHOD = "inplace_method"
 OPTIMIZER = "optimizer"
 FUNCTION_INPUT = "function_input"
 BUFFER_COPY = "buffer_copy"
+PARAMETRIZED_ASSIGN = "parametrized_assign"
 
 _AUGMENTED_RE = re.compile(r"^(?P<target>[\w.\[\]:, ]+?)\s*(?P<op>\*\*|//|>>|<<|[-+*/%@&|^])=\s*(?P<value>.+)$")
 _SUBSCRIPT_ASSIGN_RE = re.compile(r"^[\w.]+\s*\[.*\]\s*=[^=]")
+# Assigning an attribute rebinds it; one that writes a tensor in place runs a setter, i.e. parametrize's.
+_ATTRIBUTE_ASSIGN_RE = re.compile(r"^(?P<owner>[\w.]+)\.(?P<name>\w+)\s*=[^=]")
 _METHOD_RE = re.compile(r"\.(?P<name>[a-z][a-z0-9_]*[a-z0-9])_\(")
 
 HINTS: dict[str, str] = {
@@ -50,6 +53,11 @@ HINTS: dict[str, str] = {
     BUFFER_COPY: (
         "a buffer reused across steps is overwritten with copy_(); rebind a fresh tensor "
         "(`state = new_state`) instead of `state.copy_(new_state)`"
+    ),
+    PARAMETRIZED_ASSIGN: (
+        "assigning a parametrized tensor runs the parametrization's `right_inverse` and writes the result "
+        "into its `original` in place, which the parametrization's forward saved; make the assignment after "
+        "the backward (after the optimiser's step in a training loop), or before the forward that should use it"
     ),
 }
 
@@ -90,6 +98,8 @@ def classify_change(change: Change) -> str:
         return AUGMENTED
     if _SUBSCRIPT_ASSIGN_RE.match(code):
         return SLICE_ASSIGN
+    if op in ("aten::set_", "aten::copy_") and _ATTRIBUTE_ASSIGN_RE.match(code):
+        return PARAMETRIZED_ASSIGN
     if op.endswith("copy_") and ".copy_(" in code:
         return BUFFER_COPY
     return INPLACE_METHOD
@@ -127,6 +137,16 @@ def specific_hint(kind: str, change: Change) -> str:
         if match:
             name = match["name"]
             return f"`.{name}_()` works in place; use the out-of-place `y = y.{name}(...)`"
+    if kind == PARAMETRIZED_ASSIGN:
+        match = _ATTRIBUTE_ASSIGN_RE.match(code)
+        if match:
+            owner, name = match["owner"], match["name"]
+            return (
+                f"`{code}` runs the parametrization's `right_inverse` and writes the result into "
+                f"`{owner}.parametrizations.{name}.original` in place, which the parametrization's forward saved; "
+                "make the assignment after the backward (after the optimiser's step in a training loop), "
+                "or before the forward that should use it"
+            )
     if kind == OPTIMIZER and ctx.optimizer:
         return HINTS[OPTIMIZER].replace("optimizer.step()", f"{ctx.optimizer}.step()", 1)
     return HINTS[kind]

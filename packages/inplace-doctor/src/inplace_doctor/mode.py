@@ -34,6 +34,7 @@ from .fixes import Change, suggest_fix
 from .frames import call_context, is_user_code, resolve, user_site
 from .graph_cut import explain_cut, is_graph_cut_error
 from .graph_freed import BackwardHistory, is_graph_freed_error, mark_carried_inputs
+from .inplace_patch import propose_patch
 from .messages import (
     PROBE_THREAD_PREFIX,
     VERSION_ERROR,
@@ -603,7 +604,10 @@ class Tracker(TorchDispatchMode):
                 "a thread started before it, or a hook the autograd engine ran on a device thread"
             )
         fix = suggest_fix(changes)
-        return Report(error, tensor, saved_by, sites, fix, severity, notes, finding.count, observed)
+        patches, no_patch = propose_patch(saved_by, sites, changes, finding.info.output_save, self.cwd)
+        if no_patch is not None:
+            fix = f"{fix}; {no_patch}"
+        return Report(error, tensor, saved_by, sites, fix, severity, notes, finding.count, observed, patches)
 
     def reports(self, start: int = 0) -> list[Report]:
         """Warnings for every finding since index ``start`` of :attr:`findings`."""

@@ -93,6 +93,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     count: int = 1
     observed: bool = True  # every version bump since the save is explained by ``modified_by``
+    patches: list[Patch] = field(default_factory=list)  # the fix as changed lines, when one line fixes it
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object documented for ``--json``: everything the text form shows."""
@@ -108,6 +109,7 @@ class Report:
             "observed": self.observed,
             "notes": list(self.notes),
             "count": self.count,
+            "patches": [patch.to_dict() for patch in self.patches],
         }
 
     def format(self) -> str:
@@ -131,6 +133,7 @@ class Report:
             lines.append("  modified by: (not observed; see the note)")
         lines.extend(f"  note:        {note}" for note in self.notes)
         lines.append(f"  fix:         {self.fix}")
+        lines.extend(patch.describe() for patch in self.patches)
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -148,6 +151,10 @@ class Patch:
     def to_dict(self) -> dict[str, Any]:
         """JSON form: ``{"file", "line", "code"}``."""
         return {"file": self.file, "line": self.line, "code": self.code}
+
+    def describe(self) -> str:
+        """The ``change:`` lines of the text report."""
+        return f"  change:      {self.file}:{self.line} to\n                   {self.code}"
 
     def apply(self, source: str) -> str:
         """``source`` (the file's text) with the line replaced, keeping its indentation."""
@@ -195,9 +202,7 @@ class GraphReport:
             lines.append(f"                   {site.code}")
         lines.extend(f"  note:        {note}" for note in self.notes)
         lines.append(f"  fix:         {self.fix}")
-        for patch in self.patches:
-            lines.append(f"  change:      {patch.file}:{patch.line} to")
-            lines.append(f"                   {patch.code}")
+        lines.extend(patch.describe() for patch in self.patches)
         return "\n".join(lines)
 
     def __str__(self) -> str:
