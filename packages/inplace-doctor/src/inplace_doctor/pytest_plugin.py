@@ -2,6 +2,8 @@
 
 A test that fails with PyTorch's in-place modification error gets the doctor's report (the
 lines that saved and modified the tensor) as an "inplace doctor" section of its failure.
+``--inplace-doctor-nan`` runs each test under ``watch(nan=True)`` instead: a test stops at its
+first NaN with the NaN-origin report in the same section (it implies ``--inplace-doctor``).
 Registered through the ``pytest11`` entry point, so installing the package is enough; torch
 is imported only when the option is given.
 """
@@ -22,23 +24,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run each test under inplace_doctor.watch() and attach its report to in-place autograd failures",
     )
+    group.addoption(
+        "--inplace-doctor-nan",
+        action="store_true",
+        default=False,
+        help="as --inplace-doctor, under watch(nan=True): stop a test at its first NaN and attach the "
+        "report naming the op that made it",
+    )
+
+
+def _doctor_on(config: pytest.Config) -> bool:
+    return bool(config.getoption("inplace_doctor") or config.getoption("inplace_doctor_nan"))
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
-    if not item.config.getoption("inplace_doctor"):
+    if not _doctor_on(item.config):
         yield
         return
     from .api import watch
 
-    with watch(str(item.config.rootpath)):
+    with watch(str(item.config.rootpath), nan=item.config.getoption("inplace_doctor_nan")):
         yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, None]:
     outcome = yield
-    if call.excinfo is None or not item.config.getoption("inplace_doctor"):
+    if call.excinfo is None or not _doctor_on(item.config):
         return
     reports = getattr(call.excinfo.value, "reports", None)
     if not reports:
