@@ -1,15 +1,16 @@
 """yolotrain: train, evaluate, export and debug YOLOv5 object detectors in PyTorch."""
 
 from .data import get_loaders
+from .detector import Detector
 from .engine import TrainConfig, resolve_config, train
 from .eval.predict import predict
 from .eval.val import val
-from .interop import export
-from .interop import load_model as load
+from .interop import export, resolve_model
+from .interop import resolve_trainable as load
 from .loss import YOLO_LOSS, DivergenceError, YoloLoss
 from .model import Yolov5
 from .settings import ConfigError
 
-__all__ = ["YOLO_LOSS", "ConfigError", "DivergenceError", "TrainConfig", "YoloLoss", "Yolov5", "export", "get_loaders",
-           "load", "predict", "resolve_config", "train", "val"]
+__all__ = ["YOLO_LOSS", "ConfigError", "Detector", "DivergenceError", "TrainConfig", "YoloLoss", "Yolov5", "export",
+           "get_loaders", "load", "predict", "resolve_config", "resolve_model", "train", "val"]
 __version__ = "0.1.0"

@@ -31,6 +31,7 @@ from ..data.fingerprint import ResumeDataWarning, dataset_changes, dataset_recor
 from ..data.loaders import build_loaders, run_class_names
 from ..data.sources import resolve_source
 from ..devices import select_device
+from ..interop.resolve import resolve_trainable
 from ..loss import DivergenceError, YoloLoss
 from ..model import Yolov5, parse_version
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
@@ -190,18 +191,11 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- model
     def _build_model(self) -> Yolov5:
-        spec = self.config.model
-        if Path(spec).suffix in (".yaml", ".yml"):
-            return Yolov5.from_yaml(spec, num_classes=len(self.names), names=self.names)
-        if Path(spec).suffix or Path(spec).exists():
-            from ..interop import load_model
-
-            model = load_model(spec)
-            if model.num_classes != len(self.names):
-                model = _with_new_head(model, len(self.names))
-            model.names = list(self.names)
-            return model
-        return Yolov5(version=spec, num_classes=len(self.names), names=self.names)
+        model = resolve_trainable(self.config.model, names=self.names)
+        if model.num_classes != len(self.names):  # weights trained on other classes
+            model = _with_new_head(model, len(self.names))
+        model.names = list(self.names)
+        return model
 
     def setup(self) -> None:
         """Data, model, optimiser, EMA and loss, ready for :meth:`train_batch`; :meth:`fit` calls it."""

@@ -1,23 +1,20 @@
-"""Turn a model or a weights path into an inference-ready detector on a device, with class names."""
+"""Turn a model or a weights path into an inference-ready :class:`~yolotrain.detector.Detector` on a device."""
 
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
+from ..detector import Detector
 from ..devices import select_device
+from ..interop.resolve import ModelSource, resolve_model
 from ..model import Yolov5
 
-ModelOrWeights = nn.Module | str | os.PathLike
-# A torch detector, or an exported one run by its runtime (``yolotrain.interop.ExportedModel``).
-Detector = Any
-# The --weights help of val and predict: every file load_inference_model takes.
+ModelOrWeights = ModelSource
+# The --weights help of val and predict: every file resolve_model takes.
 WEIGHTS_HELP = ("checkpoint, official YOLOv5 .pt, or an export (.onnx, OpenVINO .xml, .tflite, .torchscript, "
                 "TensorRT .engine; TorchScript and TensorRT files need --trust-model-code)")
 # --trust-model-code of val and predict.
@@ -33,19 +30,15 @@ def one_weights(weights: Sequence[str]) -> str:
     return weights[0]
 
 
-def input_dtype(model: Detector) -> torch.dtype:
-    """The dtype images must have for ``model`` (exported models take float32)."""
-    return next(model.parameters()).dtype if isinstance(model, nn.Module) else torch.float32
-
-
 def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.device | None = None,
                          fuse: bool = True, half: bool = False,
                          trust_code: bool = False) -> tuple[Detector, torch.device]:
-    """A detector in eval mode on ``device``: a copy of the given :class:`Yolov5`, or one loaded from a
-    weights path (our checkpoints and official YOLOv5 ``.pt`` files, via :func:`yolotrain.interop.load_model`;
-    exports (``.onnx``, OpenVINO ``.xml``, ``.tflite``, ``.torchscript``; TensorRT ``.engine`` on the GPU)
-    run through their runtimes, fed from the CPU). TorchScript files and TensorRT engines run their own
-    code when loaded: they are refused unless ``trust_code`` (see :mod:`yolotrain.interop.trust`).
+    """The detector :func:`~yolotrain.interop.resolve.resolve_model` finds for ``model_or_weights``, ready
+    for inference, and the device its inputs go to. Exports (``.onnx``, OpenVINO ``.xml``, ``.tflite``,
+    ``.torchscript``; TensorRT ``.engine`` on the GPU) run through their runtimes as they are, fed from the
+    CPU; TorchScript files and TensorRT engines run their own code when loaded: they are refused unless
+    ``trust_code`` (see :mod:`yolotrain.interop.trust`). A PyTorch model goes in eval mode to ``device``
+    (by default: where a given model is; the best device for a file).
 
     The caller's model is never changed: fusing Conv+BN (faster inference, same outputs), the
     channels-last layout and the move to ``device``/half precision happen on a copy. ``half`` means
@@ -54,24 +47,15 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
     bits would move boxes by pixels); fp16 ones in fp16, as the reference does.
 
     Raises:
-        TypeError: ``model_or_weights`` is neither a :class:`Yolov5` nor a path.
+        TypeError: ``model_or_weights`` is neither a detector nor a path.
         yolotrain.checkpoint.CheckpointError: the weights file cannot be read.
     """
-    if isinstance(model_or_weights, (str, os.PathLike)):
-        from ..interop.runtime import is_exported, load_exported
-
-        if is_exported(model_or_weights):
-            return load_exported(model_or_weights, trust_code=trust_code), torch.device("cpu")
-    if isinstance(model_or_weights, (str, os.PathLike)):
-        from ..interop import load_model
-
-        model = load_model(Path(model_or_weights))
-    elif isinstance(model_or_weights, Yolov5):
-        model = copy.deepcopy(model_or_weights)
-    else:
-        raise TypeError(f"expected a Yolov5 model or a weights path, got {type(model_or_weights).__name__}")
-    dev = select_device(device) if device is not None or isinstance(model_or_weights, (str, os.PathLike)) \
-        else next(model.parameters()).device
+    model = resolve_model(model_or_weights, trust_code=trust_code)
+    if not isinstance(model, Yolov5):
+        return model, model.device
+    given = model is model_or_weights
+    model = copy.deepcopy(model) if given else model
+    dev = model.device if given and device is None else select_device(device)
     model = model.to(dev).float().eval()
     if fuse:
         model.fuse()

@@ -37,7 +37,7 @@ from ..settings import (
     from_flat,
     setting,
 )
-from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model, one_weights
+from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
 from .nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
@@ -184,17 +184,17 @@ class Predictor:
                  trust_code: bool = False) -> None:
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half,
                                                        trust_code=trust_code)
-        self.stride = max(getattr(self.model, "max_stride", int(self.model.stride.max())), 32)
-        self.square = not getattr(self.model, "dynamic_size", True)
+        self.stride = max(self.model.max_stride, 32)
+        self.square = not self.model.dynamic_size
         if img_size is None:  # the size the model was made for: an export's fixed size, 1280 for P6, else 640
-            img_size = int(self.model.img_size[0]) if self.square else getattr(self.model, "default_img_size", 640)
+            img_size = self.model.default_img_size
         check_image_size(img_size, self.stride)
-        if self.square and tuple(self.model.img_size) != (img_size, img_size):
-            raise ValueError(f"this export takes {'x'.join(map(str, self.model.img_size))} images only, "
+        if self.square and self.model.fixed_size != (img_size, img_size):
+            raise ValueError(f"this export takes {'x'.join(map(str, self.model.fixed_size))} images only, "
                              f"not {img_size}: pass that image size")
-        self.names = class_names(getattr(self.model, "names", None), self.model.num_classes)
+        self.names = class_names(self.model.names, self.model.num_classes)
         check_nms_limits(max_det, classes, self.model.num_classes)
-        self.dtype = input_dtype(self.model)
+        self.dtype = self.model.dtype
         self.img_size, self.conf, self.iou = img_size, conf, iou
         self.classes, self.max_det, self.agnostic = classes, max_det, agnostic
 
@@ -203,7 +203,7 @@ class Predictor:
         rgb, gain, pad = prepare_image(image, self.img_size, self.stride, self.square)
         x = torch.from_numpy(rgb).to(self.device).permute(2, 0, 1)[None].to(self.dtype) / 255
         with torch.inference_mode():
-            if getattr(self.model, "end_to_end", False):  # an export with NMS inside
+            if self.model.end_to_end:  # an export with NMS inside
                 det = self.model.detections(x, self.conf, self.iou, self.max_det, classes=self.classes,
                                             agnostic=self.agnostic)[0]
             else:

@@ -40,7 +40,7 @@ from ..settings import (
     setting,
 )
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
-from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, input_dtype, load_inference_model, one_weights
+from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
 from .nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 
@@ -217,17 +217,17 @@ def val(
     check_nms_limits(max_det)
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code)
     # Exports fixed at one image size take square letterboxed batches, not rectangular ones.
-    rect = rect and getattr(model, "dynamic_size", True)
+    rect = rect and model.dynamic_size
     loader = data
     if not isinstance(data, DataLoader):
         # Rect batch shapes must suit the largest stride (64 on P6 models).
-        stride = max(getattr(model, "max_stride", int(model.stride.max())), 32)
-        size = getattr(model, "default_img_size", 640) if img_size is None else img_size
+        stride = max(model.max_stride, 32)
+        size = model.default_img_size if img_size is None else img_size
         loader = build_val_loader(data, None if map_classes or single_cls else model.num_classes, size,
                                   batch_size, rect, workers, stride=stride)
     _check_ordered(loader)
     dataset = loader.dataset
-    model_names = class_names(getattr(model, "names", None), model.num_classes)
+    model_names = class_names(model.names, model.num_classes)
     if single_cls:
         names, class_map = [model_names[0] if len(model_names) == 1 else "object"], None
     else:
@@ -245,7 +245,7 @@ def val(
                           lambda path, det: hooks.run("on_val_image_end", path, det))
     timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
     loss_sum, batches = torch.zeros(3), 0
-    dtype = input_dtype(model)
+    dtype = model.dtype
     if criterion is not None and not isinstance(model, torch.nn.Module):
         raise ValueError("the validation loss needs a torch model (it reads the raw head maps)")
     seen, batch_index = 0, 0
@@ -263,9 +263,8 @@ def val(
                 break
             b, _, h, w = imgs.shape
             hooks.run("on_val_batch_start", batch_index, imgs, targets)
-            end_to_end = getattr(model, "end_to_end", False)  # an export with NMS inside
             with timers["inference"]:
-                if end_to_end:
+                if model.end_to_end:  # an export with NMS inside
                     dets = model.detections(imgs, conf, iou, max_det, multi_label=True)
                 elif criterion is None:
                     preds = model(imgs)
@@ -277,7 +276,7 @@ def val(
                 loss_sum += criterion.components.float().cpu()
                 batches += 1
             with timers["nms"]:
-                if not end_to_end:
+                if not model.end_to_end:
                     # As the reference: one class means one suppression across all classes, then class 0.
                     dets = non_max_suppression(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
                                                max_det=max_det)

@@ -52,7 +52,7 @@ from ..settings import add_arguments, from_mapping, setting
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
 from .export_graph import ExportGraph, raw_output_names
 from .formats import REGISTRY, ExportJob
-from .pretrained import load_model
+from .resolve import resolve_trainable
 
 # Name → file suffix, and what each format can do beyond plain float32, read from the formats' modules.
 FORMATS: dict[str, str] = {name: spec.suffix for name, spec in REGISTRY.items()}
@@ -153,13 +153,12 @@ def export_metadata(model: Yolov5, size: tuple[int, int], raw: bool, dynamic_bat
 
 
 def _load(weights_or_model: str | Path | Yolov5) -> Yolov5:
-    if isinstance(weights_or_model, nn.Module):
-        if not isinstance(weights_or_model, Yolov5):
-            raise ValueError(f"only Yolov5 detectors can be exported, got {type(weights_or_model).__name__}")
+    if isinstance(weights_or_model, nn.Module) and not isinstance(weights_or_model, Yolov5):
+        raise ValueError(f"only Yolov5 detectors can be exported, got {type(weights_or_model).__name__}")
+    model = resolve_trainable(weights_or_model)
+    if model is weights_or_model:
         # A copy: fusing replaces the BatchNorms, which must not happen to the caller's (maybe training) model.
-        model = copy.deepcopy(weights_or_model)
-    else:
-        model = load_model(weights_or_model)
+        model = copy.deepcopy(model)
     return model.float().cpu().eval().fuse()
 
 

@@ -19,7 +19,7 @@ import torch
 
 from ..checkpoint import CheckpointError
 from ..model import ModelSpec
-from ..model.spec import SIZES
+from ..model.spec import SIZES, matching_version
 from ..names import class_names
 from .unpickler import PickledObject
 
@@ -136,8 +136,6 @@ def _architecture_from_yaml(yaml: Any, levels: int, layers: int, source: str) ->
             spec = ModelSpec.from_mapping(yaml, f"{source} (model yaml)")
         except ValueError as exc:
             raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {exc}") from None
-        from ..model.spec import matching_version
-
         version = matching_version(spec)
         return (version, None) if version else ("custom", spec)
     # Only the multiples recorded: one of the published layouts, told apart by the head.

@@ -22,8 +22,10 @@ import numpy as np
 import torch
 
 from ..checkpoint import MAX_CLASSES, CheckpointError
+from ..detector import Task
 from ..messages import brief, shorten
 from ..model import Detect
+from ..model.yolo import DEFAULT_IMG_SIZE
 from .formats import REGISTRY
 
 # Suffix of the file a runtime loads → (backend module, class name), from the formats' registry entries;
@@ -60,13 +62,17 @@ def load_exported(path: str | os.PathLike, trust_code: bool = False) -> Exported
 class ExportedModel(abc.ABC):
     """Base of the runtime backends: metadata, shape checks and decoding shared by every format.
 
-    ``model(imgs)`` takes ``[B, 3, H, W]`` float images (0..1) and returns the decoded ``[B, N, 5+nc]``
-    output on the images' device, like ``Yolov5.eval()``; exports with NMS inside instead answer
-    :meth:`detections`. ``names``, ``stride``, ``num_classes``, ``img_size``, ``precision`` and
-    ``end_to_end`` come from the file's metadata.
+    A :class:`~yolotrain.detector.Detector`: ``model(imgs)`` takes ``[B, 3, H, W]`` float images (0..1)
+    and returns the decoded ``[B, N, 5+nc]`` output on the images' device, like ``Yolov5.eval()``;
+    exports with NMS inside instead answer :meth:`detections`. ``names``, ``stride``, ``num_classes``,
+    ``img_size``, ``precision`` and ``end_to_end`` come from the file's metadata.
     """
 
     format_name = "exported"
+    task: Task = "detect"
+    # Inputs are fed from the CPU as float32 whatever the precision inside (each runtime converts).
+    device = torch.device("cpu")
+    dtype = torch.float32
 
     def __init__(self, path: str | os.PathLike, metadata: Mapping[str, str],
                  input_shape: Sequence[int | None],
@@ -149,6 +155,18 @@ class ExportedModel(abc.ABC):
     @property
     def dynamic_size(self) -> bool:
         return self.input_shape[2] is None or self.input_shape[3] is None
+
+    @property
+    def fixed_size(self) -> tuple[int, int] | None:
+        return None if self.dynamic_size else self.img_size
+
+    @property
+    def max_stride(self) -> int:
+        return int(self.stride.max())
+
+    @property
+    def default_img_size(self) -> int:
+        return self.img_size[0] if not self.dynamic_size else DEFAULT_IMG_SIZE.get(self.max_stride, 640)
 
     @abc.abstractmethod
     def _run(self, images: np.ndarray) -> list[np.ndarray]:

@@ -126,14 +126,14 @@ class TensorRtModel(ExportedModel):
         self.output_names = [n for n in names if n != self.input_name]
         shape = list(self.engine.get_tensor_shape(self.input_name))
         self.max_batch = shape[0] if shape[0] > 0 else self.engine.get_tensor_profile_shape(self.input_name, 0)[2][0]
-        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.cuda_device = torch.device("cuda", torch.cuda.current_device())
         super().__init__(path, metadata, shape)
 
     def _run(self, images: np.ndarray) -> list[np.ndarray]:
         chunks = []
-        stream = torch.cuda.current_stream(self.device)
+        stream = torch.cuda.current_stream(self.cuda_device)
         for start in range(0, len(images), self.max_batch):
-            batch = torch.from_numpy(images[start:start + self.max_batch]).to(self.device).contiguous()
+            batch = torch.from_numpy(images[start:start + self.max_batch]).to(self.cuda_device).contiguous()
             if not self.context.set_input_shape(self.input_name, tuple(batch.shape)):
                 lowest, _, highest = self.engine.get_tensor_profile_shape(self.input_name, 0)
                 raise ValueError(f"{self.path.name} takes images from {list(lowest)} to {list(highest)}, "
@@ -142,7 +142,7 @@ class TensorRtModel(ExportedModel):
             outputs = []
             for name in self.output_names:
                 output = torch.empty(tuple(self.context.get_tensor_shape(name)), dtype=torch.float32,
-                                     device=self.device)
+                                     device=self.cuda_device)
                 self.context.set_tensor_address(name, output.data_ptr())
                 outputs.append(output)
             if not self.context.execute_async_v3(stream.cuda_stream):

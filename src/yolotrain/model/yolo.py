@@ -9,10 +9,13 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..detector import Task
 from .blocks import Conv
 from .detect import Detect
 from .spec import MAX_CLASSES, VERSIONS, ModelSpec, build_layers, builtin_spec, matching_version, read_model_yaml
 
+# Precision names of the floating types a model's parameters may have (as exports name theirs).
+PRECISIONS: dict[torch.dtype, str] = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 # Published models trained at this input size, by their largest stride (P6 models at 1280).
 DEFAULT_IMG_SIZE: dict[int, int] = {32: 640, 64: 1280}
 
@@ -46,8 +49,15 @@ class Yolov5(nn.Module):
     decoded boxes ``[B, N, 5+nc]``. Input sides must be multiples of the largest stride.
     ``self.model`` keeps the reference's layer indices, so a reference ``state_dict`` loads unchanged.
     ``version`` is ``'custom'`` for a spec that is not one of the published architectures;
-    ``in_channels`` defaults to the spec's ``ch`` (3).
+    ``in_channels`` defaults to the spec's ``ch`` (3). It implements :class:`~yolotrain.detector.Detector`
+    (any multiple of the largest stride as input size, NMS outside the model); weights files are read by
+    :func:`yolotrain.load`.
     """
+
+    task: Task = "detect"
+    dynamic_size = True
+    fixed_size = None
+    end_to_end = False
 
     def __init__(self, version: str | ModelSpec = "s", num_classes: int = 80,
                  anchors: Sequence[Sequence[float]] | torch.Tensor | None = None, in_channels: int | None = None,
@@ -86,14 +96,6 @@ class Yolov5(nn.Module):
         return cls(spec, num_classes=spec.nc if num_classes is None else num_classes, names=names,
                    in_channels=in_channels)
 
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike) -> Yolov5:
-        """Load our checkpoint, a plain ``state_dict`` file, or an official YOLOv5 ``.pt`` (read safely,
-        without running pickled code); the architecture and class names come from the file."""
-        from ..interop import load_model
-
-        return load_model(path)
-
     @property
     def head(self) -> Detect:
         return self.model[-1]
@@ -101,6 +103,18 @@ class Yolov5(nn.Module):
     @property
     def stride(self) -> torch.Tensor:
         return self.head.stride
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def precision(self) -> str:
+        return PRECISIONS.get(self.dtype, str(self.dtype).removeprefix("torch."))
 
     @property
     def default_img_size(self) -> int:

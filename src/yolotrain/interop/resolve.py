@@ -1,0 +1,98 @@
+"""Which model does this name? :func:`resolve_model` is the one answer, for ``train``, ``val``, ``predict``,
+``export`` and :func:`yolotrain.load`.
+
+A spec is, checked in this order:
+
+- a model in memory: a :class:`~yolotrain.detector.Detector` (a :class:`Yolov5` or an exported runtime);
+- an export (``.onnx``, OpenVINO ``.xml``, ``.tflite``, ``.torchscript``, TensorRT ``.engine``): run by its
+  runtime; files that are programs (TorchScript, TensorRT) are refused unless ``trust_code``
+  (see :mod:`.trust`);
+- a model YAML (``.yaml``/``.yml``): that architecture with random weights;
+- a published architecture name without a suffix (``yolov5n`` … ``yolov5x6``, ``n``, ``s6``) that is not a
+  file: that architecture with random weights;
+- anything else is weights (see :func:`.pretrained.load_model`): our checkpoints (stem, ``.json`` or
+  ``.safetensors`` of a set), a bare ``state_dict``, official YOLOv5 ``.pt`` files (read by the
+  restricted unpickler, never running pickled code), a bare official name (``yolov5s.pt``) downloaded once.
+
+The split: :func:`resolve_model` answers any of these as a :class:`~yolotrain.detector.Detector`, what
+evaluation and prediction need; :func:`resolve_trainable` answers a :class:`Yolov5`, what training, export
+and :func:`yolotrain.load` need (parameters to train, a graph to trace), refusing exports in one line
+before their runtime is started.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..checkpoint import CheckpointError
+from ..detector import Detector
+from ..devices import select_device
+from ..model import Yolov5
+from ..model.yolo import parse_version
+from .pretrained import load_model
+from .runtime import is_exported, load_exported
+
+ModelSource = Detector | str | os.PathLike
+MODEL_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def resolve_model(source: ModelSource, *, device: str | None = None, trust_code: bool = False,
+                  names: Sequence[str] | None = None, use_ema: bool = True) -> Detector:
+    """The detector ``source`` names (see the module's list of specs).
+
+    ``device`` moves a PyTorch model there (None: where it is; files load on the CPU); exports run where
+    their runtime runs and take their inputs on the CPU. ``names`` gives the classes of an architecture
+    built with random weights (its YAML's ``nc``, or COCO's 80, otherwise); weights keep their own.
+    ``use_ema``: the EMA weights of a checkpoint that holds them. A model in memory is returned itself.
+
+    Raises:
+        TypeError: ``source`` is neither a detector nor a path.
+        ValueError: an unknown architecture name, or a bad model YAML (one line naming ``file:line``).
+        yolotrain.checkpoint.CheckpointError: the file is missing or cannot be read as a model.
+    """
+    if isinstance(source, Detector):
+        model = source
+    elif not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"expected a Yolov5 model, an exported one or a weights path, got {type(source).__name__}")
+    elif is_exported(source):
+        return load_exported(source, trust_code=trust_code)
+    else:
+        model = _torch_model(Path(source), names, use_ema)
+    if device is not None and isinstance(model, Yolov5):
+        model = model.to(select_device(device))
+    return model
+
+
+def resolve_trainable(source: Yolov5 | str | os.PathLike, names: Sequence[str] | None = None) -> Yolov5:
+    """The :class:`Yolov5` that ``source`` names, to train or export (on the CPU; a model in memory is
+    itself); :func:`yolotrain.load`.
+
+    Raises:
+        yolotrain.checkpoint.CheckpointError: ``source`` is an export (it has no trainable weights), or
+            as :func:`resolve_model`.
+    """
+    if isinstance(source, (str, os.PathLike)) and is_exported(source):
+        raise CheckpointError(f"{source}: an exported model, not a torch checkpoint: run it with val or predict "
+                              "(or yolotrain.resolve_model); train and export take the checkpoint it was exported from")
+    model = resolve_model(source, names=names)
+    if not isinstance(model, Yolov5):
+        raise CheckpointError(f"{type(model).__name__}: an exported model cannot be trained")
+    return model
+
+
+def _torch_model(path: Path, names: Sequence[str] | None, use_ema: bool) -> Yolov5:
+    """An architecture (YAML or published name) with random weights, or weights read from a file."""
+    num_classes = None if names is None else len(names)
+    if path.suffix.lower() in MODEL_YAML_SUFFIXES:
+        return Yolov5.from_yaml(path, num_classes=num_classes, names=names)
+    if _names_architecture(path):
+        return Yolov5(parse_version(str(path)), num_classes=80 if num_classes is None else num_classes, names=names)
+    return load_model(path, use_ema=use_ema)
+
+
+def _names_architecture(path: Path) -> bool:
+    """Whether ``path`` is a bare name (no folder, no suffix) that is no file and no checkpoint set's stem."""
+    return (path.name == str(path) and not path.suffix and not path.exists()
+            and not path.with_name(path.name + ".json").is_file())
