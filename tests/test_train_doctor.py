@@ -47,3 +47,25 @@ def test_first_step_under_the_doctor_is_clean(tiny_data, tmp_path, capsys):
     result = Trainer(tiny_config(tiny_data, tmp_path, doctor=True)).fit()
     assert (result.last.parent / "last.json").is_file()
     assert "modified by" not in capsys.readouterr().err
+
+
+
+def leaf_writing_loss(model, rect_training):
+    def criterion(outputs, targets, pred_size):
+        model.model[0].conv.weight.mul_(0.5)  # a parameter written in place while grad mode is on
+        return outputs[0][..., 4].sigmoid().mean()
+
+    return criterion
+
+
+def test_a_leaf_write_in_a_custom_loss_under_the_doctor_is_its_report_and_one_line(tiny_data, tmp_path, capsys):
+    with pytest.raises(TrainingError) as info:
+        Trainer(tiny_config(tiny_data, tmp_path, doctor=True), loss=leaf_writing_loss).fit()
+    message = str(info.value)
+    assert message.startswith("backward failed: a leaf Variable that requires grad is being used in an in-place "
+                              "operation") and message.endswith("(the report above names the lines and the fix)")
+    report = capsys.readouterr().err
+    source = Path(__file__).read_text().splitlines()
+    write_line = next(i for i, line in enumerate(source, 1) if "conv.weight.mul_(0.5)" in line)
+    assert f"test_train_doctor.py:{write_line}" in report, report
+    assert "fix:" in report

@@ -5,6 +5,7 @@ modified in place is rerun under the in-place doctor, whose report names the lin
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -83,19 +84,27 @@ class TrainStep:
 
     def _backward_under_doctor(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int,
                                first: bool) -> torch.Tensor:
-        """Forward/backward; under the in-place doctor for the first step with ``doctor``, and rerun
-        under it when backward fails because a saved tensor was modified in place (a custom loss, say)."""
-        from ..doctor import SavedTensorModifiedError, is_inplace_error, run_with_report, watch
+        """Forward/backward; under the doctor for the first step with ``doctor`` (any failure it explains,
+        in a custom loss say, is its report and one line), and rerun under it when backward fails because
+        a saved tensor was modified in place."""
+        from ..doctor import (
+            DoctorError,
+            SavedTensorModifiedError,
+            is_inplace_error,
+            run_with_report,
+            watch,
+        )
 
-        failure = TrainingError("backward failed: a tensor saved for the gradient was modified in place "
-                                "(the report above names the lines and the fix)")
         try:
             if first and self.config.doctor and self.ctx.is_main:
                 with watch():
                     return self._forward_backward(imgs, targets, epoch, batch)
             return self._forward_backward(imgs, targets, epoch, batch)
         except SavedTensorModifiedError:
-            raise failure from None
+            raise _doctor_failure(None) from None
+        except DoctorError as error:  # a leaf or view write, a graph cut or freed: watch() only raised it
+            print("\n\n".join(report.format() for report in error.reports), file=sys.stderr)
+            raise _doctor_failure(error) from None
         except RuntimeError as error:
             if isinstance(error, TrainingError) or not is_inplace_error(error):
                 raise
@@ -104,7 +113,7 @@ class TrainStep:
             run_with_report(self._forward_backward, imgs, targets, epoch, batch)
         except SavedTensorModifiedError:
             pass
-        raise failure
+        raise _doctor_failure(None)
 
     def _forward_backward(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
         try:
@@ -142,3 +151,10 @@ class TrainStep:
         return (f"training diverged at epoch {epoch + 1}, step {batch + 1} (learning rates {lrs}): {detail}. "
                 f"Likely cause: learning rate too high for {optim.optimizer} (lr0={optim.lr0:g}); lower "
                 f"--lr0 or lengthen warm-up{kept}")
+
+
+def _doctor_failure(error: BaseException | None) -> TrainingError:
+    """The one line that ends a step whose backward the doctor explained (its report printed above)."""
+    what = ("a tensor saved for the gradient was modified in place" if error is None
+            else str(error).splitlines()[0])
+    return TrainingError(f"backward failed: {what} (the report above names the lines and the fix)")
