@@ -8,72 +8,33 @@ reported. ``clean_*`` programs must report nothing.
 
 from __future__ import annotations
 
-import io
-import json
-import os
 import re
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import redirect_stderr
 from pathlib import Path
 
 import inplace_doctor
 import pytest
 import torch
-from inplace_doctor.report import Patch
+from doctor_corpus import (
+    assert_error_report,
+    assert_reports_nothing,
+    corpus,
+    lines_by_role,
+    run_cell_magic,
+    run_doctor,
+    run_pytest_plugin,
+    runs_fixture,
+)
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-FOLDER = "tests/doctor_cases/graph_cut"
-CASES = ROOT / FOLDER
 MARK = re.compile(r"#\s*doctor:\s*(cut|failed)\s*$")
-FAILING = sorted(p.name for p in CASES.glob("[a-z]*.py") if not p.name.startswith("clean_"))
-CLEAN = sorted(p.name for p in CASES.glob("clean_*.py"))
-KEYS = {"schema", "kind", "error", "sites", "fix", "patches", "severity", "notes"}
+CORPUS = corpus("graph_cut")
+FOLDER, CASES, FAILING, CLEAN = CORPUS
 PYTORCH_ERROR = "element 0 of tensors does not require grad and does not have a grad_fn"
-
-
-def _env() -> dict[str, str]:
-    path = os.pathsep.join([str(ROOT / "src"), str(Path(inplace_doctor.__file__).parents[1])])
-    return dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
-
-
-def _doctor(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "inplace_doctor", *args]
-    return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+runs = runs_fixture(CORPUS)
 
 
 def _marks(path: Path) -> dict[str, set[int]]:
-    found: dict[str, set[int]] = {"cut": set(), "failed": set()}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        match = MARK.search(line)
-        if match:
-            found[match.group(1)].add(number)
-    return found
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
-    """Per failing program: the doctor's JSON report and the doctor's run of the patched copy."""
-    folder = tmp_path_factory.mktemp("patched")
-
-    def run(name: str) -> tuple:
-        proc = _doctor("--json", f"{FOLDER}/{name}")
-        start = proc.stdout.find("{\n")
-        report = json.loads(proc.stdout[start:]) if start >= 0 else None
-        patched = None
-        if report and report["patches"]:
-            source = (CASES / name).read_text()
-            for patch in report["patches"]:
-                assert patch["file"] == f"{FOLDER}/{name}"
-                source = Patch(name, patch["line"], patch["code"]).apply(source)
-            (folder / name).write_text(source)
-            patched = _doctor(name, cwd=folder)
-        return proc, report, patched
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(FAILING, pool.map(run, FAILING)))
+    return lines_by_role(path, MARK, ("cut", "failed"))
 
 
 def test_corpus_size() -> None:
@@ -83,15 +44,11 @@ def test_corpus_size() -> None:
 @pytest.mark.parametrize("name", FAILING)
 def test_report_names_the_cutting_lines(name: str, runs: dict) -> None:
     proc, report, _ = runs[name]
-    assert proc.returncode == 1, proc.stderr
-    assert report is not None, proc.stdout
-    assert set(report) == KEYS
-    assert (report["schema"], report["kind"], report["severity"]) == (2, "graph_cut", "error")
+    assert_error_report(proc, report, "graph_cut", f"{FOLDER}/{name}")
     assert PYTORCH_ERROR in report["error"]
     marks = _marks(CASES / name)
     assert {s["line"] for s in report["sites"] if s["role"] == "cut at"} == marks["cut"]
     assert [s["line"] for s in report["sites"] if s["role"] == "failed at"] == sorted(marks["failed"])
-    assert all(s["file"] == f"{FOLDER}/{name}" for s in report["sites"])
 
 
 @pytest.mark.parametrize("name", FAILING)
@@ -104,8 +61,7 @@ def test_applied_fix_runs_clean(name: str, runs: dict) -> None:
 
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_programs_report_nothing(name: str) -> None:
-    proc = _doctor(f"{FOLDER}/{name}")
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert_reports_nothing(run_doctor(f"{FOLDER}/{name}"))
 
 
 def test_watch_raises_pytorch_error_with_the_report() -> None:
@@ -151,32 +107,20 @@ def test_nothing_requiring_grad_anywhere_is_left_to_pytorch() -> None:
 
 
 def test_ipython_cell_magic_reports_a_graph_cut() -> None:
-    pytest.importorskip("IPython", reason="IPython not installed (pip install 'inplace-doctor[ipython]')")
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    try:
-        shell.run_line_magic("load_ext", "inplace_doctor")
-        shell.user_ns["torch"] = torch
-        cell = "w = torch.ones(3, requires_grad=True)\nwith torch.no_grad():\n    y = w * 2\ny.sum().backward()\n"
-        stream = io.StringIO()
-        with redirect_stderr(stream), pytest.raises(inplace_doctor.GraphCutError) as info:
-            shell.run_cell_magic("doctor", "", cell)
-        (report,) = info.value.reports
-        assert [(role, site.line) for role, site in report.sites] == [("cut at", 3), ("failed at", 4)]
-        assert [p.code for p in report.patches] == ["with torch.enable_grad(): y = w * 2"]
-        assert "cut at:      torch.no_grad() at <doctor-cell-" in stream.getvalue()
-    finally:
-        InteractiveShell.clear_instance()
+    cell = "w = torch.ones(3, requires_grad=True)\nwith torch.no_grad():\n    y = w * 2\ny.sum().backward()\n"
+    error, stderr = run_cell_magic(cell, inplace_doctor.GraphCutError)
+    (report,) = error.reports
+    assert [(role, site.line) for role, site in report.sites] == [("cut at", 3), ("failed at", 4)]
+    assert [p.code for p in report.patches] == ["with torch.enable_grad(): y = w * 2"]
+    assert "cut at:      torch.no_grad() at <doctor-cell-" in stderr
 
 
 def test_pytest_plugin_attaches_the_graph_cut_report(tmp_path: Path) -> None:
-    (tmp_path / "test_model.py").write_text(
+    proc = run_pytest_plugin(
+        tmp_path,
         "import torch\n\n\ndef test_loss():\n    w = torch.ones(2, requires_grad=True)\n"
-        "    loss = (w * 3).sum().item()\n    torch.tensor(loss).backward()\n"
+        "    loss = (w * 3).sum().item()\n    torch.tensor(loss).backward()\n",
     )
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--inplace-doctor", "test_model.py"]
-    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout
     assert "cut at:      round trip at test_model.py:6" in proc.stdout
     assert "loss = (w * 3).sum()" in proc.stdout

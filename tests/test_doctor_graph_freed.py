@@ -9,81 +9,32 @@ to the end with nothing reported. ``clean_*`` programs must report nothing.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import inplace_doctor
 import pytest
 import torch
+from doctor_corpus import (
+    assert_error_report,
+    assert_reports_nothing,
+    corpus,
+    json_report,
+    lines_by_role,
+    run_doctor,
+    runs_fixture,
+)
 from inplace_doctor.graph_freed import _detach_names, _retain_graph
-from inplace_doctor.report import Patch
 
-ROOT = Path(__file__).resolve().parents[1]
-CASES = ROOT / "tests" / "doctor_cases" / "graph_freed"
 MARK = re.compile(r"#\s*doctor:\s*((?:freed|carried|failed)(?:\s+(?:freed|carried|failed))*)\s*$")
 FIX = re.compile(r"#\s*doctor-fix:\s*(detach|retain_graph)")
-FAILING = sorted(p.name for p in CASES.glob("[a-z]*.py") if not p.name.startswith("clean_"))
-CLEAN = sorted(p.name for p in CASES.glob("clean_*.py"))
-KEYS = {"schema", "kind", "error", "sites", "fix", "patches", "severity", "notes"}
-
-
-def _env() -> dict[str, str]:
-    path = os.pathsep.join([str(ROOT / "src"), str(Path(inplace_doctor.__file__).parents[1])])
-    return dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
-
-
-def _doctor(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "inplace_doctor", *args]
-    return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+CORPUS = corpus("graph_freed")
+FOLDER, CASES, FAILING, CLEAN = CORPUS
+runs = runs_fixture(CORPUS)
 
 
 def _marks(path: Path) -> dict[str, set[int]]:
-    found: dict[str, set[int]] = {"freed": set(), "carried": set(), "failed": set()}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        match = MARK.search(line)
-        if match:
-            for role in match.group(1).split():
-                found[role].add(number)
-    return found
-
-
-def _patched_copy(name: str, report: dict, folder: Path) -> Path:
-    """The program with the doctor's patches applied, written where the test may write."""
-    source = (CASES / name).read_text()
-    for patch in report["patches"]:
-        assert patch["file"] == f"tests/doctor_cases/graph_freed/{name}"
-        source = Patch(name, patch["line"], patch["code"]).apply(source)
-    target = folder / name
-    target.write_text(source)
-    return target
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
-    """Per failing program: the doctor's JSON report and the doctor's run of the patched copy."""
-    folder = tmp_path_factory.mktemp("patched")
-
-    def run(name: str) -> tuple:
-        proc = _doctor("--json", f"tests/doctor_cases/graph_freed/{name}")
-        report = _json(proc.stdout)
-        patched = None
-        if report and report["patches"]:
-            _patched_copy(name, report, folder)
-            patched = _doctor(name, cwd=folder)
-        return proc, report, patched
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(FAILING, pool.map(run, FAILING)))
-
-
-def _json(stdout: str) -> dict | None:
-    start = stdout.find("{\n")
-    return json.loads(stdout[start:]) if start >= 0 else None
+    return lines_by_role(path, MARK, ("freed", "carried", "failed"))
 
 
 def test_corpus_covers_both_fixes() -> None:
@@ -95,17 +46,13 @@ def test_corpus_covers_both_fixes() -> None:
 @pytest.mark.parametrize("name", FAILING)
 def test_report_names_the_freeing_backward_and_the_carrying_line(name: str, runs: dict) -> None:
     proc, report, _ = runs[name]
-    assert proc.returncode == 1, proc.stderr
-    assert report is not None, proc.stdout
-    assert set(report) == KEYS
-    assert (report["schema"], report["kind"], report["severity"]) == (2, "graph_freed", "error")
+    assert_error_report(proc, report, "graph_freed", f"{FOLDER}/{name}")
     assert "backward through the graph a second time" in report["error"]
     marks = _marks(CASES / name)
     lines = {role: {s["line"] for s in report["sites"] if s["role"] == role} for role in ("freed by", "carried by")}
     assert lines["freed by"] == marks["freed"]
     assert lines["carried by"] == marks["carried"]
     assert {s["line"] for s in report["sites"] if s["role"] == "failed at"} == marks["failed"]
-    assert all(s["file"] == f"tests/doctor_cases/graph_freed/{name}" for s in report["sites"])
 
 
 @pytest.mark.parametrize("name", FAILING)
@@ -123,14 +70,13 @@ def test_applied_fix_runs_clean(name: str, runs: dict) -> None:
 
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_programs_report_nothing(name: str) -> None:
-    proc = _doctor(f"tests/doctor_cases/graph_freed/{name}")
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert_reports_nothing(run_doctor(f"{FOLDER}/{name}"))
 
 
 def test_check_mode_reports_the_freed_graph_too() -> None:
-    proc = _doctor("--check", "--json", "tests/doctor_cases/graph_freed/custom_function_state.py")
+    proc = run_doctor("--check", "--json", f"{FOLDER}/custom_function_state.py")
     assert proc.returncode == 1, proc.stderr
-    report = _json(proc.stdout)
+    report = json_report(proc.stdout)
     assert report["kind"] == "graph_freed"
     assert [p["code"] for p in report["patches"]] == ["state = ClipGrad.apply(torch.sigmoid(state.detach() @ w))"]
 

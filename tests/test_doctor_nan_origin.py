@@ -9,73 +9,30 @@ under ``--nan`` with nothing reported. ``clean_*`` programs must report nothing.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import inplace_doctor
 import pytest
 import torch
-from inplace_doctor.report import Patch
+from doctor_corpus import assert_error_report, assert_reports_nothing, corpus, marked_lines, run_doctor, runs_fixture
 
-ROOT = Path(__file__).resolve().parents[1]
-FOLDER = "tests/doctor_cases/nan_origin"
-CASES = ROOT / FOLDER
 MARK = re.compile(r"#\s*doctor:\s*(.+?)\s*$")
 ROLES = {"first": "non-finite", "forward": "forward op", "backward": "backward node"}
-FAILING = sorted(p.name for p in CASES.glob("[a-z]*.py") if not p.name.startswith("clean_"))
-CLEAN = sorted(p.name for p in CASES.glob("clean_*.py"))
-KEYS = {"schema", "kind", "error", "sites", "fix", "patches", "severity", "notes"}
+CORPUS = corpus("nan_origin")
+FOLDER, CASES, FAILING, CLEAN = CORPUS
 # Programs whose repair is no one-line change of the named line, and what the fix must say instead.
 UNPATCHED = {"autocast_fp16_attention.py": "overflowed float16", "lr_blowup.py": "lower the learning rate"}
-
-
-def _env() -> dict[str, str]:
-    path = os.pathsep.join([str(ROOT / "src"), str(Path(inplace_doctor.__file__).parents[1])])
-    return dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
-
-
-def _doctor(*args: str, cwd: Path = ROOT, module: str = "inplace_doctor") -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", module, *args]
-    return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+runs = runs_fixture(CORPUS, "--nan")
 
 
 def _marks(path: Path) -> set[tuple[str, str, int]]:
     """(role, op, line) for every ``# doctor: ROLE OP [ROLE OP]`` mark."""
     found = set()
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        match = MARK.search(line)
-        if match:
-            words = match.group(1).split()
-            found |= {(ROLES[role], op, number) for role, op in zip(words[::2], words[1::2])}
+    for number, mark in marked_lines(path, MARK):
+        words = mark.split()
+        found |= {(ROLES[role], op, number) for role, op in zip(words[::2], words[1::2])}
     return found
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
-    """Per failing program: the doctor's process, its JSON report, and the doctor's run of the patched copy."""
-    folder = tmp_path_factory.mktemp("patched")
-
-    def run(name: str) -> tuple:
-        proc = _doctor("--nan", "--json", f"{FOLDER}/{name}")
-        start = proc.stdout.find("{\n")
-        report = json.loads(proc.stdout[start:]) if start >= 0 else None
-        patched = None
-        if report and report["patches"]:
-            source = (CASES / name).read_text()
-            for patch in report["patches"]:
-                assert patch["file"] == f"{FOLDER}/{name}"
-                source = Patch(name, patch["line"], patch["code"]).apply(source)
-            (folder / name).write_text(source)
-            patched = _doctor("--nan", name, cwd=folder)
-        return proc, report, patched
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(FAILING, pool.map(run, FAILING)))
 
 
 def test_corpus_size() -> None:
@@ -85,12 +42,8 @@ def test_corpus_size() -> None:
 @pytest.mark.parametrize("name", FAILING)
 def test_report_names_the_origin(name: str, runs: dict) -> None:
     proc, report, _ = runs[name]
-    assert proc.returncode == 1, proc.stderr
-    assert report is not None, proc.stdout
-    assert set(report) == KEYS
-    assert (report["schema"], report["kind"], report["severity"]) == (2, "nan_origin", "error")
+    assert_error_report(proc, report, "nan_origin", f"{FOLDER}/{name}")
     assert {(s["role"], s["op"], s["line"]) for s in report["sites"]} == _marks(CASES / name)
-    assert all(s["file"] == f"{FOLDER}/{name}" for s in report["sites"])
     assert any(re.search(r"min \S+ max \S+, nan (yes|no), inf (yes|no)", note) for note in report["notes"])
 
 
@@ -111,12 +64,11 @@ def test_fix_without_a_one_line_patch_says_what_to_change(name: str, runs: dict)
 
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_programs_report_nothing(name: str) -> None:
-    proc = _doctor("--nan", f"{FOLDER}/{name}")
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert_reports_nothing(run_doctor("--nan", f"{FOLDER}/{name}"))
 
 
 def test_yolotrain_doctor_text_report_names_the_backward_node() -> None:
-    proc = _doctor("doctor", "--nan", f"{FOLDER}/pairwise_sqrt_backward.py", module="yolotrain")
+    proc = run_doctor("doctor", "--nan", f"{FOLDER}/pairwise_sqrt_backward.py", module="yolotrain")
     assert proc.returncode == 1
     assert "doctor error: Function 'SqrtBackward0' returned inf values in its gradient" in proc.stderr
     assert f"backward node: SqrtBackward0 at {FOLDER}/pairwise_sqrt_backward.py:11" in proc.stderr

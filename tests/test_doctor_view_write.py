@@ -9,77 +9,38 @@ with nothing reported. ``clean_*`` programs must report nothing.
 
 from __future__ import annotations
 
-import io
-import json
-import os
 import re
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import redirect_stderr
 from pathlib import Path
 
 import inplace_doctor
 import pytest
 import torch
-from inplace_doctor.report import Patch
+from doctor_corpus import (
+    assert_error_report,
+    assert_reports_nothing,
+    corpus,
+    marked_lines,
+    run_cell_magic,
+    run_doctor,
+    run_pytest_plugin,
+    runs_fixture,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-FOLDER = "tests/doctor_cases/view_write"
-CASES = ROOT / FOLDER
 MARK = re.compile(r"#\s*doctor:\s*(made|written)\s*$")
 FIX = re.compile(r"#\s*doctor-fix:\s*(no_grad|clone|out_of_place)")
-FAILING = sorted(p.name for p in CASES.glob("[a-z]*.py") if not p.name.startswith("clean_"))
-CLEAN = sorted(p.name for p in CASES.glob("clean_*.py"))
-KEYS = {"schema", "kind", "error", "sites", "fix", "patches", "severity", "notes"}
+CORPUS = corpus("view_write")
+FOLDER, CASES, FAILING, CLEAN = CORPUS
 KIND = {"no_grad": "leaf_write", "out_of_place": "view_write", "clone": "view_write"}
 TOKEN = {"no_grad": "torch.no_grad()", "out_of_place": " = ", "clone": ".clone()"}
-
-
-def _env() -> dict[str, str]:
-    path = os.pathsep.join([str(ROOT / "src"), str(Path(inplace_doctor.__file__).parents[1])])
-    return dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
-
-
-def _doctor(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "inplace_doctor", *args]
-    return subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+runs = runs_fixture(CORPUS)
 
 
 def _marks(path: Path) -> dict[str, int]:
-    found: dict[str, int] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        match = MARK.search(line)
-        if match:
-            found[match.group(1)] = number
-    return found
+    return {role: number for number, role in marked_lines(path, MARK)}
 
 
 def _fix(name: str) -> str:
     return FIX.search((CASES / name).read_text()).group(1)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
-    """Per failing program: the doctor's JSON report and the doctor's run of the patched copy."""
-    folder = tmp_path_factory.mktemp("patched")
-
-    def run(name: str) -> tuple:
-        proc = _doctor("--json", f"{FOLDER}/{name}")
-        start = proc.stdout.find("{\n")
-        report = json.loads(proc.stdout[start:]) if start >= 0 else None
-        patched = None
-        if report and report["patches"]:
-            source = (CASES / name).read_text()
-            for patch in report["patches"]:
-                assert patch["file"] == f"{FOLDER}/{name}"
-                source = Patch(name, patch["line"], patch["code"]).apply(source)
-            (folder / name).write_text(source)
-            patched = _doctor(name, cwd=folder)
-        return proc, report, patched
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(FAILING, pool.map(run, FAILING)))
 
 
 def test_corpus_covers_both_fixes() -> None:
@@ -90,14 +51,10 @@ def test_corpus_covers_both_fixes() -> None:
 @pytest.mark.parametrize("name", FAILING)
 def test_report_names_the_making_line_and_the_write(name: str, runs: dict) -> None:
     proc, report, _ = runs[name]
-    assert proc.returncode == 1, proc.stderr
-    assert report is not None, proc.stdout
-    assert set(report) == KEYS
-    assert (report["schema"], report["kind"], report["severity"]) == (2, KIND[_fix(name)], "error")
+    assert_error_report(proc, report, KIND[_fix(name)], f"{FOLDER}/{name}")
     marks = _marks(CASES / name)
     expected = [("made by", marks["made"]), ("written by", marks["written"])]
     assert [(s["role"], s["line"]) for s in report["sites"]] == expected
-    assert all(s["file"] == f"{FOLDER}/{name}" for s in report["sites"])
 
 
 @pytest.mark.parametrize("name", FAILING)
@@ -115,8 +72,7 @@ def test_applied_fix_runs_clean(name: str, runs: dict) -> None:
 
 @pytest.mark.parametrize("name", CLEAN)
 def test_clean_programs_report_nothing(name: str) -> None:
-    proc = _doctor(f"{FOLDER}/{name}")
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert_reports_nothing(run_doctor(f"{FOLDER}/{name}"))
 
 
 def test_watch_raises_pytorch_error_with_the_report() -> None:
@@ -144,31 +100,18 @@ def test_view_made_in_a_loop_header_is_cloned_there() -> None:
 
 
 def test_ipython_cell_magic_reports_a_view_write() -> None:
-    pytest.importorskip("IPython", reason="IPython not installed (pip install 'inplace-doctor[ipython]')")
-    from IPython.core.interactiveshell import InteractiveShell
-
-    shell = InteractiveShell.instance()
-    try:
-        shell.run_line_magic("load_ext", "inplace_doctor")
-        shell.user_ns["torch"] = torch
-        cell = "h = torch.randn(4, 2, requires_grad=True) * 2\na, b = h.unbind(1)\na.mul_(2)\n"
-        stream = io.StringIO()
-        with redirect_stderr(stream), pytest.raises(inplace_doctor.InplaceWriteError) as info:
-            shell.run_cell_magic("doctor", "", cell)
-        (report,) = info.value.reports
-        assert [(role, site.line) for role, site in report.sites] == [("made by", 2), ("written by", 3)]
-        assert [p.code for p in report.patches] == ["a = a.mul(2)"]
-        assert "made by:     unbind at <doctor-cell-" in stream.getvalue()
-    finally:
-        InteractiveShell.clear_instance()
+    cell = "h = torch.randn(4, 2, requires_grad=True) * 2\na, b = h.unbind(1)\na.mul_(2)\n"
+    error, stderr = run_cell_magic(cell, inplace_doctor.InplaceWriteError)
+    (report,) = error.reports
+    assert [(role, site.line) for role, site in report.sites] == [("made by", 2), ("written by", 3)]
+    assert [p.code for p in report.patches] == ["a = a.mul(2)"]
+    assert "made by:     unbind at <doctor-cell-" in stderr
 
 
 def test_pytest_plugin_attaches_the_view_write_report(tmp_path: Path) -> None:
-    (tmp_path / "test_model.py").write_text(
-        "import torch\n\n\ndef test_init():\n    w = torch.empty(3, requires_grad=True)\n    w.normal_()\n"
+    proc = run_pytest_plugin(
+        tmp_path, "import torch\n\n\ndef test_init():\n    w = torch.empty(3, requires_grad=True)\n    w.normal_()\n"
     )
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--inplace-doctor", "test_model.py"]
-    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout
     assert "made by:     torch.empty at test_model.py:5" in proc.stdout
     assert "with torch.no_grad(): w.normal_()" in proc.stdout
