@@ -14,6 +14,9 @@ import pytest
 
 from yolotrain.data.sources import link_subset
 
+# The doctor corpus tests' shared assertions get pytest's detailed failure messages.
+pytest.register_assert_rewrite("doctor_corpus")
+
 try:  # the LiteRT environment runs only tests that need no hypothesis, and has none
     from hypothesis import settings as hypothesis_settings
     from hypothesis.configuration import set_hypothesis_home_dir
