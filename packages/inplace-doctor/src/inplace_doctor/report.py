@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,10 +132,7 @@ class Report:
                 lines.append(f"                   {site.code}")
         else:
             lines.append("  modified by: (not observed; see the note)")
-        lines.extend(f"  note:        {note}" for note in self.notes)
-        lines.append(f"  fix:         {self.fix}")
-        lines.extend(patch.describe() for patch in self.patches)
-        return "\n".join(lines)
+        return "\n".join(lines + _closing_lines(self.notes, self.fix, self.patches))
 
     def __str__(self) -> str:
         return self.format()
@@ -200,13 +198,16 @@ class GraphReport:
         for role, site in self.sites:
             lines.append(f"  {role + ':':<12} {site.op} at {site.where()}")
             lines.append(f"                   {site.code}")
-        lines.extend(f"  note:        {note}" for note in self.notes)
-        lines.append(f"  fix:         {self.fix}")
-        lines.extend(patch.describe() for patch in self.patches)
-        return "\n".join(lines)
+        return "\n".join(lines + _closing_lines(self.notes, self.fix, self.patches))
 
     def __str__(self) -> str:
         return self.format()
+
+
+def _closing_lines(notes: Sequence[str], fix: str, patches: Sequence[Patch]) -> list[str]:
+    """The lines every report ends with: its notes, the fix, and the fix's changed lines."""
+    return [*(f"  note:        {note}" for note in notes), f"  fix:         {fix}",
+            *(patch.describe() for patch in patches)]
 
 
 def reports_to_json(reports: list[Report] | list[GraphReport]) -> str:
