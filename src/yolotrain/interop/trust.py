@@ -72,6 +72,7 @@ def _torchscript_metadata(path: Path) -> object:
             if member is None or member.file_size > MAX_METADATA_BYTES:
                 return None
             return json.loads(archive.read(member))
+    # zipfile raises NotImplementedError for compression methods it lacks: that too is unreadable metadata.
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError, RuntimeError, NotImplementedError):
         return None
 

@@ -59,14 +59,7 @@ def is_graph_cut_error(error: BaseException) -> bool:
 
 def explain_cut(error: RuntimeError, cwd: str) -> GraphCutError:
     """PyTorch's error, unchanged in message, carrying the report of where the graph was cut."""
-    try:
-        report = diagnose_cut(str(error), _caller(), cwd)
-    except Exception:  # noqa: BLE001 - a diagnosis that fails must not replace PyTorch's error
-        report = None
-    explained = GraphCutError(str(error), [report] if report else [])
-    if report is not None and hasattr(explained, "add_note"):
-        explained.add_note("\n" + report.format())
-    return explained
+    return GraphCutError.explaining(error, lambda: diagnose_cut(str(error), _caller(), cwd))
 
 
 def _caller() -> FrameType | None:

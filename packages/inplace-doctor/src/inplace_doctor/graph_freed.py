@@ -151,14 +151,7 @@ class BackwardHistory:
 
     def explain(self, error: RuntimeError, call: BackwardCall | None) -> GraphFreedError:
         """PyTorch's error, unchanged in message, carrying the report of ``call`` hitting a freed graph."""
-        try:
-            report = self.diagnose(str(error), call, _user_frame())
-        except Exception:  # noqa: BLE001 - a diagnosis that fails must not replace PyTorch's error
-            report = None
-        diagnosed = GraphFreedError(str(error), [report] if report else [])
-        if report is not None and hasattr(diagnosed, "add_note"):
-            diagnosed.add_note("\n" + report.format())
-        return diagnosed
+        return GraphFreedError.explaining(error, lambda: self.diagnose(str(error), call, _user_frame()))
 
     def diagnose(self, message: str, call: BackwardCall | None, frame: FrameType | None) -> GraphReport | None:
         if call is None:

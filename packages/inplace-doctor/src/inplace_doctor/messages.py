@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -27,6 +28,23 @@ class DoctorError(RuntimeError):
     def __init__(self, message: str, reports: list[Report] | list[GraphReport]) -> None:
         super().__init__(message)
         self.reports = reports
+
+    @classmethod
+    def explaining(cls: type[ExplainedError], error: BaseException,
+                   diagnose: Callable[[], GraphReport | None]) -> ExplainedError:
+        """PyTorch's ``error``, unchanged in message, carrying ``diagnose()``'s report (also as a note on
+        the traceback). A diagnosis that fails must not replace PyTorch's error: it then carries none."""
+        try:
+            report = diagnose()
+        except Exception:  # noqa: BLE001 - see above
+            report = None
+        explained = cls(str(error), [report] if report else [])
+        if report is not None and hasattr(explained, "add_note"):
+            explained.add_note("\n" + report.format())
+        return explained
+
+
+ExplainedError = TypeVar("ExplainedError", bound=DoctorError)
 
 
 class SavedTensorModifiedError(DoctorError):

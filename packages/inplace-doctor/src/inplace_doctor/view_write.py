@@ -56,14 +56,7 @@ def write_error_kind(error: BaseException) -> str | None:
 
 def explain_write(error: RuntimeError, traceback: TracebackType | None, cwd: str) -> InplaceWriteError:
     """PyTorch's error, unchanged in message, carrying the report of the write and the leaf or view."""
-    try:
-        report = diagnose_write(error, traceback, cwd)
-    except Exception:  # noqa: BLE001 - a diagnosis that fails must not replace PyTorch's error
-        report = None
-    explained = InplaceWriteError(str(error), [report] if report else [])
-    if report is not None and hasattr(explained, "add_note"):
-        explained.add_note("\n" + report.format())
-    return explained
+    return InplaceWriteError.explaining(error, lambda: diagnose_write(error, traceback, cwd))
 
 
 def _write_frame(traceback: TracebackType | None) -> tuple[FrameType, int] | None:
