@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from yolotrain.cli import main
 from yolotrain.data import generate_shapes_dataset, get_loaders
-from yolotrain.data.shapes import main
 from yolotrain.data.sources import list_images
 from yolotrain.data.verify import verify_split
 
@@ -63,7 +63,7 @@ def test_labels_are_valid_and_varied(tmp_path, monkeypatch):
 
 def test_default_root_and_command_line(tmp_path):
     env = {**os.environ, "YOLOTRAIN_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(SRC)}
-    out = subprocess.run([sys.executable, "-m", "yolotrain.data.shapes", "--n-train", "4", "--n-val", "2",
+    out = subprocess.run([sys.executable, "-m", "yolotrain", "data", "shapes", "--n-train", "4", "--n-val", "2",
                           "--img-size", "64"], capture_output=True, text=True, env=env, check=True)
     path = Path(out.stdout.strip())
     assert path.parent == tmp_path / "cache" / "shapes" and (path / "data.yaml").is_file()
@@ -71,7 +71,8 @@ def test_default_root_and_command_line(tmp_path):
 
 
 def test_main_with_root(tmp_path, capsys):
-    main(["--root", str(tmp_path / "r"), "--n-train", "4", "--n-val", "2", "--img-size", "64"])
+    argv = ["data", "shapes", "--root", str(tmp_path / "r"), "--n-train", "4", "--n-val", "2", "--img-size", "64"]
+    assert main(argv) == 0
     path = Path(capsys.readouterr().out.strip())
     assert path.parent == tmp_path / "r" and (path / "labels" / "val" / "00001.txt").is_file()
 

@@ -10,11 +10,33 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .checkpoint import CheckpointError
+from .data import generate_shapes_dataset
+from .data.check import check_dataset
+from .devices import check_gpu_list, gpu_list
+from .doctor.cli import main as doctor_main
+from .engine import train
+from .engine.autobatch import DEFAULT_FRACTION
+from .engine.config import TrainConfig
+from .engine.distributed import DistributedError, launch_command
+from .engine.loggers import LoggerError
+from .engine.trainer import ResumeOptions, TrainingError
+from .eval.predict import add_predict_arguments, run_predict
+from .eval.val import add_val_arguments, run_val
+from .interop import UnsafeCheckpointError
+from .interop.export import add_export_arguments, run_export
+from .loss import DivergenceError
 from .messages import shorten
+from .model import parse_version
+from .runs import RunInUseError
+from .settings import add_arguments, add_refused, check_refused
 
 # Exceptions that mean "bad input or configuration": printed as one line, no traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, NotADirectoryError, PermissionError,
                                                  ValueError, KeyError)
+# The project's own errors: also one line.
+DOMAIN_ERRORS: tuple[type[BaseException], ...] = (CheckpointError, TrainingError, UnsafeCheckpointError,
+                                                   DivergenceError, LoggerError, RunInUseError, DistributedError)
 
 
 # Options of the reference's train.py for features yolotrain does not have, and why: each stops the run
@@ -42,10 +64,6 @@ UNSUPPORTED_TRAIN_OPTIONS = {
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
-    from .engine.config import TrainConfig
-    from .engine.trainer import ResumeOptions
-    from .settings import add_arguments, add_refused
-
     p = sub.add_parser("train", help="train a detector (default: yolov5n on the built-in shapes dataset)",
                        description="Train a detector. Settings not given follow the data: the built-in shapes "
                        "dataset gets a quick CPU recipe, real datasets the reference YOLOv5 one.")
@@ -77,13 +95,8 @@ _batch_value.__name__ = "batch"  # argparse names the type in its error: "invali
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from .devices import check_gpu_list, gpu_list
-    from .engine import train
-
     gpus = gpu_list(getattr(args, "device", None))
     if len(gpus) > 1 and "LOCAL_RANK" not in os.environ:  # the reference's --device 0,1: one process per GPU
-        from .engine.distributed import launch_command
-
         check_gpu_list(gpus)
         return subprocess.call(launch_command(len(gpus), args.argv))
     train(args.config, hyp=args.hyp, resume=args.resume, **train_settings(args))
@@ -93,15 +106,11 @@ def _run_train(args: argparse.Namespace) -> int:
 def train_settings(args: argparse.Namespace) -> dict[str, object]:
     """The settings of parsed ``train`` options, with the reference's spellings (``--cfg``, ``--weights ''``)
     turned into yolotrain's; an unsupported reference option is a ``ValueError`` saying why."""
-    from .settings import check_refused
-
     check_refused(args, UNSUPPORTED_TRAIN_OPTIONS)
     settings = {k: v for k, v in vars(args).items()
                 if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank", "argv")}
     batch = settings.get("batch_size")
     if batch == -1 or (isinstance(batch, float) and 0 < batch < 1):  # AutoBatch at the reference's or this fraction
-        from .engine.autobatch import DEFAULT_FRACTION
-
         settings["autobatch"] = DEFAULT_FRACTION if batch == -1 else settings.pop("batch_size")
         settings.pop("batch_size", None)
     if settings.get("model") == "":  # the reference's --weights '': no weights, train from scratch
@@ -117,8 +126,6 @@ def train_settings(args: argparse.Namespace) -> dict[str, object]:
 def _architecture(cfg: str) -> str:
     """``--cfg``: the YAML file when it exists; ``yolov5s.yaml`` (or ``models/yolov5s.yaml``, as the reference
     finds it in its own folder) is the published architecture ``yolov5s``."""
-    from .model import parse_version
-
     path = Path(cfg)
     if path.exists() or path.suffix not in (".yaml", ".yml"):
         return cfg
@@ -130,22 +137,16 @@ def _architecture(cfg: str) -> str:
 
 
 def _val_parser(sub: argparse._SubParsersAction) -> None:
-    from .eval.val import add_val_arguments, run_val
-
     add_val_arguments(sub.add_parser("val", help="evaluate weights on a dataset (P, R, mAP)"))
     sub.choices["val"].set_defaults(run=run_val)
 
 
 def _predict_parser(sub: argparse._SubParsersAction) -> None:
-    from .eval.predict import add_predict_arguments, run_predict
-
     add_predict_arguments(sub.add_parser("predict", help="detect objects in images, folders or videos"))
     sub.choices["predict"].set_defaults(run=run_predict)
 
 
 def _export_parser(sub: argparse._SubParsersAction) -> None:
-    from .interop.export import add_export_arguments, run_export
-
     add_export_arguments(sub.add_parser(
         "export", help="export weights to ONNX, OpenVINO, LiteRT, Core ML, TensorRT or TorchScript"))
     sub.choices["export"].set_defaults(run=run_export)
@@ -159,12 +160,22 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--out", default="runs/data", help="folder for the preview and statistics images")
     check.add_argument("--img", dest="img_size", type=int, default=640, help="image size of the preview")
     check.set_defaults(run=_run_data_check)
+    shapes = data_sub.add_parser("shapes", help="make the built-in synthetic dataset and print its folder")
+    shapes.add_argument("--root", help="parent folder (default: the yolotrain cache folder)")
+    shapes.add_argument("--n-train", type=int, default=160, help="training images")
+    shapes.add_argument("--n-val", type=int, default=40, help="validation images")
+    shapes.add_argument("--img-size", type=int, default=256, help="side of the square images")
+    shapes.add_argument("--seed", type=int, default=0, help="seed of the shapes, colours and positions")
+    shapes.set_defaults(run=_run_data_shapes)
 
 
 def _run_data_check(args: argparse.Namespace) -> int:
-    from .data.check import check_dataset
-
     check_dataset(args.data, args.out, img_size=args.img_size)
+    return 0
+
+
+def _run_data_shapes(args: argparse.Namespace) -> int:
+    print(generate_shapes_dataset(args.root, args.n_train, args.n_val, args.img_size, args.seed))
     return 0
 
 
@@ -185,8 +196,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["doctor"]:
-        from .doctor.cli import main as doctor_main
-
         return doctor_main(argv[1:])
     args = build_parser().parse_args(argv)
     args.argv = argv  # what a launcher of several processes passes on to each
@@ -195,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("yolotrain: interrupted", file=sys.stderr)
         return 130
-    except USER_ERRORS + _domain_errors() as error:
+    except USER_ERRORS + DOMAIN_ERRORS as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"yolotrain {args.command}: error: {shorten(str(message))}", file=sys.stderr)
         return 1
@@ -205,16 +214,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"yolotrain {args.command}: error: {shorten(str(error.filename or error))}: file name too long "
               "(shorten --name, --project or the file names given)", file=sys.stderr)
         return 1
-
-
-def _domain_errors() -> tuple[type[BaseException], ...]:
-    from .checkpoint import CheckpointError
-    from .engine.distributed import DistributedError
-    from .engine.loggers import LoggerError
-    from .engine.trainer import TrainingError
-    from .interop import UnsafeCheckpointError
-    from .loss import DivergenceError
-    from .runs import RunInUseError
-
-    return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError, RunInUseError,
-            DistributedError)

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset, get_worker_info
 from tqdm import tqdm
 
 from . import augment as A
+from .imagecache import disk_cache
 from .verify import LabelIndex
 
 # JPEG decoders can scale by 1/2, 1/4, 1/8 while decoding, cheaper than decoding then resizing.
@@ -135,8 +136,6 @@ class DetectionDataset(Dataset):
         self.shapes: np.ndarray = shapes  # original (w, h)
         self._arrays: list[Path] | None = None
         if cache == "disk":
-            from .imagecache import disk_cache
-
             self._arrays = disk_cache(files)
         elif cache == "ram":
             self._cache = _ImageCache(1 << 62)

@@ -17,6 +17,7 @@ from ..boxes import check_image_size
 from ..settings import setting
 from .augment import AugmentConfig
 from .dataset import DetectionDataset, SampleKey
+from .shapes import generate_shapes_dataset
 from .sources import resolve_source
 from .verify import DataWarning, LabelIndex, verify_split
 
@@ -98,8 +99,6 @@ def build_loaders(
         raise ValueError(f"batch_size must be at least 1, got {config.batch_size}")
     root = config.path
     if root is None:
-        from .shapes import generate_shapes_dataset
-
         root = str(generate_shapes_dataset())
     source = resolve_source(root)
     names = list(source.names)

@@ -9,7 +9,6 @@ Run ``python -m yolotrain.data.shapes [--root DIR]`` to generate it and print it
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
@@ -153,19 +152,3 @@ def generate_shapes_dataset(
         if tmp.exists():
             shutil.rmtree(tmp)
     return final
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Command line entry: generate the dataset and print its path."""
-    p = argparse.ArgumentParser(prog="python -m yolotrain.data.shapes", description=__doc__.splitlines()[0])
-    p.add_argument("--root", help="parent folder (default: the yolotrain cache folder)")
-    p.add_argument("--n-train", type=int, default=160)
-    p.add_argument("--n-val", type=int, default=40)
-    p.add_argument("--img-size", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    print(generate_shapes_dataset(a.root, a.n_train, a.n_val, a.img_size, a.seed))
-
-
-if __name__ == "__main__":
-    main()

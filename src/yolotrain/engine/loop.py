@@ -16,7 +16,10 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ..atomic import write_atomic
+from ..checkpoint import read_metadata, save_checkpoint
 from ..data.dataset import ImageReadError
+from ..eval.predict import predict
+from ..eval.val import val
 from ..loss import YoloLoss
 from . import distributed as D
 from .optim import apply_warmup, warmup_iterations
@@ -107,8 +110,6 @@ def run_epochs(trainer: Trainer) -> TrainResult:
 
 def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[str, float]:
     """Validate the EMA model, log, write results.csv/png, save last (and best) checkpoints."""
-    from ..eval.val import val
-
     cfg, state = trainer.config, trainer.state
     final = epoch + 1 == cfg.epochs
     metrics: dict[str, float] = {}
@@ -146,8 +147,6 @@ def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[st
 
 def _draw_val_predictions(trainer: Trainer, count: int = 8) -> None:
     """A few validation images with the final EMA model's detections drawn, for a look by eye."""
-    from ..eval.predict import predict
-
     predict(trainer.state.ema.module, trainer.val_set.im_files[:count], img_size=trainer.config.data.img_size,
             save_dir=trainer.save_dir / "val_predictions")
 
@@ -155,8 +154,6 @@ def _draw_val_predictions(trainer: Trainer, count: int = 8) -> None:
 def _save_period(trainer: Trainer, epoch: int) -> None:
     """``--save-period N``: a copy of this epoch's ``last`` checkpoint (without the training state) as
     ``weights/epoch{epoch}`` every N epochs, numbered as the reference numbers them (0-based)."""
-    from ..checkpoint import read_metadata, save_checkpoint
-
     period = trainer.config.save_period
     if period > 0 and epoch % period == 0:
         metadata, _ = read_metadata(trainer.save_dir / "weights" / "last")

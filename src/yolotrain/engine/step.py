@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from ..doctor import DoctorError, SavedTensorModifiedError, is_inplace_error, run_with_report, watch
 from ..loss import DivergenceError
 from . import distributed as D
 from .config import TrainConfig
@@ -87,14 +88,6 @@ class TrainStep:
         """Forward/backward; under the doctor for the first step with ``doctor`` (any failure it explains,
         in a custom loss say, is its report and one line), and rerun under it when backward fails because
         a saved tensor was modified in place."""
-        from ..doctor import (
-            DoctorError,
-            SavedTensorModifiedError,
-            is_inplace_error,
-            run_with_report,
-            watch,
-        )
-
         try:
             if first and self.config.doctor and self.ctx.is_main:
                 with watch():

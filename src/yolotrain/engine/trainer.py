@@ -21,15 +21,18 @@ from ..callbacks import Callback, CallbackError, Callbacks, CallbackSpec, as_cal
 from ..data.dataset import ImageReadError
 from ..data.fingerprint import dataset_record
 from ..data.loaders import build_loaders, run_class_names
+from ..data.shapes import generate_shapes_dataset
 from ..data.sources import resolve_source
 from ..devices import select_device
 from ..interop.resolve import resolve_trainable
 from ..loss import YoloLoss
 from ..model import Yolov5, parse_version
+from ..model.anchors import check_anchors
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
 from ..runs import RunLock, next_run_dir
 from ..settings import ConfigError, flat_names, from_mapping
 from . import distributed as D
+from .autobatch import autobatch
 from .config import TrainConfig, resolve_config, with_runtime
 from .ema import ModelEMA
 from .loggers import RunLogging, require_loggers
@@ -160,8 +163,6 @@ class Trainer:
         cfg = self.config
         root = cfg.data.path
         if root is None:
-            from ..data.shapes import generate_shapes_dataset
-
             root = str(generate_shapes_dataset())
         # The model is sized by the class names, and the batch shapes by the model's largest stride.
         dataset_names = resolve_source(root).names
@@ -195,8 +196,6 @@ class Trainer:
     def _autobatch(self) -> TrainConfig:
         """The batch AutoBatch picks for this GPU takes the fraction's place in the run's settings, so
         the checkpoints hold it and a resume keeps it."""
-        from .autobatch import autobatch
-
         cfg = self.config
         batch = autobatch(self.model, cfg.data.img_size, self.device, cfg.data.autobatch, cfg.data.batch_size,
                           self.amp_dtype, self._log if self.ctx.is_main else lambda _: None, self.ctx.world_size)
@@ -271,8 +270,6 @@ class Trainer:
 
     def _check_anchors(self, model: Yolov5) -> None:
         """AutoAnchor on the training labels; every process computes the same anchors from the seed."""
-        from ..model.anchors import check_anchors
-
         cfg = self.config
         report = check_anchors(model, self.train_set.shapes, self.train_set.labels, cfg.data.img_size,
                                cfg.loss.anchor_t, seed=cfg.seed, log=self._log if self.ctx.is_main else None)

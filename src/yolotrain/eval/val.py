@@ -43,6 +43,7 @@ from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_id
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
 from .nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
+from .plots import plot_confusion_matrix, plot_curves
 
 
 @dataclass(frozen=True)
@@ -351,8 +352,6 @@ def _save_results(metrics: Metrics, scorer: _ImageScorer, names: list[str], out_
     """Plots, COCO evaluation (when its detections were collected) and ``metrics.json`` in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if scorer.confusion is not None:
-        from .plots import plot_confusion_matrix, plot_curves
-
         metrics.confusion = scorer.confusion
         plot_confusion_matrix(scorer.confusion, names, out_dir / "confusion_matrix.png")
         if metrics.curves is not None:
