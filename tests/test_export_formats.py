@@ -10,9 +10,9 @@ import torch
 
 from yolotrain import Yolov5
 from yolotrain.interop import export
+from yolotrain.interop.backends import BACKENDS, NOT_RUNNABLE, is_exported
 from yolotrain.interop.formats import REGISTRY, ExportFormat, ExportJob
 from yolotrain.interop.formats._common import staged
-from yolotrain.interop.runtime import BACKENDS, NOT_RUNNABLE, is_exported
 from yolotrain.interop.trust import needs_trust
 
 

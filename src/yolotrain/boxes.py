@@ -73,7 +73,7 @@ def letterbox_geometry(
 
 
 # Largest network input side: class-aware NMS keeps classes apart by shifting boxes 7680 pixels per
-# class (eval/nms.MAX_WH), and one 3-channel input of this side is already 700 MB in float32.
+# class (nms.MAX_WH), and one 3-channel input of this side is already 700 MB in float32.
 MAX_IMG_SIZE = 7680
 
 

@@ -13,28 +13,13 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .checkpoint import checkpoint_paths
 from .data.sources import img2label_path
-
-# Every name a checkpoint set is given by: NAME, NAME.json, NAME.safetensors, NAME.state.pt.
-_SET_SUFFIXES = (".json", ".safetensors", ".state.pt")
 
 Labelled = tuple[str, str | os.PathLike]
 
 
 class OutputOverlapError(ValueError):
     """An output path is, is inside, or contains one of the command's inputs."""
-
-
-def weights_inputs(weights: str | os.PathLike) -> list[Labelled]:
-    """The files a weights path reads: every member of a checkpoint set (its JSON names the others, and
-    its state file is resumed from), an OpenVINO model's ``.bin`` beside its ``.xml``, or the file itself."""
-    path = Path(weights)
-    if path.suffix == ".xml":
-        return [("weights", path), ("weights", path.with_suffix(".bin"))]
-    if path.suffix not in ("", *_SET_SUFFIXES) and not path.name.endswith(".state.pt"):
-        return [("weights", path)]
-    return [("weights", member) for member in (path, *checkpoint_paths(path))]
 
 
 def dataset_inputs(image_files: Iterable[str | os.PathLike], data: str | os.PathLike | None = None) -> list[Labelled]:

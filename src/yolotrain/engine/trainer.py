@@ -24,11 +24,11 @@ from ..data.loaders import build_loaders, run_class_names
 from ..data.shapes import generate_shapes_dataset
 from ..data.sources import resolve_source
 from ..devices import select_device
-from ..interop.resolve import resolve_trainable
+from ..interop.resolve import resolve_trainable, weights_inputs
 from ..loss import YoloLoss
 from ..model import Yolov5, parse_version
 from ..model.anchors import check_anchors
-from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
+from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from ..runs import RunLock, next_run_dir
 from ..settings import ConfigError, flat_names, from_mapping
 from . import distributed as D

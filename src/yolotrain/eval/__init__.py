@@ -1,7 +1,7 @@
 """Evaluation and inference: NMS, metrics (AP), COCO export/evaluation, validation, prediction, plots."""
 
+from ..nms import VAL_NMS, NMSConfig, non_max_suppression, scale_boxes_to_original
 from .metrics import ConfusionMatrix, Metrics
-from .nms import VAL_NMS, NMSConfig, non_max_suppression, scale_boxes_to_original
 from .predict import PredictConfig, Predictor, Result, SourceWarning, add_predict_arguments, predict, run_predict
 from .val import ValConfig, add_val_arguments, run_val, val
 

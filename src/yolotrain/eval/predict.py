@@ -25,8 +25,10 @@ from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
 from ..draw import draw_detections
+from ..interop.resolve import weights_inputs
 from ..names import class_names
-from ..outputs import refuse_overwriting_inputs, weights_inputs
+from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
+from ..outputs import refuse_overwriting_inputs
 from ..runs import next_run_dir
 from ..settings import (
     add_arguments,
@@ -38,7 +40,6 @@ from ..settings import (
     setting,
 )
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
-from .nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})

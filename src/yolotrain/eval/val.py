@@ -26,8 +26,10 @@ from ..boxes import letterbox_geometry, xywh_to_xyxy
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
+from ..interop.resolve import weights_inputs
 from ..names import class_names, describe_repeats, repeated_names
-from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
+from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
+from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from ..runs import next_run_dir
 from ..settings import (
     ConfigError,
@@ -42,7 +44,6 @@ from ..settings import (
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
-from .nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from .plots import plot_confusion_matrix, plot_curves
 
 

@@ -45,14 +45,14 @@ from torch import nn
 
 from ..boxes import MAX_IMG_SIZE
 from ..checkpoint import CheckpointError
-from ..eval.nms import NMSConfig, check_nms_limits
 from ..model import Yolov5
-from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
+from ..nms import NMSConfig, check_nms_limits
+from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from ..settings import add_arguments, from_mapping, setting
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
 from .export_graph import ExportGraph, raw_output_names
 from .formats import REGISTRY, ExportJob
-from .resolve import resolve_trainable
+from .resolve import resolve_trainable, weights_inputs
 
 # Name → file suffix, and what each format can do beyond plain float32, read from the formats' modules.
 FORMATS: dict[str, str] = {name: spec.suffix for name, spec in REGISTRY.items()}

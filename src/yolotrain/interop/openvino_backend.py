@@ -10,23 +10,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..checkpoint import CheckpointError
+from .formats.openvino import RT_INFO_SECTION, openvino_module
 from .runtime import ExportedModel
 
 if TYPE_CHECKING:
     import openvino
-
-OPENVINO_HINT = "pip install 'yolotrain[openvino]'"
-# Where the export keeps its metadata inside the IR's runtime info.
-RT_INFO_SECTION = "yolotrain"
-
-
-def openvino_module():
-    try:
-        import openvino
-    except ImportError:
-        raise ImportError(f"OpenVINO models need the 'openvino' package ({OPENVINO_HINT})") from None
-    return openvino
-
 
 def _dims(port: openvino.Output) -> list[int | None]:
     """A port's dimensions, None for a free one."""

@@ -13,9 +13,9 @@ import torch
 from ..checkpoint import CheckpointError, checkpoint_paths, read_checkpoint, read_safetensors, state_mismatch
 from ..model import ModelSpec, Yolov5
 from ..names import class_names
+from .backends import is_exported
 from .hub import resolve_weights
 from .official import DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
-from .runtime import is_exported
 from .unpickler import read_torch_file
 
 

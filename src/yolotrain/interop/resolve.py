@@ -26,16 +26,19 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, checkpoint_paths
 from ..detector import Detector
 from ..devices import select_device
 from ..model import Yolov5
 from ..model.yolo import parse_version
+from ..outputs import Labelled
+from .backends import is_exported, load_exported
 from .pretrained import load_model
-from .runtime import is_exported, load_exported
 
 ModelSource = Detector | str | os.PathLike
 MODEL_YAML_SUFFIXES = (".yaml", ".yml")
+# Every name a checkpoint set is given by: NAME, NAME.json, NAME.safetensors, NAME.state.pt.
+_SET_SUFFIXES = (".json", ".safetensors", ".state.pt")
 
 
 def resolve_model(source: ModelSource, *, device: str | None = None, trust_code: bool = False,
@@ -96,3 +99,14 @@ def _names_architecture(path: Path) -> bool:
     """Whether ``path`` is a bare name (no folder, no suffix) that is no file and no checkpoint set's stem."""
     return (path.name == str(path) and not path.suffix and not path.exists()
             and not path.with_name(path.name + ".json").is_file())
+
+
+def weights_inputs(weights: str | os.PathLike) -> list[Labelled]:
+    """The files a weights path reads: every member of a checkpoint set (its JSON names the others, and
+    its state file is resumed from), an OpenVINO model's ``.bin`` beside its ``.xml``, or the file itself."""
+    path = Path(weights)
+    if path.suffix == ".xml":
+        return [("weights", path), ("weights", path.with_suffix(".bin"))]
+    if path.suffix not in ("", *_SET_SUFFIXES) and not path.name.endswith(".state.pt"):
+        return [("weights", path)]
+    return [("weights", member) for member in (path, *checkpoint_paths(path))]

@@ -26,37 +26,6 @@ from ..detector import Task
 from ..messages import brief, shorten
 from ..model import Detect
 from ..model.yolo import DEFAULT_IMG_SIZE
-from .formats import REGISTRY
-
-# Suffix of the file a runtime loads → (backend module, class name), from the formats' registry entries;
-# imported on demand so that a missing optional runtime only matters to the files that need it.
-BACKENDS: dict[str, tuple[str, str]] = {spec.suffix: spec.runtime for spec in REGISTRY.values() if spec.runtime}
-# Exports that this platform cannot run, with the reason given to the user.
-NOT_RUNNABLE: dict[str, str] = {spec.suffix: spec.not_runnable for spec in REGISTRY.values() if spec.not_runnable}
-
-
-def is_exported(path: str | os.PathLike) -> bool:
-    """Whether ``path`` names an export (by suffix) rather than a checkpoint."""
-    return Path(path).suffix.lower() in BACKENDS.keys() | NOT_RUNNABLE.keys()
-
-
-def load_exported(path: str | os.PathLike, trust_code: bool = False) -> ExportedModel:
-    """The runtime-backed detector for an exported file (``.onnx``, ``.xml``, ``.tflite``, ``.engine``,
-    ``.torchscript``). TorchScript files and TensorRT engines run their own code when loaded, so they
-    are refused unless ``trust_code`` (see :mod:`.trust`)."""
-    suffix = Path(path).suffix.lower()
-    if suffix in NOT_RUNNABLE:
-        raise CheckpointError(f"{path}: {NOT_RUNNABLE[suffix]}")
-    if suffix not in BACKENDS:
-        raise CheckpointError(f"{path}: not an exported model (expected one of {', '.join(BACKENDS)})")
-    from importlib import import_module
-
-    from .trust import needs_trust, require_trust
-
-    require_trust(path, trust_code)  # before the backend's runtime is even imported
-    module, name = BACKENDS[suffix]
-    backend = getattr(import_module(f"{__package__}.{module}"), name)
-    return backend(path, trust_code=trust_code) if needs_trust(path) else backend(path)
 
 
 class ExportedModel(abc.ABC):

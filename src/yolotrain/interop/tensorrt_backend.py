@@ -13,80 +13,14 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from ..checkpoint import CheckpointError
+from .formats.engine import tensorrt_unavailable
 from .runtime import ExportedModel
 from .trust import require_trust
-
-# Largest batch an engine with a dynamic batch axis accepts (val's default batch size); bigger batches
-# run in chunks of this many.
-MAX_BATCH = 32
-WORKSPACE_BYTES = 4 << 30
-
-
-def tensorrt_unavailable() -> str | None:
-    """Why TensorRT engines cannot be built or run here (a missing package or no CUDA GPU), or None."""
-    missing = []
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError:
-        missing.append("the 'tensorrt' package is not installed (pip install 'yolotrain[tensorrt]')")
-    if not torch.cuda.is_available():
-        missing.append("no CUDA GPU is visible to torch")
-    if not missing:
-        return None
-    return ("TensorRT engines are built and run on a CUDA GPU with the 'tensorrt' package, and here "
-            + " and ".join(missing))
-
-
-def build_engine(proto: Any, out: Path, metadata: dict[str, str], half: bool, size: tuple[int, int],
-                 min_side: int, float_layers: list[str]) -> None:
-    """Build an engine from the ONNX ``proto`` and write it with ``metadata`` to ``out``.
-
-    Free axes get one optimization profile: batch 1 to :data:`MAX_BATCH`, height and width from
-    ``min_side`` to ``size``, tuned for batch 1 at ``size``. With ``half``, layers may run in fp16
-    except ``float_layers`` (the decode tail, whose pixel coordinates fp16 would round).
-    """
-    import tensorrt as trt
-
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse(proto.SerializeToString()):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise ValueError(f"TensorRT cannot parse the exported ONNX graph: {errors}")
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
-    # TensorRT would run float32 convolutions as TF32 (10-bit mantissa) on recent GPUs: fp32 means fp32.
-    config.clear_flag(trt.BuilderFlag.TF32)
-    if half:
-        config.set_flag(trt.BuilderFlag.FP16)
-        config.set_flag(trt.BuilderFlag.PREFER_PRECISION_CONSTRAINTS)
-        keep = set(float_layers)
-        for index in range(network.num_layers):
-            layer = network.get_layer(index)
-            if layer.name in keep:
-                layer.precision = trt.float32
-    images = network.get_input(0)
-    shape = tuple(images.shape)
-    lowest = tuple(d if d > 0 else (1 if axis == 0 else min_side) for axis, d in enumerate(shape))
-    typical = tuple(d if d > 0 else (1 if axis == 0 else size[axis - 2]) for axis, d in enumerate(shape))
-    highest = tuple(d if d > 0 else (MAX_BATCH if axis == 0 else size[axis - 2]) for axis, d in enumerate(shape))
-    profile = builder.create_optimization_profile()
-    profile.set_shape(images.name, lowest, typical, highest)
-    config.add_optimization_profile(profile)
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise ValueError("TensorRT could not build the engine (its log above says why)")
-    header = json.dumps(metadata).encode()
-    with open(out, "wb") as file:
-        file.write(struct.pack("<I", len(header)) + header)
-        file.write(memoryview(serialized))
 
 
 class TensorRtModel(ExportedModel):

@@ -10,12 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import CheckpointError
+from .formats.tflite import METADATA_NAME
 from .runtime import ExportedModel
 
 TFLITE_HINT = "pip install 'yolotrain[tflite]'"
-# The export appends a small zip archive holding this file to the flatbuffer: the interpreter reads
-# the flatbuffer by offsets from its start and ignores trailing bytes.
-METADATA_NAME = "yolotrain.json"
 
 
 def read_tflite_metadata(path: str | os.PathLike) -> dict[str, str]:

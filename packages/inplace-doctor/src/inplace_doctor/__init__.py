@@ -23,7 +23,7 @@ from .view_write import InplaceWriteError
 
 def load_ipython_extension(ipython: object) -> None:
     """``%load_ext inplace_doctor``: register the ``%%doctor`` cell magic."""
-    from .ipython import register
+    from .ipython import register  # imports IPython, an optional dependency: only when IPython asks
 
     register(ipython)
 

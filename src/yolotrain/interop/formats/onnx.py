@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..calibration import OnnxCalibrationReader, onnx_decode_tail, onnx_int8_float_nodes
 from . import ExportFormat
 from ._common import EXPORT_PACKAGES_HINT, ExportJob, onnx_module, onnx_proto, staged
 
@@ -32,7 +33,6 @@ def _onnx_fp16(proto: Any) -> Any:
     """fp16 weights and arithmetic; float32 inputs and outputs, and the decode tail kept in float32."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    from ..calibration import onnx_decode_tail
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # values clipped to the fp16 range are reported per tensor
@@ -66,7 +66,6 @@ def _onnx_int8(proto: Any, out: Path, calibration: Any) -> None:
         raise ImportError(f"int8 ONNX export needs 'onnxruntime' ({EXPORT_PACKAGES_HINT})") from None
     onnx = onnx_module()
 
-    from ..calibration import OnnxCalibrationReader, onnx_int8_float_nodes
 
     prepared = out.with_name(out.name + ".prepared.onnx")
     onnx.save(proto, str(prepared))

@@ -7,15 +7,24 @@ import contextlib
 import sys
 from typing import Any
 
+from ..calibration import openvino_decode_tail
 from . import ExportFormat
 from ._common import ExportJob, onnx_module, onnx_proto, staged
 
 EXTRA = "pip install 'yolotrain[openvino]'"
+# Where the export keeps its metadata inside the IR's runtime info.
+RT_INFO_SECTION = "yolotrain"
+
+
+def openvino_module():
+    try:
+        import openvino
+    except ImportError:
+        raise ImportError(f"OpenVINO models need the 'openvino' package ({EXTRA})") from None
+    return openvino
 
 
 def write(job: ExportJob) -> None:
-    from ..openvino_backend import RT_INFO_SECTION, openvino_module
-
     ov = openvino_module()
     onnx = onnx_module()
     proto = onnx_proto(job)
@@ -36,8 +45,6 @@ def _openvino_int8(model: Any, calibration: Any) -> Any:
         import nncf
     except ImportError:
         raise ImportError(f"int8 OpenVINO export needs 'nncf' ({EXTRA})") from None
-    from ..calibration import openvino_decode_tail
-
     nncf.set_log_level(40)  # errors only: its progress bars and notes are not ours to print
     dataset = nncf.Dataset(calibration)
     scope = nncf.IgnoredScope(names=openvino_decode_tail(model), validate=False)

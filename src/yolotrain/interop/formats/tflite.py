@@ -14,10 +14,14 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from ..calibration import TFLITE_FLOAT_SCOPES, TfliteCalibrationInputs
 from . import ExportFormat
 from ._common import ExportJob, staged
 
 EXTRA = "pip install 'yolotrain[tflite]'"
+# The export appends a small zip archive holding this file to the flatbuffer: the interpreter reads
+# the flatbuffer by offsets from its start and ignores trailing bytes.
+METADATA_NAME = "yolotrain.json"
 
 
 def write(job: ExportJob) -> None:
@@ -25,8 +29,6 @@ def write(job: ExportJob) -> None:
         import litert_torch
     except ImportError:
         raise ImportError(f"LiteRT export needs 'litert-torch' ({EXTRA})") from None
-    from ..tflite_backend import METADATA_NAME
-
     with staged(job.out) as path, contextlib.redirect_stdout(sys.stderr):  # the converter prints progress
         litert_torch.convert(job.graph, (job.example,)).export(str(path))
         if job.half or job.calibration is not None:
@@ -41,8 +43,6 @@ def _tflite_quantized(path: Path, calibration: Any) -> None:
     from ai_edge_litert.interpreter import Interpreter
     from ai_edge_quantizer import qtyping, quantizer
     from ai_edge_quantizer.algorithm_manager import AlgorithmName
-
-    from ..calibration import TFLITE_FLOAT_SCOPES, TfliteCalibrationInputs
 
     every_op = qtyping.TFLOperationName.ALL_SUPPORTED
     model = quantizer.Quantizer(path.read_bytes())

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from yolotrain.eval.nms import non_max_suppression, scale_boxes_to_original
+from yolotrain.nms import non_max_suppression, scale_boxes_to_original
 
 
 def rows(*boxes, nc=3):

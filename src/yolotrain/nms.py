@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torchvision.ops import nms
 
-from ..boxes import xywh_to_xyxy
-from ..messages import brief
-from ..settings import setting
+from .boxes import xywh_to_xyxy
+from .messages import brief
+from .settings import setting
 
 # Boxes entering NMS per image at most: beyond this NMS time grows quadratically for no gain.
 MAX_NMS = 30000
