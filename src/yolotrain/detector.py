@@ -13,7 +13,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
-Task = Literal["detect"]
+Task = Literal["detect", "classify"]
 
 
 @runtime_checkable

@@ -12,8 +12,10 @@ import torch
 
 from ..checkpoint import CheckpointError, checkpoint_paths, read_checkpoint, read_safetensors, state_mismatch
 from ..model import ModelSpec, Yolov5
+from ..model.classify import Classifier
 from ..names import class_names
 from .backends import is_exported
+from .classify import read_classifier
 from .hub import resolve_weights
 from .official import DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
 from .unpickler import read_torch_file
@@ -86,8 +88,9 @@ def _head_mismatch(state: Mapping[str, torch.Tensor], nc: int, na: int) -> str |
     return None
 
 
-def load_model(path: str | Path, *, use_ema: bool = True) -> Yolov5:
-    """Load a :class:`Yolov5` (eval mode, CPU, float32 unless our checkpoint stored another dtype).
+def load_model(path: str | Path, *, use_ema: bool = True) -> Yolov5 | Classifier:
+    """Load a :class:`Yolov5` (eval mode, CPU, float32 unless our checkpoint stored another dtype), or a
+    :class:`~yolotrain.model.classify.Classifier` from an official ``yolov5*-cls.pt`` or a classifier state dict.
 
     Accepts our checkpoints (stem, ``.safetensors`` or ``.json`` of a set), a bare ``state_dict``
     (``.pt`` or ``.safetensors``), and official ultralytics YOLOv5 v6.0+ detection checkpoints,
@@ -106,6 +109,10 @@ def load_model(path: str | Path, *, use_ema: bool = True) -> Yolov5:
         raise CheckpointError(f"{path}: an exported model, not a torch checkpoint: run it with "
                               "yolotrain.interop.load_exported (or val and predict)")
     source = str(path)
+    contents = read_safetensors(path) if path.suffix == ".safetensors" else read_torch_file(path)
+    classifier = read_classifier(contents, source, use_ema=use_ema)
+    if classifier is not None:
+        return classifier
     if path.suffix == ".safetensors":
-        return build_detector(from_state_dict(read_safetensors(path), source), source)
-    return build_detector(interpret(read_torch_file(path), source, use_ema=use_ema), source)
+        return build_detector(from_state_dict(contents, source), source)
+    return build_detector(interpret(contents, source, use_ema=use_ema), source)

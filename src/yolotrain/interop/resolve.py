@@ -9,7 +9,8 @@ A spec is, checked in this order:
   (see :mod:`.trust`);
 - a model YAML (``.yaml``/``.yml``): that architecture with random weights;
 - a published architecture name without a suffix (``yolov5n`` … ``yolov5x6``, ``n``, ``s6``) that is not a
-  file: that architecture with random weights;
+  file: that architecture with random weights; likewise a classifier's (``yolov5n-cls`` … ``yolov5x-cls``, or a
+  torchvision name such as ``resnet18``: ImageNet's 1000 classes unless ``names``);
 - anything else is weights (see :func:`.pretrained.load_model`): our checkpoints (stem, ``.json`` or
   ``.safetensors`` of a set), a bare ``state_dict``, official YOLOv5 ``.pt`` files (read by the
   restricted unpickler, never running pickled code), a bare official name (``yolov5s.pt``) downloaded once.
@@ -30,6 +31,7 @@ from ..checkpoint import CheckpointError, checkpoint_paths
 from ..detector import Detector
 from ..devices import select_device
 from ..model import Yolov5
+from ..model.classify import Classifier, is_torchvision_name, parse_cls_name
 from ..model.yolo import parse_version
 from ..outputs import Labelled
 from .backends import is_exported, load_exported
@@ -63,12 +65,13 @@ def resolve_model(source: ModelSource, *, device: str | None = None, trust_code:
         return load_exported(source, trust_code=trust_code)
     else:
         model = _torch_model(Path(source), names, use_ema)
-    if device is not None and isinstance(model, Yolov5):
+    if device is not None and isinstance(model, (Yolov5, Classifier)):
         model = model.to(select_device(device))
     return model
 
 
-def resolve_trainable(source: Yolov5 | str | os.PathLike, names: Sequence[str] | None = None) -> Yolov5:
+def resolve_trainable(source: Yolov5 | Classifier | str | os.PathLike,
+                      names: Sequence[str] | None = None) -> Yolov5 | Classifier:
     """The :class:`Yolov5` that ``source`` names, to train or export (on the CPU; a model in memory is
     itself); :func:`yolotrain.load`.
 
@@ -80,16 +83,18 @@ def resolve_trainable(source: Yolov5 | str | os.PathLike, names: Sequence[str] |
         raise CheckpointError(f"{source}: an exported model, not a torch checkpoint: run it with val or predict "
                               "(or yolotrain.resolve_model); train and export take the checkpoint it was exported from")
     model = resolve_model(source, names=names)
-    if not isinstance(model, Yolov5):
+    if not isinstance(model, (Yolov5, Classifier)):
         raise CheckpointError(f"{type(model).__name__}: an exported model cannot be trained")
     return model
 
 
-def _torch_model(path: Path, names: Sequence[str] | None, use_ema: bool) -> Yolov5:
+def _torch_model(path: Path, names: Sequence[str] | None, use_ema: bool) -> Yolov5 | Classifier:
     """An architecture (YAML or published name) with random weights, or weights read from a file."""
     num_classes = None if names is None else len(names)
     if path.suffix.lower() in MODEL_YAML_SUFFIXES:
         return Yolov5.from_yaml(path, num_classes=num_classes, names=names)
+    if _names_architecture(path) and (parse_cls_name(str(path)) or is_torchvision_name(str(path))):
+        return Classifier.from_name(str(path), 1000 if num_classes is None else num_classes, names)
     if _names_architecture(path):
         return Yolov5(parse_version(str(path)), num_classes=80 if num_classes is None else num_classes, names=names)
     return load_model(path, use_ema=use_ema)

@@ -1,0 +1,88 @@
+"""Classifier weights: official ``yolov5*-cls.pt`` checkpoints (the reference's pickled ``ClassificationModel``,
+read by the restricted unpickler without running its code) and bare classifier state dicts.
+
+The reference pickles no architecture description with a classifier: the size comes from the stem's width
+(as for a bare detector state dict), the cut from the number of layers, the class count from the head's
+Linear layer; the tensors are then checked against the classifier built from those.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..checkpoint import state_mismatch
+from ..model import Yolov5
+from ..model.classify import Classifier
+from ..names import class_names
+from .official import STEM_WEIGHT, STEM_WIDTHS, UnsupportedCheckpointError, module_state_dict
+from .unpickler import PickledObject
+
+CLASSIFICATION_MODEL = "ClassificationModel"
+_HEAD_LINEAR = re.compile(r"model\.(\d+)\.linear\.weight")
+
+
+def _is_classifier(obj: Any) -> bool:
+    if isinstance(obj, PickledObject):
+        if obj.pickled_name.rpartition(".")[2] == CLASSIFICATION_MODEL:
+            return True
+        body = (obj.get("_modules") or {}).get("model")
+        layers = (body.get("_modules") or {}) if isinstance(body, PickledObject) else {}
+        return bool(layers) and getattr(list(layers.values())[-1], "pickled_name", "").endswith(".Classify")
+    return (isinstance(obj, Mapping) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+            and any(_HEAD_LINEAR.fullmatch(str(k)) for k in obj))
+
+
+def _entry(obj: Any, use_ema: bool) -> Any:
+    """The model entry of an official checkpoint dict (EMA first, as the reference serves it), else ``obj``."""
+    if isinstance(obj, Mapping) and not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        keys = ("ema", "model") if use_ema else ("model", "ema")
+        return next((obj[k] for k in keys if obj.get(k) is not None), obj)
+    return obj
+
+
+def read_classifier(obj: Any, source: str, use_ema: bool = True) -> Classifier | None:
+    """The :class:`Classifier` an unpickled checkpoint holds (float32, eval mode, CPU), or None when it holds
+    no classifier (a detector, which :func:`.official.interpret` reads).
+
+    Raises:
+        UnsupportedCheckpointError: a classifier of an architecture this library cannot rebuild, or tensors
+            that do not fit the architecture they describe.
+    """
+    found = _entry(obj, use_ema)
+    if not _is_classifier(found):
+        return None
+    if isinstance(found, PickledObject):
+        kind = f"a YOLOv5 classification model ({found.pickled_name})"
+        state, names = module_state_dict(found), found.get("names")
+    else:
+        kind, state, names = "a YOLOv5 classifier state dict", dict(found), None
+    heads = sorted(int(m.group(1)) for m in map(_HEAD_LINEAR.fullmatch, state) if m)
+    stem = state.get(STEM_WEIGHT)
+    if not heads or stem is None or int(stem.shape[0]) not in STEM_WIDTHS:
+        width = "no stem" if stem is None else f"stem width {int(stem.shape[0])}"
+        raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {kind} with {width} and {len(heads)} "
+                                         "Classify heads, which matches none of yolov5n-cls … yolov5x-cls")
+    cutoff, nc = heads[-1] + 1, int(state[f"model.{heads[-1]}.linear.weight"].shape[0])
+    size = STEM_WIDTHS[int(stem.shape[0])]
+    try:
+        model = Classifier.from_detector(Yolov5(size, num_classes=1), nc, _names(names, nc), cutoff)
+    except ValueError as exc:
+        raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {kind}: {exc}") from None
+    state = {key: value.float() if value.is_floating_point() else value for key, value in state.items()}
+    mismatch = state_mismatch(model.state_dict(), state)
+    if mismatch:
+        raise UnsupportedCheckpointError(f"{source}: does not match its tensors (yolov5{size}-cls nc={nc}: {mismatch})")
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def _names(names: Any, nc: int) -> list[str]:
+    """A checkpoint's class names, or numbered names when they are absent or do not fit ``nc``."""
+    try:
+        return class_names(names, nc)
+    except ValueError:
+        return class_names(None, nc)
