@@ -1,0 +1,352 @@
+"""Classification data: ImageNet-style folders (``train/<class>/*.jpg``, ``val/<class>/*.jpg`` or
+``test/<class>/*.jpg``), verified, optionally cached, with the reference's transforms.
+
+Class names are the class folder names, sorted (as torchvision's ``ImageFolder`` names them); a class is
+the index of its name. Images are verified once (the detection verifier's decode check), and an unreadable
+one is named in one counted :class:`~yolotrain.data.verify.DataWarning` and skipped.
+
+Transforms (the reference's ``utils/augmentations.py``): evaluation takes the centred square of the short
+side resized to ``img_size`` (``classify_transforms``); training a random resized crop (scale 0.08-1, aspect
+3/4-4/3), a horizontal flip and brightness/contrast/saturation jitter (``classify_albumentations``), drawn
+from (seed, epoch, index) so a run's samples do not depend on the number of loader processes. Both end in
+RGB float tensors normalised with the ImageNet mean and standard deviation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.pool import ThreadPool
+from pathlib import Path
+from typing import Literal
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms.v2 import functional as tvf
+
+from ..settings import setting
+from .dataset import ImageReadError, SampleKey
+from .imagecache import disk_cache
+from .loaders import EpochBatchSampler, default_workers
+from .shapes import CLASS_NAMES as SHAPE_NAMES
+from .shapes import draw_sample
+from .sources import IMG_FORMATS
+from .verify import DataWarning, _check_image
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+TRAIN_SPLIT = "train"
+# The split evaluated: ``test`` when the dataset has one, else ``val`` (the reference's classify/val.py).
+EVAL_SPLITS = ("test", "val")
+# Tries of the random resized crop before it falls back to the centre crop (torchvision's rule).
+CROP_TRIES = 10
+# Files named per kind of problem in the verification warning.
+SHOWN_PROBLEMS = 3
+
+Sample = tuple[Path, int]
+
+
+@dataclass(frozen=True)
+class ClassifyAugment:
+    """The reference's classification augmentations (``classify_albumentations`` defaults)."""
+
+    scale_min: float = setting(0.08, "smallest share of the image area a training crop covers", min=0.001, max=1)
+    ratio_min: float = setting(0.75, "narrowest aspect ratio (w/h) of a training crop (the widest is its inverse)",
+                               above=0, max=1)
+    fliplr: float = setting(0.5, "probability of a left-right flip", min=0, max=1)
+    flipud: float = setting(0.0, "probability of an up-down flip", min=0, max=1)
+    jitter: float = setting(0.4, "brightness, contrast and saturation jitter (factors 1 ± jitter)", min=0, max=1)
+
+
+@dataclass
+class ClassifySource:
+    """A classification dataset on disk: class names and the ``(image, class)`` samples of each split found."""
+
+    root: Path
+    names: list[str]
+    splits: dict[str, list[Sample]] = field(default_factory=dict)
+
+    @property
+    def eval_split(self) -> str:
+        """The split validation reads: ``test`` when present, else ``val``."""
+        return next((s for s in EVAL_SPLITS if s in self.splits), TRAIN_SPLIT)
+
+
+def class_folders(split: Path) -> list[str]:
+    """Sorted names of the class folders of a split (hidden folders ignored)."""
+    return sorted(entry.name for entry in os.scandir(split) if entry.is_dir() and not entry.name.startswith("."))
+
+
+def _split_samples(split: Path, names: Sequence[str]) -> list[Sample]:
+    """Every image under each class folder of ``split`` (recursively, sorted), with its class index."""
+    index = {name: i for i, name in enumerate(names)}
+    samples: list[Sample] = []
+    for folder in class_folders(split):
+        if folder not in index:
+            raise ValueError(f"{split / folder}: class folder {folder!r} is not one of the {len(names)} training "
+                             f"classes ({', '.join(names[:5])}{' ...' if len(names) > 5 else ''})")
+        for parent, _, files in sorted(os.walk(split / folder, followlinks=True)):
+            samples += [(Path(parent) / f, index[folder]) for f in sorted(files)
+                        if Path(f).suffix[1:].lower() in IMG_FORMATS]
+    return samples
+
+
+def is_classify_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder of split folders holding class folders (``train/<class>/``, ``val/<class>/``)."""
+    root = Path(path)
+    splits = [root / s for s in (TRAIN_SPLIT, *EVAL_SPLITS) if (root / s).is_dir()]
+    return bool(splits) and all(class_folders(s) for s in splits) and not (root / "images").is_dir()
+
+
+def resolve_classify_source(path: str | os.PathLike, names: Sequence[str] | None = None) -> ClassifySource:
+    """The splits and class names of an ImageNet-style folder.
+
+    ``names`` fixes the classes (a model's, for validation); otherwise they are the folder names of ``train/``
+    (else of the evaluated split). A class folder outside them is an error, so indices never shift silently.
+
+    Raises:
+        FileNotFoundError: no such folder, or none of ``train/``, ``val/``, ``test/`` in it.
+        ValueError: a split without class folders, or a class folder that is not one of the classes.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"classification dataset folder not found: {root}")
+    found = [s for s in (TRAIN_SPLIT, *EVAL_SPLITS) if (root / s).is_dir()]
+    if not found:
+        raise FileNotFoundError(f"{root}: no train/, val/ or test/ folder of class folders")
+    for split in found:
+        if not class_folders(root / split):
+            raise ValueError(f"{root / split}: no class folders (expected {split}/<class name>/<image>)")
+    if names is None:
+        names = class_folders(root / found[0])
+    source = ClassifySource(root, [str(n) for n in names])
+    for split in found:
+        source.splits[split] = _split_samples(root / split, source.names)
+    return source
+
+
+def verify_samples(samples: Sequence[Sample], name: str = "", workers: int | None = None) -> list[Sample]:
+    """The samples whose image decodes; the others are named in one counted :class:`DataWarning`.
+
+    Raises:
+        ValueError: no usable image is left.
+    """
+    with ThreadPool(workers or min(8, os.cpu_count() or 1)) as pool:
+        checked = pool.map(_check_image, [path for path, _ in samples], chunksize=8)
+    kept = [sample for sample, (shape, _) in zip(samples, checked) if shape is not None]
+    problems: dict[str, list[str]] = defaultdict(list)
+    for (path, _), (shape, problem) in zip(samples, checked):
+        if shape is None:
+            problems[problem or "unreadable"].append(str(path))
+    if problems:
+        lines = [f"{name or 'dataset'}: {len(samples)} images, {len(samples) - len(kept)} corrupt skipped"]
+        for kind, paths in sorted(problems.items()):
+            more = f" (+{len(paths) - SHOWN_PROBLEMS} more)" if len(paths) > SHOWN_PROBLEMS else ""
+            lines.append(f"  {len(paths)} x {kind}: {'; '.join(paths[:SHOWN_PROBLEMS])}{more}")
+        warnings.warn("\n".join(lines), DataWarning, stacklevel=2)
+    if not kept:
+        raise ValueError(f"{name or 'dataset'}: no usable images left after verification")
+    return kept
+
+
+def centre_crop(im: np.ndarray, size: int) -> np.ndarray:
+    """The centred square of the short side, resized to ``size`` (the reference's ``CenterCrop``)."""
+    h, w = im.shape[:2]
+    side = min(h, w)
+    top, left = (h - side) // 2, (w - side) // 2
+    return cv2.resize(im[top:top + side, left:left + side], (size, size), interpolation=cv2.INTER_LINEAR)
+
+
+def random_resized_crop(im: np.ndarray, size: int, rng: np.random.Generator, scale: tuple[float, float],
+                        ratio: tuple[float, float]) -> np.ndarray:
+    """A crop of random area share and aspect ratio resized to ``size`` (torchvision's ``RandomResizedCrop``
+    rule: ``CROP_TRIES`` draws, then the centre crop at the nearest allowed ratio)."""
+    h, w = im.shape[:2]
+    area = h * w
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(CROP_TRIES):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        cw, ch = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < cw <= w and 0 < ch <= h:
+            top, left = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+            break
+    else:
+        in_ratio = w / h
+        cw, ch = (w, round(w / ratio[0])) if in_ratio < ratio[0] else (
+            (round(h * ratio[1]), h) if in_ratio > ratio[1] else (w, h))
+        top, left = (h - ch) // 2, (w - cw) // 2
+    return cv2.resize(im[top:top + ch, left:left + cw], (size, size), interpolation=cv2.INTER_LINEAR)
+
+
+def colour_jitter(rgb: torch.Tensor, jitter: float, rng: np.random.Generator) -> torch.Tensor:
+    """Brightness, contrast and saturation scaled by factors in ``1 ± jitter``, applied in random order."""
+    adjust = (tvf.adjust_brightness, tvf.adjust_contrast, tvf.adjust_saturation)
+    factors = rng.uniform(max(0.0, 1 - jitter), 1 + jitter, size=3)
+    for i in rng.permutation(3):
+        rgb = adjust[i](rgb, float(factors[i]))
+    return rgb
+
+
+def to_normalised_tensor(bgr: np.ndarray) -> torch.Tensor:
+    """HWC BGR uint8 → CHW RGB float32, normalised with the ImageNet mean and standard deviation."""
+    rgb = torch.from_numpy(np.ascontiguousarray(bgr[..., ::-1].transpose(2, 0, 1))).float() / 255.0
+    return tvf.normalize(rgb, list(IMAGENET_MEAN), list(IMAGENET_STD))
+
+
+def eval_transform(bgr: np.ndarray, size: int) -> torch.Tensor:
+    """The reference's evaluation transform: centre crop, RGB, ImageNet normalisation."""
+    return to_normalised_tensor(centre_crop(bgr, size))
+
+
+def train_transform(bgr: np.ndarray, size: int, augment: ClassifyAugment, rng: np.random.Generator) -> torch.Tensor:
+    """The reference's training transform: random resized crop, flips, colour jitter, ImageNet normalisation."""
+    im = random_resized_crop(bgr, size, rng, (augment.scale_min, 1.0), (augment.ratio_min, 1 / augment.ratio_min))
+    if rng.random() < augment.fliplr:
+        im = im[:, ::-1]
+    if rng.random() < augment.flipud:
+        im = im[::-1]
+    if augment.jitter > 0:
+        rgb = colour_jitter(torch.from_numpy(np.ascontiguousarray(im[..., ::-1].transpose(2, 0, 1))), augment.jitter,
+                            rng)
+        im = np.ascontiguousarray(rgb.numpy().transpose(1, 2, 0)[..., ::-1])
+    return to_normalised_tensor(im)
+
+
+class ClassifyDataset(Dataset):
+    """``(image [3, S, S] float32 normalised, class index)`` items of one split.
+
+    ``cache``: ``ram`` keeps each decoded image after its first read (per loader process), ``disk`` decodes
+    every image once into a ``.npy`` beside it (see :mod:`.imagecache`). Items are keyed by
+    ``(index, epoch, _)`` (:class:`~yolotrain.data.loaders.EpochBatchSampler`) or a plain index.
+    """
+
+    rect = False
+    mosaic = False
+
+    def __init__(self, samples: Sequence[Sample], img_size: int = 224, augment: ClassifyAugment | None = None,
+                 seed: int = 0, cache: Literal["ram", "disk", "off"] = "off", names: Sequence[str] = ()) -> None:
+        self.samples = list(samples)
+        self.files = [path for path, _ in self.samples]
+        self.labels = np.array([label for _, label in self.samples], dtype=np.int64)
+        self.img_size = int(img_size)
+        self.augment = augment
+        self.seed = int(seed)
+        self.epoch = 0
+        self.names = list(names)
+        self.cache = cache
+        self._ram: dict[int, np.ndarray] = {}
+        self._arrays = disk_cache(self.files) if cache == "disk" else None
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def load_image(self, index: int) -> np.ndarray:
+        """The decoded HWC BGR image of sample ``index``."""
+        if index in self._ram:
+            return self._ram[index]
+        if self._arrays is not None:
+            im = np.load(self._arrays[index])
+        else:
+            im = cv2.imread(str(self.files[index]), cv2.IMREAD_COLOR)
+            if im is None:
+                raise ImageReadError(f"cannot read image {self.files[index]}")
+        if self.cache == "ram":
+            self._ram[index] = im
+        return im
+
+    def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
+        index, epoch = (key[0], key[1]) if isinstance(key, tuple) else (int(key), self.epoch)
+        im = self.load_image(index)
+        if self.augment is None:
+            return eval_transform(im, self.img_size), int(self.labels[index])
+        rng = np.random.default_rng([self.seed, epoch, index])
+        return train_transform(im, self.img_size, self.augment, rng), int(self.labels[index])
+
+    @staticmethod
+    def collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        imgs, labels = zip(*batch)
+        return torch.stack(imgs), torch.tensor(labels, dtype=torch.int64)
+
+
+@dataclass
+class ClassifyLoaders:
+    """What :func:`build_classify_loaders` made: class names, the dataset root, the loaders of the splits asked
+    for (``val`` reads ``test/`` when present) and their verified samples."""
+
+    names: list[str]
+    root: Path
+    train: DataLoader | None = None
+    val: DataLoader | None = None
+    train_samples: list[Sample] = field(default_factory=list)
+    val_samples: list[Sample] = field(default_factory=list)
+
+
+def classify_loader(dataset: ClassifyDataset, batch_size: int, shuffle: bool, workers: int, seed: int = 0,
+                    rank: int = 0, world_size: int = 1) -> DataLoader:
+    """A DataLoader over ``dataset`` with the detection loaders' seeded, rank-shared batches."""
+    return DataLoader(dataset, batch_sampler=EpochBatchSampler(dataset, batch_size, shuffle, seed, rank, world_size),
+                      num_workers=workers, collate_fn=ClassifyDataset.collate, pin_memory=torch.cuda.is_available(),
+                      persistent_workers=workers > 0)
+
+
+def build_classify_loaders(path: str | os.PathLike, img_size: int = 224, batch_size: int = 64, *,
+                           splits: Sequence[str] = ("train", "val"), augment: ClassifyAugment | None = None,
+                           names: Sequence[str] | None = None, workers: int | None = None,
+                           cache: Literal["ram", "disk", "off"] = "off", seed: int = 0, rank: int = 0,
+                           world_size: int = 1) -> ClassifyLoaders:
+    """Verify an ImageNet-style folder and build the loaders of ``splits`` (``train``: shuffled, augmented with
+    ``augment`` (the reference's when None); ``val``: the ``test/`` split when present, else ``val/``, in file
+    order, centre crops). ``batch_size`` is the global batch (each of ``world_size`` processes takes its share).
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`resolve_classify_source`, a split asked for that is missing,
+            or a split without a usable image.
+    """
+    if img_size < 1 or batch_size < 1:
+        raise ValueError(f"img_size and batch_size must be at least 1, got {img_size} and {batch_size}")
+    source = resolve_classify_source(path, names)
+    workers = default_workers() if workers is None else workers
+    loaders = ClassifyLoaders(source.names, source.root)
+    if "train" in splits:
+        if TRAIN_SPLIT not in source.splits:
+            raise FileNotFoundError(f"{source.root}: no train/ folder")
+        loaders.train_samples = verify_samples(source.splits[TRAIN_SPLIT], "train")
+        train_set = ClassifyDataset(loaders.train_samples, img_size, augment or ClassifyAugment(), seed, cache,
+                                    source.names)
+        loaders.train = classify_loader(train_set, batch_size, True, workers, seed, rank, world_size)
+    if "val" in splits:
+        split = source.eval_split
+        if split == TRAIN_SPLIT:
+            raise FileNotFoundError(f"{source.root}: no val/ or test/ folder")
+        loaders.val_samples = verify_samples(source.splits[split], split)
+        val_set = ClassifyDataset(loaders.val_samples, img_size, None, seed, cache, source.names)
+        loaders.val = classify_loader(val_set, batch_size, False, workers, seed)
+    return loaders
+
+
+def write_shape_crops(root: str | os.PathLike, n_train: int = 16, n_val: int = 8, img_size: int = 96,
+                      seed: int = 0) -> Path:
+    """A small classification dataset in ``root``: the objects of built-in shapes images (see :mod:`.shapes`)
+    cut out into ``train/<circle|rectangle>/`` and ``val/…`` (``n_train``/``n_val`` source images per split,
+    each giving one crop per object). Deterministic for equal arguments; returns ``root``."""
+    root = Path(root)
+    for split_id, (split, count) in enumerate((("train", n_train), ("val", n_val))):
+        for name in SHAPE_NAMES:
+            (root / split / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            im, labels = draw_sample(np.random.default_rng([seed, split_id, i]), img_size)
+            for j, (cls, cx, cy, w, h) in enumerate(labels):
+                x1, y1 = max(0, int((cx - w / 2) * img_size)), max(0, int((cy - h / 2) * img_size))
+                x2, y2 = int(math.ceil((cx + w / 2) * img_size)), int(math.ceil((cy + h / 2) * img_size))
+                cv2.imwrite(str(root / split / SHAPE_NAMES[int(cls)] / f"{i:04d}_{j}.png"), im[y1:y2, x1:x2])
+    return root

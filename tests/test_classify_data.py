@@ -1,0 +1,128 @@
+"""Classification data: ImageNet-style folders, verification, caching and the reference's transforms."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from yolotrain.data.classify import (
+    ClassifyAugment,
+    ClassifyDataset,
+    build_classify_loaders,
+    eval_transform,
+    is_classify_folder,
+    random_resized_crop,
+    resolve_classify_source,
+    write_shape_crops,
+)
+from yolotrain.data.verify import DataWarning
+
+
+@pytest.fixture(scope="module")
+def crops(tmp_path_factory) -> Path:
+    return write_shape_crops(tmp_path_factory.mktemp("crops") / "shapes-cls", n_train=6, n_val=3)
+
+
+def test_class_names_and_samples_are_those_of_torchvision_image_folder(crops, tmp_path):
+    from torchvision.datasets import ImageFolder
+
+    root = tmp_path / "data"
+    shutil.copytree(crops, root)
+    (root / "train" / "circle" / "nested").mkdir()
+    shutil.copy(next((root / "train" / "circle").glob("*.png")), root / "train" / "circle" / "nested" / "x.png")
+    (root / "train" / "circle" / "notes.txt").write_text("not an image")
+    source = resolve_classify_source(root)
+    reference = ImageFolder(str(root / "train"))
+    assert source.names == reference.classes == ["circle", "rectangle"]
+    assert [(str(p), c) for p, c in source.splits["train"]] == reference.samples
+    assert source.eval_split == "val" and is_classify_folder(root) and not is_classify_folder(root / "train")
+
+
+def test_a_class_folder_outside_the_classes_and_missing_folders_are_one_line_errors(crops, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(crops, root)
+    (root / "val" / "triangle").mkdir()
+    with pytest.raises(ValueError, match=r"val/triangle: class folder 'triangle' is not one of the 2 training classes"):
+        resolve_classify_source(root)
+    with pytest.raises(FileNotFoundError, match="no train/, val/ or test/ folder"):
+        resolve_classify_source(root / "val")
+    with pytest.raises(FileNotFoundError, match="not found"):
+        resolve_classify_source(tmp_path / "missing")
+
+
+def test_the_eval_transform_is_the_reference_one(reference):
+    from yolov5.utils.augmentations import classify_transforms
+
+    rng = np.random.default_rng(0)
+    for h, w in ((50, 80), (120, 31), (224, 224)):
+        im = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        torch.testing.assert_close(eval_transform(im, 64), classify_transforms(64)(im), rtol=0, atol=0)
+
+
+def test_corrupt_images_are_named_counted_and_skipped(crops, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(crops, root)
+    bad = root / "train" / "rectangle" / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8 not really a jpeg")
+    total = sum(1 for _ in (root / "train").rglob("*.*"))
+    with pytest.warns(DataWarning, match=rf"train: {total} images, 1 corrupt skipped\n  1 x .*broken.jpg"):
+        loaders = build_classify_loaders(root, 32, 4, workers=0)
+    assert len(loaders.train_samples) == total - 1 and bad not in [p for p, _ in loaders.train_samples]
+    imgs, labels = next(iter(loaders.val))
+    assert imgs.shape == (4, 3, 32, 32) and imgs.dtype == torch.float32 and labels.dtype == torch.int64
+
+
+def test_training_samples_depend_on_seed_epoch_and_index_only(crops):
+    samples = resolve_classify_source(crops).splits["train"]
+    dataset = ClassifyDataset(samples, 48, ClassifyAugment(), seed=3)
+    first, label = dataset[(2, 0, False)]
+    again, _ = ClassifyDataset(samples, 48, ClassifyAugment(), seed=3)[(2, 0, False)]
+    assert first.shape == (3, 48, 48) and label == samples[2][1]
+    assert torch.equal(first, again)
+    assert not torch.equal(first, dataset[(2, 1, False)][0])
+    assert not torch.equal(first, ClassifyDataset(samples, 48, ClassifyAugment(), seed=4)[(2, 0, False)][0])
+
+
+@pytest.mark.parametrize("cache", ["ram", "disk"])
+def test_cached_images_give_the_same_samples(crops, tmp_path, cache):
+    root = tmp_path / "data"
+    shutil.copytree(crops, root)
+    samples = resolve_classify_source(root).splits["val"]
+    plain = ClassifyDataset(samples, 40)
+    cached = ClassifyDataset(samples, 40, cache=cache)
+    for i in (0, 1, 0):
+        assert torch.equal(plain[i][0], cached[i][0])
+    assert bool(list(root.rglob("*.npy"))) == (cache == "disk")
+
+
+@settings(max_examples=40, deadline=None)
+@given(h=st.integers(10, 300), w=st.integers(10, 300), size=st.integers(8, 96), seed=st.integers(0, 2**16),
+       scale_min=st.floats(0.01, 1.0), ratio_min=st.floats(0.2, 1.0))
+def test_random_resized_crops_are_always_square_crops_of_the_image(h, w, size, seed, scale_min, ratio_min):
+    im = np.zeros((h, w, 3), np.uint8)
+    cv2.circle(im, (w // 2, h // 2), 3, (255, 255, 255), -1)
+    out = random_resized_crop(im, size, np.random.default_rng(seed), (scale_min, 1.0), (ratio_min, 1 / ratio_min))
+    assert out.shape == (size, size, 3) and out.dtype == np.uint8
+
+
+def test_the_flip_and_jitter_settings_take_effect(crops):
+    samples = resolve_classify_source(crops).splits["train"][:1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        whole = ClassifyAugment(scale_min=1.0, ratio_min=1.0, fliplr=0.0, jitter=0.0)
+        flipped = ClassifyAugment(scale_min=1.0, ratio_min=1.0, fliplr=1.0, jitter=0.0)
+        a = ClassifyDataset(samples, 32, whole)[0][0]
+        b = ClassifyDataset(samples, 32, flipped)[0][0]
+    # A crop of the whole area at aspect 1 falls back to the centred square: the evaluation transform.
+    torch.testing.assert_close(a, eval_transform(cv2.imread(str(samples[0][0])), 32), rtol=0, atol=0)
+    torch.testing.assert_close(b, a.flip(-1))
+    jittered = ClassifyDataset(samples, 32, ClassifyAugment(scale_min=1.0, ratio_min=1.0, fliplr=0.0))[0][0]
+    assert not torch.equal(jittered, a)
