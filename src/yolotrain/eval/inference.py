@@ -12,6 +12,7 @@ from ..detector import Detector
 from ..devices import select_device
 from ..interop.resolve import ModelSource, resolve_model
 from ..model import Yolov5
+from ..model.classify import Classifier
 
 ModelOrWeights = ModelSource
 # The --weights help of val and predict: every file resolve_model takes.
@@ -51,7 +52,7 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
         yolotrain.checkpoint.CheckpointError: the weights file cannot be read.
     """
     model = resolve_model(model_or_weights, trust_code=trust_code)
-    if not isinstance(model, Yolov5):
+    if not isinstance(model, (Yolov5, Classifier)):
         return model, model.device
     given = model is model_or_weights
     model = copy.deepcopy(model) if given else model

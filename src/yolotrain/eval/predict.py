@@ -39,6 +39,7 @@ from ..settings import (
     from_flat,
     setting,
 )
+from .classify import ClassifyPredictor, ClassifyResult
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
@@ -268,7 +269,9 @@ class _Outputs:
             if self.save_txt:
                 (save_dir / "labels").mkdir(exist_ok=True)
 
-    def draw(self, image: np.ndarray, result: Result) -> np.ndarray:
+    def draw(self, image: np.ndarray, result: Result | ClassifyResult) -> np.ndarray:
+        if isinstance(result, ClassifyResult):
+            return result.annotate(image, **self.draw_options)
         return draw_detections(image, result.boxes, result.classes, result.names, result.scores, **self.draw_options)
 
     def image(self, name: str, image: np.ndarray, result: Result) -> None:
@@ -351,8 +354,9 @@ def predict(
     view_img: bool = PredictConfig.view_img,
     stream: bool = False,
     callbacks: Callbacks | CallbackSpec | None = None,
-) -> list[Result] | Iterator[Result]:
-    """Detect objects in images, videos, cameras and network streams.
+) -> list[Result | ClassifyResult] | Iterator[Result | ClassifyResult]:
+    """Detect objects in images, videos, cameras and network streams (a classifier: the top-5 classes of each
+    image with their probabilities, as :class:`~yolotrain.eval.classify.ClassifyResult`).
 
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy) or a weights path.
@@ -399,6 +403,10 @@ def predict(
         check_display()
     hooks = as_callbacks(callbacks)
     predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code)
+    if predictor.model.task == "classify":
+        if save_crop:
+            raise ValueError("save_crop cuts out detected boxes: a classifier has none")
+        predictor = ClassifyPredictor(predictor.model, predictor.device, img_size)
     items = expand_sources(source)
     if save_dir is not None:
         weights = weights_inputs(model_or_weights) if isinstance(model_or_weights, (str, os.PathLike)) else []
@@ -561,6 +569,10 @@ def run_predict(args: argparse.Namespace) -> int:
         results = predict(weights, list(config.source), save_dir=save_dir, **keywords)
     for w in caught:
         print(f"warning: {w.message}")
+    if results and isinstance(results[0], ClassifyResult):
+        print("\n".join(r.summary() for r in results))
+        print(f"{len(results)} images/frames classified. Results saved to {save_dir}")
+        return 0
     total = sum(len(r.scores) for r in results)
     print(f"{len(results)} images/frames, {total} detections. Results saved to {save_dir}")
     return 0 if results else 1

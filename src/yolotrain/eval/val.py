@@ -41,6 +41,7 @@ from ..settings import (
     from_flat,
     setting,
 )
+from .classify import ClassifyMetrics, val_classifier
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
@@ -172,8 +173,8 @@ def val(
     single_cls: bool = ValConfig.single_cls,
     trust_code: bool = ValConfig.trust_code,
     callbacks: Callbacks | CallbackSpec | None = None,
-) -> Metrics:
-    """Evaluate a detector on a labelled split.
+) -> Metrics | ClassifyMetrics:
+    """Evaluate a detector on a labelled split (a classifier: top-1/top-5 accuracy, see :mod:`.classify`).
 
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy, never modified) or
@@ -218,6 +219,11 @@ def val(
         rect, conf, iou, save_dir, save_json, save_txt = False, NMSConfig.conf, NMSConfig.iou, None, False, False
     check_nms_limits(max_det)
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code)
+    if model.task == "classify":
+        weights = model_or_weights if isinstance(model_or_weights, (str, os.PathLike)) else None
+        return val_classifier(model, data, dev, img_size=img_size, batch_size=batch_size, workers=workers,
+                              criterion=criterion, save_dir=save_dir, plots=plots, verbose=verbose, weights=weights,
+                              hooks=hooks)
     # Exports fixed at one image size take square letterboxed batches, not rectangular ones.
     rect = rect and model.dynamic_size
     loader = data
