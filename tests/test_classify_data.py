@@ -50,7 +50,7 @@ def test_a_class_folder_outside_the_classes_and_missing_folders_are_one_line_err
     root = tmp_path / "data"
     shutil.copytree(crops, root)
     (root / "val" / "triangle").mkdir()
-    with pytest.raises(ValueError, match=r"val/triangle: class folder 'triangle' is not one of the 2 training classes"):
+    with pytest.raises(ValueError, match=r"val/triangle: class folder 'triangle' is not one of the 2 classes"):
         resolve_classify_source(root)
     with pytest.raises(FileNotFoundError, match="no train/, val/ or test/ folder"):
         resolve_classify_source(root / "val")

@@ -73,8 +73,10 @@ def test_val_reads_the_model_classes_from_the_folder_names(crops, tmp_path):
     model = Classifier.from_name("yolov5n-cls", 3, ["circle", "rectangle", "triangle"]).eval()
     loader = build_classify_loaders(crops, 32, 8, splits=("val",), names=model.names, workers=0).val
     assert set(loader.dataset.labels.tolist()) == {0, 1}
-    with pytest.raises(ValueError, match="class folder 'circle' is not one of the 2 training classes"):
+    with pytest.raises(ValueError, match="class folder 'circle' is not one of the 2 classes"):
         yolotrain.val(Classifier.from_name("yolov5n-cls", 2, ["disc", "rectangle"]), crops, workers=0, verbose=False)
+    with pytest.raises(ValueError, match="2 class folders for a model of 3 classes"):
+        yolotrain.val(Classifier.from_name("yolov5n-cls", 3), crops, workers=0, verbose=False)
 
 
 def test_predict_prints_saves_and_draws_the_top5(crops, tmp_path):
@@ -97,18 +99,25 @@ def test_predict_prints_saves_and_draws_the_top5(crops, tmp_path):
         yolotrain.predict(model, [image], save_dir=tmp_path / "crops", save_crop=True)
 
 
-@pytest.mark.slow  # a process of its own: seconds of imports
-def test_predict_command_prints_each_top5(crops, tmp_path):
+def run_cli(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "yolotrain", *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.slow  # processes of their own: seconds of imports each
+def test_val_and_predict_commands_take_a_classifier(crops, tmp_path):
     model = trained_like(Classifier.from_name("yolov5n-cls", 2, ["circle", "rectangle"]))
     torch.save(model.state_dict(), tmp_path / "cls.pt")
+    table = run_cli("val", "--weights", str(tmp_path / "cls.pt"), "--data", str(crops), "--img", "64",
+                    "--project", str(tmp_path / "val"))
+    assert "top1_acc" in table and (tmp_path / "val" / "exp" / "confusion_matrix.png").is_file()
     image = next((crops / "val" / "rectangle").glob("*.png"))
-    out = subprocess.run([sys.executable, "-m", "yolotrain", "predict", "--weights", str(tmp_path / "cls.pt"),
-                          "--source", str(image), "--img", "64", "--project", str(tmp_path / "runs")],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    stdout = run_cli("predict", "--weights", str(tmp_path / "cls.pt"), "--source", str(image), "--img", "64",
+                     "--project", str(tmp_path / "runs"))
     # A bare state dict carries no class names: they are numbered.
-    assert f"{image}: 0 0." in out.stdout or f"{image}: 1 0." in out.stdout
-    assert "1 images/frames classified" in out.stdout
+    assert f"{image}: 0 0." in stdout or f"{image}: 1 0." in stdout
+    assert "1 images/frames classified" in stdout
 
 
 REFERENCE_VAL = """

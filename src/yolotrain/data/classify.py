@@ -66,16 +66,18 @@ class ClassifyAugment:
 
 @dataclass
 class ClassifySource:
-    """A classification dataset on disk: class names and the ``(image, class)`` samples of each split found."""
+    """A classification dataset on disk: its split folders, class names and the ``(image, class)`` samples of
+    the splits listed."""
 
     root: Path
     names: list[str]
+    folders: list[str]
     splits: dict[str, list[Sample]] = field(default_factory=dict)
 
     @property
-    def eval_split(self) -> str:
-        """The split validation reads: ``test`` when present, else ``val``."""
-        return next((s for s in EVAL_SPLITS if s in self.splits), TRAIN_SPLIT)
+    def eval_split(self) -> str | None:
+        """The split validation reads: ``test`` when present, else ``val`` (None without either)."""
+        return next((s for s in EVAL_SPLITS if s in self.folders), None)
 
 
 def class_folders(split: Path) -> list[str]:
@@ -87,10 +89,13 @@ def _split_samples(split: Path, names: Sequence[str]) -> list[Sample]:
     """Every image under each class folder of ``split`` (recursively, sorted), with its class index."""
     index = {name: i for i, name in enumerate(names)}
     samples: list[Sample] = []
-    for folder in class_folders(split):
+    folders = class_folders(split)
+    if not folders:
+        raise ValueError(f"{split}: no class folders (expected {split.name}/<class name>/<image>)")
+    for folder in folders:
         if folder not in index:
-            raise ValueError(f"{split / folder}: class folder {folder!r} is not one of the {len(names)} training "
-                             f"classes ({', '.join(names[:5])}{' ...' if len(names) > 5 else ''})")
+            raise ValueError(f"{split / folder}: class folder {folder!r} is not one of the {len(names)} classes "
+                             f"({', '.join(names[:5])}{' ...' if len(names) > 5 else ''})")
         for parent, _, files in sorted(os.walk(split / folder, followlinks=True)):
             samples += [(Path(parent) / f, index[folder]) for f in sorted(files)
                         if Path(f).suffix[1:].lower() in IMG_FORMATS]
@@ -104,30 +109,31 @@ def is_classify_folder(path: str | os.PathLike) -> bool:
     return bool(splits) and all(class_folders(s) for s in splits) and not (root / "images").is_dir()
 
 
-def resolve_classify_source(path: str | os.PathLike, names: Sequence[str] | None = None) -> ClassifySource:
-    """The splits and class names of an ImageNet-style folder.
+def resolve_classify_source(path: str | os.PathLike, names: Sequence[str] | None = None,
+                            splits: Sequence[str] = ("train", "val")) -> ClassifySource:
+    """The class names of an ImageNet-style folder and the samples of ``splits`` (``val``: the ``test/`` folder
+    when present, as the reference's ``classify/val.py`` reads it, else ``val/``).
 
     ``names`` fixes the classes (a model's, for validation); otherwise they are the folder names of ``train/``
     (else of the evaluated split). A class folder outside them is an error, so indices never shift silently.
 
     Raises:
-        FileNotFoundError: no such folder, or none of ``train/``, ``val/``, ``test/`` in it.
+        FileNotFoundError: no such folder, or a split asked for that it does not have.
         ValueError: a split without class folders, or a class folder that is not one of the classes.
     """
     root = Path(path).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"classification dataset folder not found: {root}")
-    found = [s for s in (TRAIN_SPLIT, *EVAL_SPLITS) if (root / s).is_dir()]
-    if not found:
+    folders = [s for s in (TRAIN_SPLIT, *EVAL_SPLITS) if (root / s).is_dir()]
+    if not folders:
         raise FileNotFoundError(f"{root}: no train/, val/ or test/ folder of class folders")
-    for split in found:
-        if not class_folders(root / split):
-            raise ValueError(f"{root / split}: no class folders (expected {split}/<class name>/<image>)")
-    if names is None:
-        names = class_folders(root / found[0])
-    source = ClassifySource(root, [str(n) for n in names])
-    for split in found:
-        source.splits[split] = _split_samples(root / split, source.names)
+    source = ClassifySource(root, [], folders)
+    source.names = [str(n) for n in names] if names is not None else class_folders(root / folders[0])
+    for split in splits:
+        folder = source.eval_split if split == "val" else split
+        if folder is None or folder not in folders:
+            raise FileNotFoundError(f"{root}: no {'val/ or test/' if split == 'val' else split + '/'} folder")
+        source.splits[split] = _split_samples(root / folder, source.names)
     return source
 
 
@@ -314,21 +320,16 @@ def build_classify_loaders(path: str | os.PathLike, img_size: int = 224, batch_s
     """
     if img_size < 1 or batch_size < 1:
         raise ValueError(f"img_size and batch_size must be at least 1, got {img_size} and {batch_size}")
-    source = resolve_classify_source(path, names)
+    source = resolve_classify_source(path, names, splits)
     workers = default_workers() if workers is None else workers
     loaders = ClassifyLoaders(source.names, source.root)
     if "train" in splits:
-        if TRAIN_SPLIT not in source.splits:
-            raise FileNotFoundError(f"{source.root}: no train/ folder")
-        loaders.train_samples = verify_samples(source.splits[TRAIN_SPLIT], "train")
+        loaders.train_samples = verify_samples(source.splits["train"], "train")
         train_set = ClassifyDataset(loaders.train_samples, img_size, augment or ClassifyAugment(), seed, cache,
                                     source.names)
         loaders.train = classify_loader(train_set, batch_size, True, workers, seed, rank, world_size)
     if "val" in splits:
-        split = source.eval_split
-        if split == TRAIN_SPLIT:
-            raise FileNotFoundError(f"{source.root}: no val/ or test/ folder")
-        loaders.val_samples = verify_samples(source.splits[split], split)
+        loaders.val_samples = verify_samples(source.splits["val"], source.eval_split)
         val_set = ClassifyDataset(loaders.val_samples, img_size, None, seed, cache, source.names)
         loaders.val = classify_loader(val_set, batch_size, False, workers, seed)
     return loaders

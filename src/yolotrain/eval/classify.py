@@ -46,7 +46,6 @@ class ClassifyMetrics:
     loss: float | None = None
     speed: dict[str, float] = field(default_factory=dict)
 
-    @property
     def fitness(self) -> float:
         """What training keeps the best checkpoint by: top-1 accuracy, as the reference's classify recipe."""
         return self.top1
@@ -105,9 +104,18 @@ def plot_classify_confusion(matrix: np.ndarray, names: Sequence[str], path: str 
 def classify_val_loader(data: str | os.PathLike, names: Sequence[str], img_size: int, batch_size: int,
                         workers: int | None) -> DataLoader:
     """The evaluated split (``test/`` when present, else ``val/``) of an ImageNet-style folder, its classes
-    numbered as the model's (class folders the model does not know are an error)."""
-    loaders: ClassifyLoaders = build_classify_loaders(data, img_size, batch_size, splits=("val",), names=names,
-                                                      workers=workers)
+    numbered as the model's names (a class folder the model does not know is an error); a model without
+    names (numbered ``0``, ``1`` ...) takes the folders in sorted order, as the reference does.
+
+    Raises:
+        ValueError: a model without names whose class count is not the number of class folders.
+    """
+    numbered = list(names) == [str(i) for i in range(len(names))]
+    loaders: ClassifyLoaders = build_classify_loaders(data, img_size, batch_size, splits=("val",),
+                                                      names=None if numbered else names, workers=workers)
+    if numbered and len(loaders.names) != len(names):
+        raise ValueError(f"{data}: {len(loaders.names)} class folders for a model of {len(names)} classes "
+                         "(it has no class names to match them by)")
     return loaders.val
 
 
@@ -123,11 +131,11 @@ def val_classifier(model: Detector, data: str | os.PathLike | DataLoader, device
     the reference reports it. With ``save_dir`` (and ``plots``) the confusion matrix is drawn there.
     """
     hooks = hooks or Callbacks()
-    names = list(model.names)
     if isinstance(data, DataLoader):
         loader = data
     else:
-        loader = classify_val_loader(data, names, img_size or model.default_img_size, batch_size, workers)
+        loader = classify_val_loader(data, model.names, img_size or model.default_img_size, batch_size, workers)
+    names = list(getattr(loader.dataset, "names", None) or model.names)
     out_dir = Path(save_dir) if save_dir is not None else None
     if out_dir is not None:
         files = getattr(loader.dataset, "files", ())
