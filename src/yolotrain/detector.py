@@ -24,7 +24,8 @@ class Detector(Protocol):
     :attr:`max_stride`; one without takes :attr:`fixed_size` only. ``model(imgs)`` returns the decoded
     ``[B, N, 5+nc]`` predictions (xywh, objectness, class scores) that NMS turns into detections —
     unless :attr:`end_to_end`, where NMS is part of the model and :class:`EndToEndDetector`'s
-    ``detections`` gives the final boxes instead.
+    ``detections`` gives the final boxes instead. A classifier (:attr:`task` ``"classify"``) takes images
+    normalised with the ImageNet mean and standard deviation and returns class logits ``[B, nc]``.
     """
 
     names: list[str]
