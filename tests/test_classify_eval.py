@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import SHARED, YOLOV5N_WEIGHTS
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import yolotrain
@@ -53,6 +55,20 @@ def test_accuracies_per_class_and_confusion_are_counted_from_the_top_k():
     table = metrics.table()
     assert table.splitlines()[1].split() == ["all", "4", "0.5", "1"]
     assert table.splitlines()[-1].split() == ["b", "3", "0.333", "1"] and " c " not in table
+
+
+@settings(max_examples=50, deadline=None)
+@given(nc=st.integers(1, 12), n=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_accuracies_equal_the_reference_formula_on_any_logits(nc, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits, labels = torch.randn(n, nc, generator=g), torch.randint(0, nc, (n,), generator=g)
+    metrics = accuracy_metrics(logits.topk(min(5, nc), 1).indices, labels, [str(i) for i in range(nc)])
+    # classify/val.py: argsort, then the first column and any of the first five.
+    correct = (labels[:, None] == logits.argsort(1, descending=True)[:, :5]).float()
+    assert metrics.top1 == pytest.approx(correct[:, 0].mean().item())
+    assert metrics.top5 == pytest.approx(correct.max(1).values.mean().item())
+    assert metrics.confusion.sum() == n and metrics.confusion.trace() == int(correct[:, 0].sum())
+    assert metrics.images.tolist() == torch.bincount(labels, minlength=nc).tolist()
 
 
 def test_val_dispatches_on_the_task_and_writes_its_plot(crops, tmp_path):
