@@ -62,10 +62,9 @@ def read_classifier(obj: Any, source: str, use_ema: bool = True) -> Classifier |
         kind, state, names = "a YOLOv5 classifier state dict", dict(found), None
     heads = sorted(int(m.group(1)) for m in map(_HEAD_LINEAR.fullmatch, state) if m)
     stem = state.get(STEM_WEIGHT)
-    if not heads or stem is None or int(stem.shape[0]) not in STEM_WIDTHS:
-        width = "no stem" if stem is None else f"stem width {int(stem.shape[0])}"
-        raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {kind} with {width} and {len(heads)} "
-                                         "Classify heads, which matches none of yolov5n-cls … yolov5x-cls")
+    problem = _unbuildable(heads, stem)
+    if problem:
+        raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {kind} {problem}")
     cutoff, nc = heads[-1] + 1, int(state[f"model.{heads[-1]}.linear.weight"].shape[0])
     size = STEM_WIDTHS[int(stem.shape[0])]
     try:
@@ -78,6 +77,17 @@ def read_classifier(obj: Any, source: str, use_ema: bool = True) -> Classifier |
         raise UnsupportedCheckpointError(f"{source}: does not match its tensors (yolov5{size}-cls nc={nc}: {mismatch})")
     model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def _unbuildable(heads: list[int], stem: torch.Tensor | None) -> str | None:
+    """Why no published classifier fits these tensors (None when one does)."""
+    if not heads:
+        return "without a Classify head's Linear layer"
+    if stem is None:
+        return f"without a stem convolution ({STEM_WEIGHT})"
+    if int(stem.shape[0]) not in STEM_WIDTHS:
+        return f"with stem width {int(stem.shape[0])}, which matches none of yolov5n-cls … yolov5x-cls"
+    return None
 
 
 def _names(names: Any, nc: int) -> list[str]:
