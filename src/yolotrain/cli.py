@@ -20,8 +20,8 @@ USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, NotADirectory
 # Options of the reference's train.py for features yolotrain does not have, and why: each stops the run
 # with one line rather than being ignored. README.md lists them with the other differences.
 UNSUPPORTED_TRAIN_OPTIONS = {
-    "--evolve": "hyper-parameter evolution is not implemented; tune with --hyp files and compare runs",
-    "--bucket": "it is where --evolve keeps its results, and --evolve is not implemented",
+    "--bucket": "evolve.csv stays in the run folder; to share a search between machines, run yolotrain tune "
+                "with one --storage",
     "--image-weights": "class-weighted image sampling is not implemented",
     "--quad": "the quad collate (four images merged per sample) is not implemented",
     "--nosave": "every epoch's last checkpoint is written because --resume continues from it",
@@ -54,6 +54,9 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", nargs="?", const=True, default=False,
                    help="continue the latest run, or the given run folder or last checkpoint, with its own "
                    "settings (only --device and --workers may change)")
+    p.add_argument("--evolve", type=int, nargs="?", const=300, metavar="N",
+                   help="evolve the hyper-parameters over N training runs (300 alone) as the reference does, in "
+                   "runs/evolve/exp: evolve.csv, hyp_evolve.yaml; the same command continues an interrupted one")
     p.add_argument("--cfg", help="architecture to train from scratch: a model YAML, or yolov5s.yaml … for the "
                    "published ones (the reference's spelling of --model)")
     # torch.distributed.launch passes it; the rank is read from LOCAL_RANK, as the reference reads it.
@@ -81,6 +84,13 @@ def _run_train(args: argparse.Namespace) -> int:
     from .engine import train
 
     gpus = gpu_list(getattr(args, "device", None))
+    if args.evolve is not None:
+        from .tune.evolve import evolve
+
+        if len(gpus) > 1:
+            raise ValueError("--evolve trains one generation at a time on one device; give one --device")
+        evolve(args.evolve, args.config, hyp=args.hyp, resume=bool(args.resume), **train_settings(args))
+        return 0
     if len(gpus) > 1 and "LOCAL_RANK" not in os.environ:  # the reference's --device 0,1: one process per GPU
         from .engine.distributed import launch_command
 
@@ -97,7 +107,7 @@ def train_settings(args: argparse.Namespace) -> dict[str, object]:
 
     check_refused(args, UNSUPPORTED_TRAIN_OPTIONS)
     settings = {k: v for k, v in vars(args).items()
-                if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank", "argv")}
+                if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank", "argv", "evolve")}
     batch = settings.get("batch_size")
     if batch == -1 or (isinstance(batch, float) and 0 < batch < 1):  # AutoBatch at the reference's or this fraction
         from .engine.autobatch import DEFAULT_FRACTION
@@ -151,6 +161,13 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
     sub.choices["export"].set_defaults(run=run_export)
 
 
+def _tune_parser(sub: argparse._SubParsersAction) -> None:
+    from .tune.study import add_tune_arguments
+
+    add_tune_arguments(sub.add_parser(
+        "tune", help="search hyper-parameters with Optuna: trials shared by processes on one or many machines"))
+
+
 def _data_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="dataset tools")
     data_sub = p.add_subparsers(dest="data_command", required=True)
@@ -169,7 +186,7 @@ def _run_data_check(args: argparse.Namespace) -> int:
 
 
 PARSERS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _train_parser, _val_parser, _predict_parser, _export_parser, _data_parser)
+    _train_parser, _val_parser, _predict_parser, _export_parser, _data_parser, _tune_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -215,6 +232,7 @@ def _domain_errors() -> tuple[type[BaseException], ...]:
     from .interop import UnsafeCheckpointError
     from .loss import DivergenceError
     from .runs import RunInUseError
+    from .tune import TuneError
 
     return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError, RunInUseError,
-            DistributedError)
+            DistributedError, TuneError)
