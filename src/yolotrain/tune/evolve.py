@@ -232,7 +232,7 @@ def _comparable(config: TrainConfig) -> dict[str, Any]:
 def _check_same_evolution(saved_path: Path, base: TrainConfig) -> None:
     """The folder's evolution must be of the same settings; a start before any generation finished
     records them."""
-    if not (saved_path.parent / "evolve.csv").exists():
+    if not saved_path.exists() or not (saved_path.parent / "evolve.csv").exists():
         write_atomic(saved_path, lambda temp: temp.write_text(yaml.safe_dump(base.to_dict(), sort_keys=False)))
         return
     saved = TrainConfig.from_dict(read_settings_file(saved_path, "evolution settings"))

@@ -30,7 +30,7 @@ class Gene:
 
 
 # The reference's keys in the order of its hyp.scratch-*.yaml files (the columns of evolve.csv after the
-# seven results), with its gains and limits. ``iou_t`` and ``copy_paste`` are kept, unmutated, so the
+# seven results), with its gains and limits. ``iou_t`` and ``copy_paste`` are kept, never mutated, so the
 # files stay loadable by the reference's train.py; yolotrain does not use them (see IGNORED_HYP_KEYS).
 REFERENCE_META: dict[str, Gene] = {
     "lr0": Gene(1, 1e-5, 1e-1),
@@ -60,7 +60,7 @@ REFERENCE_META: dict[str, Gene] = {
     "fliplr": Gene(0, 0.0, 1.0),
     "mosaic": Gene(1, 0.0, 1.0),
     "mixup": Gene(1, 0.0, 1.0),
-    "copy_paste": Gene(0, 0.0, 1.0),
+    "copy_paste": Gene(1, 0.0, 1.0),
 }
 # Reference keys without a setting here, with the value written for the reference's train.py.
 UNUSED_REFERENCE_KEYS = {"iou_t": 0.2, "copy_paste": 0.0}

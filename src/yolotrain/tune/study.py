@@ -87,6 +87,7 @@ def import_optuna() -> Any:
         import optuna
     except ImportError:
         raise TuneError("tuning needs Optuna: pip install 'yolotrain[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # each trial's line is printed here, with its folder
     return optuna
 
 
@@ -219,7 +220,9 @@ def _run_trials(optuna: Any, study: Any, base: TrainConfig, parameters: Sequence
     while True:
         with _trial_slot(save_dir) as release:
             _requeue_dead_trials(optuna, study)
-            optuna.storages.fail_stale_trials(study)
+            with warnings.catch_warnings():  # public since Optuna 2.9, still marked experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(study)
             if _counted(optuna, study) >= trials:
                 return
             before = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
