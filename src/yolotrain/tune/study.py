@@ -135,18 +135,25 @@ def _is_parameters(space: Any) -> bool:
 def _storage(optuna: Any, url: str) -> Any:
     # SQLite allows one writer at a time: wait for the lock rather than failing at once.
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
-    return optuna.storages.RDBStorage(
-        url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=GRACE_PERIOD_S,
-        heartbeat_stale_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=MAX_RETRIES))
+    with warnings.catch_warnings():  # the heartbeat has been in Optuna since 2.8, still marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=GRACE_PERIOD_S,
+            heartbeat_stale_trial_callback=_retry(optuna))
+
+
+def _retry(optuna: Any) -> Any:
+    """Queues a failed trial again with the same values (and records which trial it retries)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)
 
 
 def _sampler(optuna: Any, sampler: Any, parameters: Sequence[Parameter], base: TrainConfig) -> Any:
     if not isinstance(sampler, str):
         return sampler
-    if sampler == "cmaes":  # starts from the settings as given; choices are drawn independently
-        numeric = {p.name for p in parameters if p.kind != "choice"}
-        start = {k: v for k, v in _defaults(base, parameters).items() if k in numeric}
-        return optuna.samplers.CmaEsSampler(x0=start or None, warn_independent_sampling=False)
+    if sampler == "cmaes":  # choices are drawn independently, as CMA-ES searches numbers only
+        return optuna.samplers.CmaEsSampler(warn_independent_sampling=False)
     if sampler == "genetic":
         from .samplers import ReferenceMutationSampler
 
@@ -187,9 +194,9 @@ def _check_same_study(study: Any, base: TrainConfig, parameters: Sequence[Parame
     if saved is None:
         study.set_user_attr("yolotrain", recorded)
     elif saved != recorded:
-        what = "search space" if saved["settings"] == recorded["settings"] else "settings"
-        raise TuneError(f"study {study.study_name!r} in {url} was started with another {what}: give another "
-                        f"--study (or --name) to start a new one")
+        what = "another search space" if saved["settings"] == recorded["settings"] else "other settings"
+        raise TuneError(f"study {study.study_name!r} in {url} was started with {what}: give another --study "
+                        f"(or --name) to start a new one")
 
 
 @contextlib.contextmanager
@@ -220,7 +227,7 @@ def _run_trials(optuna: Any, study: Any, base: TrainConfig, parameters: Sequence
     while True:
         with _trial_slot(save_dir) as release:
             _requeue_dead_trials(optuna, study)
-            with warnings.catch_warnings():  # public since Optuna 2.9, still marked experimental
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 optuna.storages.fail_stale_trials(study)
             if _counted(optuna, study) >= trials:
@@ -256,7 +263,7 @@ def _requeue_dead_trials(optuna: Any, study: Any) -> None:
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another process got there first
         tqdm.write(f"tune: trial {trial.number} was left running by process {pid}, which is gone: queued again")
-        optuna.storages.RetryFailedTrialCallback(max_retry=MAX_RETRIES)(study, storage.get_trial(trial_id))
+        _retry(optuna)(study, storage.get_trial(trial_id))
 
 
 def _objective(optuna: Any, trial: Any, base: TrainConfig, parameters: Sequence[Parameter], save_dir: Path,
