@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.engine.config import IgnoredSettingWarning, TrainConfig, resolve_config
 from yolotrain.settings import ConfigError, check_value, leaves
-from yolotrain.tune.evolve import (
+from yolotrain.tuning.evolve import (
     HYP_KEYS,
     RESULT_COLUMNS,
     append_row,
@@ -31,7 +31,7 @@ from yolotrain.tune.evolve import (
     select_parent,
     write_best_yaml,
 )
-from yolotrain.tune.space import REFERENCE_META, UNUSED_REFERENCE_KEYS
+from yolotrain.tuning.space import REFERENCE_META, UNUSED_REFERENCE_KEYS
 
 FAST = {"epochs": 1, "img_size": 32, "batch_size": 4, "nominal_batch": 4, "workers": 0, "autoanchor": False,
         "plots": False, "tensorboard": False}
@@ -183,3 +183,11 @@ def test_evolve_killed_in_generation_two_ends_with_three_rows(tiny_data, tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     lines = (save_dir / "evolve.csv").read_text().splitlines()
     assert len(lines) == 4 and lines[1] == first
+
+
+def test_evolve_alone_means_300_generations_as_in_the_reference():
+    from yolotrain.cli import build_parser
+
+    assert build_parser().parse_args(["train", "--evolve"]).evolve == 300
+    assert build_parser().parse_args(["train", "--evolve", "3"]).evolve == 3
+    assert build_parser().parse_args(["train"]).evolve is None

@@ -19,8 +19,8 @@ import yaml
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.engine.config import resolve_config
 from yolotrain.settings import ConfigError
-from yolotrain.tune import TuneError, tune
-from yolotrain.tune.space import Parameter, default_space, read_space
+from yolotrain.tuning import TuneError, tune
+from yolotrain.tuning.space import Parameter, default_space, read_space
 
 FAST = {"epochs": 1, "img_size": 32, "batch_size": 4, "nominal_batch": 4, "workers": 0, "autoanchor": False,
         "plots": False, "tensorboard": False}
@@ -205,7 +205,7 @@ def test_tuning_without_optuna_is_one_line_naming_the_extra(monkeypatch, capsys)
 
 def mutation_study(values: list[float]) -> optuna.Study:
     """An in-memory study of finished trials over SMALL_SPACE, the i-th with fitness values[i]."""
-    from yolotrain.tune.samplers import distribution
+    from yolotrain.tuning.samplers import distribution
 
     space = read_space(SMALL_SPACE)
     study = optuna.create_study(direction="maximize")
@@ -217,7 +217,7 @@ def mutation_study(values: list[float]) -> optuna.Study:
 
 
 def test_the_genetic_sampler_mutates_the_finished_trial_within_the_space():
-    from yolotrain.tune.samplers import ReferenceMutationSampler, suggest
+    from yolotrain.tuning.samplers import ReferenceMutationSampler, suggest
 
     space = read_space(SMALL_SPACE)
     study = mutation_study([0.5])  # one parent: lr0 0.001, mosaic 0.0
@@ -235,8 +235,8 @@ def test_the_genetic_sampler_mutates_the_finished_trial_within_the_space():
 
 @pytest.mark.parametrize("name", ["tpe", "cmaes", "genetic"])
 def test_every_sampler_searches_the_space(name):
-    from yolotrain.tune.samplers import suggest
-    from yolotrain.tune.study import _sampler
+    from yolotrain.tuning.samplers import suggest
+    from yolotrain.tuning.study import _sampler
 
     space = read_space({**SMALL_SPACE, "optimizer": ["SGD", "AdamW"], "close_mosaic": [0, 3]})
     sampler = _sampler(optuna, name, space, resolve_config(lr0=0.005))

@@ -85,7 +85,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
     gpus = gpu_list(getattr(args, "device", None))
     if args.evolve is not None:
-        from .tune.evolve import evolve
+        from .tuning.evolve import evolve
 
         if len(gpus) > 1:
             raise ValueError("--evolve trains one generation at a time on one device; give one --device")
@@ -162,7 +162,7 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _tune_parser(sub: argparse._SubParsersAction) -> None:
-    from .tune.study import add_tune_arguments
+    from .tuning.study import add_tune_arguments
 
     add_tune_arguments(sub.add_parser(
         "tune", help="search hyper-parameters with Optuna: trials shared by processes on one or many machines"))
@@ -232,7 +232,7 @@ def _domain_errors() -> tuple[type[BaseException], ...]:
     from .interop import UnsafeCheckpointError
     from .loss import DivergenceError
     from .runs import RunInUseError
-    from .tune import TuneError
+    from .tuning import TuneError
 
     return (CheckpointError, TrainingError, UnsafeCheckpointError, DivergenceError, LoggerError, RunInUseError,
             DistributedError, TuneError)

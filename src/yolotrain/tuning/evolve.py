@@ -1,7 +1,7 @@
 """``yolotrain train --evolve N``: the reference's hyper-parameter evolution, resumable at any moment.
 
 Each generation is a full training run with hyper-parameters mutated from one of the best earlier
-generations (the reference's selection, gains and limits: :data:`~yolotrain.tune.space.REFERENCE_META`);
+generations (the reference's selection, gains and limits: :data:`~yolotrain.tuning.space.REFERENCE_META`);
 its results are a row of ``evolve.csv`` in the reference's layout (seven results, then the
 hyper-parameters), and ``hyp_evolve.yaml`` holds the best row's values. The folder is the state: a
 generation counts once its row is in ``evolve.csv`` (the file is replaced atomically), so an evolution
