@@ -186,7 +186,7 @@ def _run_data_check(args: argparse.Namespace) -> int:
 
 
 PARSERS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _train_parser, _val_parser, _predict_parser, _export_parser, _data_parser, _tune_parser)
+    _train_parser, _tune_parser, _val_parser, _predict_parser, _export_parser, _data_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
