@@ -117,14 +117,15 @@ def tune(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = No
     url = options.storage or f"sqlite:///{(save_dir / 'study.db').resolve()}"
     name = options.study or base.name
     with _trial_slot(save_dir):  # one process at a time creates the tables and the study
-        the_study = optuna.create_study(storage=_storage(optuna, url), study_name=name, direction="maximize",
+        storage = _storage(optuna, url)
+        the_study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
                                         sampler=_sampler(optuna, sampler, parameters, base),
                                         pruner=_pruner(optuna, pruner, base), load_if_exists=True)
         _check_same_study(the_study, base, parameters, url)
         if not the_study.get_trials(deepcopy=False):  # the settings as given are the first trial
             the_study.enqueue_trial(_defaults(base, parameters), user_attrs={"defaults": True})
     tqdm.write(f"tune: study {name!r} in {url}: {_counts(the_study)}; {options.trials} trials asked")
-    _run_trials(optuna, the_study, base, parameters, save_dir, options.trials)
+    _run_trials(optuna, the_study, storage, base, parameters, save_dir, options.trials)
     return summarise(the_study, base, save_dir, url)
 
 
@@ -218,15 +219,15 @@ def _trial_slot(save_dir: Path) -> Iterator[Callable[[], None]]:
         release()
 
 
-def _run_trials(optuna: Any, study: Any, base: TrainConfig, parameters: Sequence[Parameter], save_dir: Path,
-                trials: int) -> None:
+def _run_trials(optuna: Any, study: Any, storage: Any, base: TrainConfig, parameters: Sequence[Parameter],
+                save_dir: Path, trials: int) -> None:
     from ..engine.results import TrainingError
     from ..loss import DivergenceError
 
     failed_in_a_row = 0
     while True:
         with _trial_slot(save_dir) as release:
-            _requeue_dead_trials(optuna, study)
+            _requeue_dead_trials(optuna, study, storage)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 optuna.storages.fail_stale_trials(study)
@@ -248,10 +249,10 @@ def _counted(optuna: Any, study: Any) -> int:
     return len(study.get_trials(deepcopy=False, states=(state.COMPLETE, state.PRUNED, state.RUNNING)))
 
 
-def _requeue_dead_trials(optuna: Any, study: Any) -> None:
+def _requeue_dead_trials(optuna: Any, study: Any, storage: Any) -> None:
     """Running trials of this machine whose process is gone (killed): failed, and their values queued again,
     without waiting for their heartbeat to go stale."""
-    storage, host = study._storage, socket.gethostname()
+    host = socket.gethostname()
     study_id = storage.get_study_id_from_name(study.study_name)
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         pid = trial.user_attrs.get("pid")
@@ -278,6 +279,8 @@ def _objective(optuna: Any, trial: Any, base: TrainConfig, parameters: Sequence[
     pruned_at: list[int] = []
 
     def report(trainer: Any, epoch: int, row: Mapping[str, Any], fitness: float) -> None:
+        if row.get("mAP50", "") == "":  # not validated this epoch (--no-val): nothing new to judge
+            return
         trial.report(fitness, epoch)
         if trial.should_prune():
             pruned_at.append(epoch)
@@ -285,8 +288,12 @@ def _objective(optuna: Any, trial: Any, base: TrainConfig, parameters: Sequence[
 
     tqdm.write(f"tune: trial {trial.number}: " + ", ".join(f"{k} {v:.5g}" if isinstance(v, float) else f"{k} {v}"
                                                             for k, v in values.items()))
-    result = train(base, hyp=values, project=str(save_dir / "trials"), name=f"trial{trial.number}", exist_ok=True,
-                   callbacks={"on_fit_epoch_end": report})
+    try:
+        result = train(base, hyp=values, project=str(save_dir / "trials"), name=f"trial{trial.number}",
+                       exist_ok=True, callbacks={"on_fit_epoch_end": report})
+    except KeyboardInterrupt:  # Optuna records the trial as failed; its values are tried again next time
+        trial.study.enqueue_trial(values, user_attrs={"retry_of": trial.number})
+        raise
     score = 0.1 * result.metrics.get("mAP50", 0.0) + 0.9 * result.metrics.get("mAP50-95", 0.0)
     if pruned_at:
         tqdm.write(f"tune: trial {trial.number} pruned after epoch {pruned_at[0] + 1}: fitness {score:.5f} falls "
@@ -375,7 +382,11 @@ def write_plots(study: Any, save_dir: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         for name, plot in figures:
-            axes = plot(study)
+            try:
+                axes = plot(study)
+            except (ValueError, RuntimeError) as error:  # e.g. importances of values that never varied
+                tqdm.write(f"tune: {name} not drawn: {error}")
+                continue
             axes.figure.set_size_inches(10, 6)
             axes.figure.tight_layout()
             write_atomic(save_dir / name, lambda temp, fig=axes.figure: fig.savefig(temp, format="png", dpi=120))
