@@ -245,3 +245,9 @@ def test_every_sampler_searches_the_space(name):
     assert all(0.001 <= t.params["lr0"] <= 0.02 and t.params["optimizer"] in ("SGD", "AdamW") and
                isinstance(t.params["close_mosaic"], int) for t in study.trials)
     assert len({t.params["lr0"] for t in study.trials}) > 1
+
+
+@pytest.mark.parametrize("url", ["nosuchdb://host/db", "sqlite:////nonexistent-folder/sub/study.db"])
+def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, url):
+    with pytest.raises(TuneError, match=r"^--storage .*: cannot open the study's database \(.+\)$"):
+        tune(project=str(tmp_path), storage=url, trials=1, space=SMALL_SPACE, **FAST)

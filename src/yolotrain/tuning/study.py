@@ -134,13 +134,21 @@ def _is_parameters(space: Any) -> bool:
 
 
 def _storage(optuna: Any, url: str) -> Any:
+    """The study's database; a URL that names no reachable database (or whose driver is missing) is a
+    one-line :class:`TuneError`."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     # SQLite allows one writer at a time: wait for the lock rather than failing at once.
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
     with warnings.catch_warnings():  # the heartbeat has been in Optuna since 2.8, still marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(
-            url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=GRACE_PERIOD_S,
-            heartbeat_stale_trial_callback=_retry(optuna))
+        try:
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=GRACE_PERIOD_S,
+                heartbeat_stale_trial_callback=_retry(optuna))
+        except (SQLAlchemyError, ImportError, ValueError) as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise TuneError(f"--storage {url}: cannot open the study's database ({reason})") from None
 
 
 def _retry(optuna: Any) -> Any:
