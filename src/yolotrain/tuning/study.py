@@ -54,8 +54,8 @@ class TuneOptions:
     """The search: how many trials, over what, sampled and pruned how, stored where."""
 
     trials: int = setting(20, "trials to finish in the study, over all processes sharing it", min=1)
-    space: str | None = setting(None, "search space YAML (setting: [low, high], or choices) narrowing the "
-                                "default, the reference's evolved hyper-parameters within its limits")
+    space: str | None = setting(None, "search space YAML: the settings to search (setting: [low, high], or "
+                                "choices); default: the reference's evolved hyper-parameters within its limits")
     sampler: Literal["tpe", "cmaes", "genetic"] = setting(
         "tpe", "tpe (Optuna's TPE), cmaes (CMA-ES) or genetic (the reference's --evolve mutation)")
     pruner: Literal["median", "hyperband", "none"] = setting(
@@ -101,7 +101,8 @@ def tune(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = No
 
     ``config``, ``hyp`` and ``settings`` are the fixed settings of every trial, as for
     :func:`yolotrain.train` (``project``/``name`` name the tune folder, default ``runs/tune/exp``).
-    ``space`` (a YAML file, its mapping, or :class:`Parameter` s) narrows the default search space;
+    ``space`` (a YAML file, its mapping, or :class:`Parameter` s) names the settings searched and their
+    ranges (default: :func:`~yolotrain.tuning.space.default_space`);
     ``sampler`` and ``pruner`` are names (see :class:`TuneOptions`) or Optuna objects. The study continues
     where it stands: trials already finished count towards ``trials``.
     """
