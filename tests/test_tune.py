@@ -15,6 +15,8 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.engine.config import resolve_config
@@ -83,6 +85,31 @@ def test_a_malformed_space_is_one_named_error(tmp_path, text, message):
     with pytest.raises(ConfigError) as error:
         read_space(path)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+SPACE_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=True) | st.sampled_from(["SGD", "low", ""]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["low", "high", "log", "choices", "step"]), inner, max_size=4), max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["lr0", "mosaic", "optimizer", "cos_lr", "close_mosaic", "epochs", "lr00",
+                                        "decay", "nominal_batch"]), SPACE_VALUES, max_size=4))
+def test_any_space_mapping_is_a_space_or_one_named_error(values):
+    try:
+        space = read_space(values)
+    except ConfigError as error:
+        assert "\n" not in str(error)
+        return
+    for parameter in space:
+        if parameter.kind != "choice":
+            assert parameter.low <= parameter.high
+            resolve_config(**{parameter.name: parameter.low})  # both ends are valid settings
+            resolve_config(**{parameter.name: parameter.high})
+        else:
+            for choice in parameter.choices:
+                resolve_config(**{parameter.name: choice})
 
 
 def test_the_command_line_reports_an_empty_space_in_one_line(tmp_path):
