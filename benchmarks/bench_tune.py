@@ -30,7 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--img", type=int, default=192)
+    parser.add_argument("--img", type=int, default=256)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "tune.json"))
@@ -44,13 +44,14 @@ def main() -> None:
         started = time.perf_counter()
         result = tune(data=str(data), model=str(YOLOV5N), epochs=a.epochs, img_size=a.img, batch_size=a.batch,
                       workers=min(2, os.cpu_count() or 1), trials=a.trials, space=SPACE, sampler="tpe",
-                      pruner="median", project=str(Path(tmp) / "tune"), tensorboard=False, plots=False, seed=0)
+                      pruner="median", project=str(Path(tmp) / "tune"), tensorboard=False, plots=False, seed=0,
+                      autoanchor=False)  # refitted anchors would undo the pretrained head at this size
         seconds = time.perf_counter() - started
         table = (result.save_dir / "trials.csv").read_text().splitlines()
     report = {
         "setup": {"weights": "official yolov5n.pt (fine-tuned)", "data": f"coco128 ({a.images} images)",
                   "epochs_per_trial": a.epochs, "img_size": a.img, "batch": a.batch, "trials": a.trials,
-                  "sampler": "tpe", "pruner": "median", "space": SPACE,
+                  "sampler": "tpe", "pruner": "median", "autoanchor": False, "space": SPACE,
                   "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs (shared)"},
         "default_fitness": result.default_fitness,
         "best_fitness": result.best_fitness,
