@@ -291,7 +291,7 @@ def _objective(optuna: Any, trial: Any, base: TrainConfig, parameters: Sequence[
         if row.get("mAP50", "") == "":  # not validated this epoch (--no-val): nothing new to judge
             return
         trial.report(fitness, epoch)
-        if trial.should_prune():
+        if epoch + 1 < trainer.config.epochs and trial.should_prune():  # a finished run is kept whole
             pruned_at.append(epoch)
             trainer.stop = True
 
