@@ -278,3 +278,12 @@ def test_every_sampler_searches_the_space(name):
 def test_a_storage_that_cannot_be_opened_is_one_line(tmp_path, url):
     with pytest.raises(TuneError, match=r"^--storage .*: cannot open the study's database \(.+\)$"):
         tune(project=str(tmp_path), storage=url, trials=1, space=SMALL_SPACE, **FAST)
+
+
+@pytest.mark.parametrize("name, kind", [("median", optuna.pruners.MedianPruner),
+                                        ("hyperband", optuna.pruners.HyperbandPruner),
+                                        ("none", optuna.pruners.NopPruner)])
+def test_every_pruner_name_builds_its_pruner(name, kind):
+    from yolotrain.tuning.study import _pruner
+
+    assert isinstance(_pruner(optuna, name, resolve_config(epochs=7)), kind)
