@@ -34,8 +34,8 @@ SAME_MEANING = {
     "--label-smoothing": ("loss.label_smoothing", 0.1), "--patience": ("patience", 5), "--freeze": ("freeze", (10,)),
     "--save-period": ("save_period", 2), "--seed": ("seed", 3), "--entity": ("entity", "team"),
 }
-# Options used outside the settings, checked on their own below.
-OTHERS = {"--hyp", "--resume", "--local_rank"}
+# Options used outside the settings, checked on their own below (--evolve: in test_evolve.py).
+OTHERS = {"--hyp", "--resume", "--local_rank", "--evolve"}
 
 
 def reference_options(script: str = "train.py", values: dict[str, str] = VALUES) -> list[tuple[str, list[str]]]:
