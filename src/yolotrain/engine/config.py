@@ -107,7 +107,6 @@ DATASET_DEFAULTS = {"data.img_size": 640, "epochs": 100, "data.batch_size": 16, 
 # Keys of the reference's hyper-parameter files that yolotrain accepts but does not use, and why.
 IGNORED_HYP_KEYS = {
     "iou_t": "the reference does not use it either (its target assignment has no IoU threshold)",
-    "copy_paste": "copy-paste needs segmentation polygons, which detection labels do not have",
     "anchors": "new anchor counts are not supported; the 3 anchors per level are fitted by AutoAnchor",
 }
 
