@@ -20,6 +20,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from ..boxes import letterbox_geometry, xywh_to_xyxy
@@ -41,7 +42,9 @@ from ..settings import (
 )
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
-from .metrics import ConfusionMatrix, DetectionStats, Metrics
+from .label_masks import batch_label_masks
+from .masks import process_masks, split_overlap_mask
+from .metrics import ConfusionMatrix, DetectionStats, Metrics, SegmentationStats
 from .nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 
 
@@ -240,9 +243,13 @@ def val(
         weights = weights_inputs(model_or_weights) if isinstance(model_or_weights, (str, os.PathLike)) else []
         refuse_overwriting_inputs([("--project/--name", out_dir)], weights + dataset_inputs(
             getattr(dataset, "im_files", ()), None if isinstance(data, DataLoader) else data))
+    segment = model.task == "segment"
+    num_masks = model.num_masks if segment else 0
+    if segment and model.end_to_end:
+        raise ValueError("a segmentation export with NMS inside has no mask coefficients: export it without --nms")
     scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
                           out_dir / "labels" if save_txt else None, save_conf, save_json,
-                          lambda path, det: hooks.run("on_val_image_end", path, det))
+                          lambda path, det: hooks.run("on_val_image_end", path, det), segment)
     timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
     loss_sum, batches = torch.zeros(3), 0
     dtype = model.dtype
@@ -267,9 +274,10 @@ def val(
                 if model.end_to_end:  # an export with NMS inside
                     dets = model.detections(imgs, conf, iou, max_det, multi_label=True)
                 elif criterion is None:
-                    preds = model(imgs)
+                    preds, protos = model(imgs) if segment else (model(imgs), None)
                 else:
                     maps = model.forward_maps(imgs)
+                    maps, protos = maps if segment else (maps, None)
                     preds = model.head.decode(maps)
             if criterion is not None:
                 criterion(maps, targets, pred_size=(h, w))
@@ -279,11 +287,12 @@ def val(
                 if not model.end_to_end:
                     # As the reference: one class means one suppression across all classes, then class 0.
                     dets = non_max_suppression(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
-                                               max_det=max_det)
+                                               max_det=max_det, num_extra=num_masks)
                 if single_cls:
-                    dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:])), 1) for d in dets]
+                    dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:6]), d[:, 6:]), 1) for d in dets]
 
-            scorer.add_batch(dets, targets, seen, (h, w))
+            label_masks = _label_masks(batch, dataset, targets) if segment else None
+            scorer.add_batch(dets, targets, seen, (h, w), protos, label_masks)
             hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
             seen += b
             batch_index += 1
@@ -309,9 +318,11 @@ class _ImageScorer:
 
     def __init__(self, dataset, nc: int, class_map: torch.Tensor | None, confusion: bool,
                  labels_dir: Path | None, save_conf: bool, save_json: bool,
-                 image_end: Callable[[str, torch.Tensor], None] = lambda path, det: None) -> None:
+                 image_end: Callable[[str, torch.Tensor], None] = lambda path, det: None,
+                 segment: bool = False) -> None:
         self.dataset, self.class_map, self.image_end = dataset, class_map, image_end
-        self.stats = DetectionStats(nc)
+        self.segment = segment
+        self.stats = SegmentationStats(nc) if segment else DetectionStats(nc)
         self.confusion = ConfusionMatrix(nc) if confusion else None
         self.labels_dir, self.save_conf = labels_dir, save_conf
         self.coco_ids = image_ids(dataset.im_files) if save_json else None
@@ -319,11 +330,18 @@ class _ImageScorer:
         if labels_dir is not None:
             labels_dir.mkdir(parents=True, exist_ok=True)
 
-    def add_batch(self, dets: list[torch.Tensor], targets: torch.Tensor, first: int, shape: tuple[int, int]) -> None:
-        """``dets`` (per image, xyxy in the ``(h, w)`` batch's pixels) and the batch's ``targets`` rows
-        (image, class, normalised cx cy w h) of the images from index ``first`` of the dataset."""
+    def add_batch(self, dets: list[torch.Tensor], targets: torch.Tensor, first: int, shape: tuple[int, int],
+                  protos: torch.Tensor | None = None, label_masks: list[torch.Tensor] | None = None) -> None:
+        """``dets`` (per image, xyxy in the ``(h, w)`` batch's pixels, then a segmentation model's mask
+        coefficients) and the batch's ``targets`` rows (image, class, normalised cx cy w h) of the images
+        from index ``first`` of the dataset; a segmentation model's prototypes ``protos [B, nm, h', w']``
+        and per image the masks of its labels, in the order of its rows in ``targets`` (None: read from
+        the label files)."""
         (h, w), b = shape, len(dets)
         gains, pads = batch_geometry(self.dataset, first, b, shape)
+        if self.segment and label_masks is None:
+            resized = np.asarray(gains) * np.asarray(self.dataset.shapes[first:first + b], dtype=np.float64)
+            label_masks = batch_label_masks(self.dataset, first, b, shape, np.round(resized), pads)
         counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
         order = targets[:, 0].argsort(stable=True)
         per_image = targets[order].split(counts)
@@ -333,10 +351,15 @@ class _ImageScorer:
             w0, h0 = (int(v) for v in self.dataset.shapes[first + i])
             geometry = (tuple(gains[i]), tuple(pads[i]), (h0, w0))
             det = dets[i] if class_map is None else _remap(dets[i], class_map)
-            det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:]), 1)
+            det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:6]), 1)
             gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
             gt_cls = per_image[i][:, 1]
-            self.stats.update(det_native, gt_boxes, gt_cls)
+            if self.segment:
+                pred_masks = process_masks(protos[i], det[:, 6:], det[:, :4], shape)
+                gt_masks = _at_size(label_masks[i].to(pred_masks.device), pred_masks.shape[1:])
+                self.stats.update_masks(det_native, gt_boxes, gt_cls, pred_masks, gt_masks)
+            else:
+                self.stats.update(det_native, gt_boxes, gt_cls)
             self.image_end(self.dataset.im_files[first + i], det_native)
             if self.confusion is not None:
                 self.confusion.update(det_native, gt_boxes, gt_cls)
@@ -397,7 +420,29 @@ def _remap(det: torch.Tensor, class_map: torch.Tensor) -> torch.Tensor:
     """Detections with model class ids replaced by data class ids; classes the data lacks are dropped."""
     mapped = class_map[det[:, 5].long()]
     keep = mapped >= 0
-    return torch.cat((det[keep, :5], mapped[keep, None].to(det.dtype)), 1)
+    return torch.cat((det[keep, :5], mapped[keep, None].to(det.dtype), det[keep, 6:]), 1)
+
+
+def _label_masks(batch: tuple, dataset, targets: torch.Tensor) -> list[torch.Tensor] | None:
+    """Per image of a segmentation batch ``(imgs, targets, paths, shapes, masks)``, the bool masks of its
+    labels in the order of their ``targets`` rows; None for a batch without masks (read from the label
+    files instead). ``masks`` are ``[B, h, w]`` overlap masks (value k + 1: the image's k-th label) when
+    the dataset's ``overlap`` is true (the default), else ``[n_targets, h, w]`` in the rows' order."""
+    if len(batch) < 5:
+        return None
+    masks, image_of = batch[4], targets[:, 0].long().cpu()
+    counts = torch.bincount(image_of, minlength=batch[0].shape[0]).tolist()
+    if getattr(dataset, "overlap", True):
+        return [split_overlap_mask(masks[i], n) for i, n in enumerate(counts)]
+    return list((masks[image_of.argsort(stable=True)] > 0).split(counts))
+
+
+def _at_size(masks: torch.Tensor, size: torch.Size) -> torch.Tensor:
+    """Label masks resized (bilinear, then > 0.5) to the predicted masks' size when they differ, as the
+    reference compares them."""
+    if masks.shape[1:] == size:
+        return masks
+    return F.interpolate(masks[None].float(), size, mode="bilinear", align_corners=False)[0] > 0.5
 
 
 def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path) -> list[float]:
