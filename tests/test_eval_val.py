@@ -275,3 +275,60 @@ def test_single_cls_matches_reference(reference, coco128, weights, monkeypatch, 
     multi = val(weights, data, img_size=320, device="cpu", workers=0, plots=False, verbose=False)
     assert len(ours.instances) == 1 and ours.instances[0] == multi.instances.sum()
     assert abs(ours.map50 - multi.map50) > 0.01  # scoring as one class really changes the result
+
+
+COCO128_SEG = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "coco128-seg"
+
+
+@pytest.fixture(scope="module")
+def coco128_seg():
+    if not (COCO128_SEG / "images").is_dir():
+        pytest.skip(f"shared dataset not found at {COCO128_SEG}")
+    return COCO128_SEG
+
+
+@pytest.fixture(scope="module")
+def segmenter(reference):
+    if not YOLOV5N_WEIGHTS.is_file():
+        pytest.skip(f"weights not found at {YOLOV5N_WEIGHTS}")
+    from segment_reference import reference_segmenter
+
+    return reference_segmenter(reference, YOLOV5N_WEIGHTS)
+
+
+def reference_segment_val(reference, monkeypatch, model, data_yaml: Path, out: Path, img_size: int):
+    """The reference ``segment/val.py`` ``run`` as its training calls it (overlap masks at 1/4), offline."""
+    import yolov5.utils.general as general
+    from yolov5.segment import val as reference_val_module
+    from yolov5.utils.segment.dataloaders import create_dataloader
+
+    monkeypatch.setattr(np, "trapz", np.trapezoid, raising=False)
+    monkeypatch.setattr(general, "check_font", lambda *a, **k: None)
+    monkeypatch.setattr(general, "time", types.SimpleNamespace(time=lambda: 0.0))
+    data = general.check_dataset(str(data_yaml))
+    loader = create_dataloader(data["val"], img_size, 32, 32, False, pad=0.5, rect=True, workers=0,
+                               overlap_mask=True, mask_downsample_ratio=4)[0]
+    results, _, _ = reference_val_module.run(data, model=model, dataloader=loader, imgsz=img_size, plots=False,
+                                             half=False, overlap=True, mask_downsample_ratio=4, save_dir=out)
+    return results[:8]
+
+
+@pytest.mark.slow
+def test_segmentation_parity_box_and_mask_rows(reference, coco128_seg, segmenter, monkeypatch, tmp_path, capsys):
+    """Box and mask P, R, mAP50, mAP50-95 of the same segmentation network on the same images equal the
+    reference ``segment/val.py``'s (detection's tolerances), and the table prints both."""
+    from segment_reference import ReferenceSegmenter
+
+    data = coco128_subset(tmp_path / "data", 32, coco128_seg)
+    ref = reference_segment_val(reference, monkeypatch, segmenter, data, tmp_path / "ref", 320)
+    capsys.readouterr()
+    ours = val(ReferenceSegmenter(segmenter), data, img_size=320, device="cpu", workers=0, plots=False)
+    table = capsys.readouterr().out
+    assert "Box(P" in table and "Mask(P" in table and len(table.splitlines()[1].split()) == 11
+    values = (ours.mp, ours.mr, ours.map50, ours.map, ours.masks.mp, ours.masks.mr, ours.masks.map50, ours.masks.map)
+    tolerances = (TOLERANCE,) * 3 + (MAP50_95_TOLERANCE_SMALL,) + (TOLERANCE,) * 4
+    names = [f"{kind} {m}" for kind in ("box", "mask") for m in ("P", "R", "mAP50", "mAP50-95")]
+    for name, a, b, tol in zip(names, values, ref, tolerances):
+        assert abs(a - b) <= tol, f"{name}: ours {a:.4f}, reference {b:.4f}"
+    assert ours.masks.map50 > 0.05  # real overlaps, not a comparison of zeros
+    assert ours.fitness() == pytest.approx(0.1 * (ours.map50 + ours.masks.map50) + 0.9 * (ours.map + ours.masks.map))
