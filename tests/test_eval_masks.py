@@ -75,15 +75,15 @@ def test_retina_masks_cut_the_letterbox_border_and_match_upsampled_then_scaled()
     gain = 128 / 400
     boxes = torch.tensor([[10.0, 20.0, 100.0, 90.0], [0.0, 16.0, 128.0, 112.0]])
     coefficients = coefficients[:2]
-    native = torch.cat(list(masks_in_original(proto, coefficients, (boxes - torch.tensor([0, 16, 0, 16])) / gain,
-                                              size, pad, resized, original)))
+    original_boxes = (boxes - torch.tensor([0, 16, 0, 16])) / gain
+    native = torch.cat(list(masks_in_original(proto, coefficients, original_boxes, size, pad, resized, original)))
     scaled = scale_masks_to_original(torch.cat(list(upsampled_masks(proto, coefficients, boxes, size))), pad,
                                      resized, original)
     assert native.shape == scaled.shape == (2, *original)
     assert (native != scaled).float().mean() < 0.01
     # A border cut off by a pixel row of the prototypes (4 input pixels, 9 original) would be far off.
-    shifted = torch.cat(list(masks_in_original(proto[:, 1:], coefficients, (boxes - torch.tensor([0, 16, 0, 16])) / gain,
-                                               (124, 128), pad, resized, original)))
+    shifted = torch.cat(list(masks_in_original(proto[:, 1:], coefficients, original_boxes, (124, 128), pad, resized,
+                                               original)))
     assert (shifted != scaled).float().mean() > 2 * (native != scaled).float().mean()
 
 
