@@ -332,3 +332,31 @@ def test_segmentation_parity_box_and_mask_rows(reference, coco128_seg, segmenter
         assert abs(a - b) <= tol, f"{name}: ours {a:.4f}, reference {b:.4f}"
     assert ours.masks.map50 > 0.05  # real overlaps, not a comparison of zeros
     assert ours.fitness() == pytest.approx(0.1 * (ours.map50 + ours.masks.map50) + 0.9 * (ours.map + ours.masks.map))
+
+
+def test_segmentation_save_json_and_txt_write_masks(coco128_seg, segmenter, tmp_path, capsys):
+    """``--save-json``: every detection has its mask as a COCO RLE of the original image, the ground truth
+    its polygons, and pycocotools scores the masks (``segm``) besides the boxes; ``--save-txt`` writes
+    YOLO-seg polygon rows."""
+    from pycocotools import mask as coco_mask
+    from segment_reference import ReferenceSegmenter
+
+    data = coco128_subset(tmp_path / "data", 2, coco128_seg)
+    out = tmp_path / "run"
+    metrics = val(ReferenceSegmenter(segmenter), data, img_size=160, conf=0.05, device="cpu", workers=0,
+                  plots=False, save_dir=out, save_json=True, save_txt=True, save_conf=True)
+    assert len(metrics.coco) == 12 and len(metrics.masks.coco) == 12
+    assert capsys.readouterr().out.count("Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all") == 2
+    ground_truth = json.loads((out / "ground_truth.json").read_text())
+    assert all(len(a["segmentation"][0]) >= 6 for a in ground_truth["annotations"])
+    sizes = {image["id"]: [image["height"], image["width"]] for image in ground_truth["images"]}
+    detections = json.loads((out / "predictions.json").read_text())
+    assert detections and all(d["segmentation"]["size"] == sizes[d["image_id"]] for d in detections)
+    areas = coco_mask.area([{"size": d["segmentation"]["size"], "counts": d["segmentation"]["counts"].encode()}
+                            for d in detections])
+    boxes = np.array([d["bbox"] for d in detections])
+    assert areas.any() and (areas <= (boxes[:, 2] + 2) * (boxes[:, 3] + 2)).all()  # masks lie inside their boxes
+    rows = [line.split() for f in (out / "labels").glob("*.txt") for line in f.read_text().splitlines()]
+    assert rows and all(len(r) >= 8 and len(r) % 2 == 0 for r in rows)  # class, x y pairs, confidence
+    coordinates = np.array([float(v) for r in rows for v in r[1:-1]])
+    assert coordinates.min() >= 0 and coordinates.max() <= 1

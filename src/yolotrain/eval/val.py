@@ -27,6 +27,7 @@ from ..boxes import letterbox_geometry, xywh_to_xyxy
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
+from ..data.sources import img2label_path
 from ..names import class_names, describe_repeats, repeated_names
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
 from ..runs import next_run_dir
@@ -42,8 +43,8 @@ from ..settings import (
 )
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
-from .label_masks import batch_label_masks
-from .masks import process_masks, split_overlap_mask
+from .label_masks import batch_label_masks, read_polygons
+from .masks import masks_in_original, masks_to_polygons, masks_to_rle, process_masks, split_overlap_mask
 from .metrics import ConfusionMatrix, DetectionStats, Metrics, SegmentationStats
 from .nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 
@@ -339,9 +340,9 @@ class _ImageScorer:
         the label files)."""
         (h, w), b = shape, len(dets)
         gains, pads = batch_geometry(self.dataset, first, b, shape)
+        resized = np.round(np.asarray(gains) * np.asarray(self.dataset.shapes[first:first + b], dtype=np.float64))
         if self.segment and label_masks is None:
-            resized = np.asarray(gains) * np.asarray(self.dataset.shapes[first:first + b], dtype=np.float64)
-            label_masks = batch_label_masks(self.dataset, first, b, shape, np.round(resized), pads)
+            label_masks = batch_label_masks(self.dataset, first, b, shape, resized, pads)
         counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
         order = targets[:, 0].argsort(stable=True)
         per_image = targets[order].split(counts)
@@ -363,11 +364,50 @@ class _ImageScorer:
             self.image_end(self.dataset.im_files[first + i], det_native)
             if self.confusion is not None:
                 self.confusion.update(det_native, gt_boxes, gt_cls)
+            outputs = self.coco_ids is not None or self.labels_dir is not None
+            rles, polygons = None, None
+            if self.segment and outputs:
+                rles, polygons = _original_masks(protos[i], det, det_native, shape, pads[i], resized[i], (h0, w0),
+                                                 self.coco_ids is not None, self.labels_dir is not None)
             if self.coco_ids is not None:
-                self.coco_dets += detections_to_coco(det_native.cpu(), self.coco_ids[first + i])
+                found = detections_to_coco(det_native.cpu(), self.coco_ids[first + i])
+                for item, rle in zip(found, rles or ()):
+                    item["segmentation"] = rle
+                self.coco_dets += found
             if self.labels_dir is not None:
                 stem = Path(self.dataset.im_files[first + i]).stem
-                (self.labels_dir / f"{stem}.txt").write_text(_yolo_rows(det_native, (h0, w0), self.save_conf))
+                rows = (_polygon_rows(det_native, polygons, (h0, w0), self.save_conf) if self.segment
+                        else _yolo_rows(det_native, (h0, w0), self.save_conf))
+                (self.labels_dir / f"{stem}.txt").write_text(rows)
+
+
+def _original_masks(proto: torch.Tensor, det: torch.Tensor, det_native: torch.Tensor, input_hw: tuple[int, int],
+                    pad: np.ndarray, resized: np.ndarray, original_hw: tuple[int, int], rle: bool,
+                    polygons: bool) -> tuple[list[dict] | None, list[np.ndarray] | None]:
+    """The detections' masks at the original image's resolution, as COCO RLEs and/or polygons (original
+    pixels), made a chunk of detections at a time."""
+    rles: list[dict] = []
+    outlines: list[np.ndarray] = []
+    for masks in masks_in_original(proto, det[:, 6:], det_native[:, :4], input_hw, tuple(pad), tuple(resized),
+                                   original_hw):
+        if rle:
+            rles += masks_to_rle(masks)
+        if polygons:
+            outlines += masks_to_polygons(masks)
+    return (rles if rle else None), (outlines if polygons else None)
+
+
+def _polygon_rows(det: torch.Tensor, polygons: list[np.ndarray], shape: tuple[int, int], with_conf: bool) -> str:
+    """YOLO-seg rows (``class x1 y1 x2 y2 ... [conf]``, normalised to the ``(h, w)`` image) of detections
+    and their mask outlines; a detection whose mask is empty inside its box has no outline and no row."""
+    h, w = shape
+    scale = np.array((w, h), np.float64)
+    lines = []
+    for (score, cls), polygon in zip(det[:, 4:6].double().cpu().tolist(), polygons):
+        if len(polygon):
+            values = [cls, *(polygon / scale).reshape(-1).tolist()] + ([score] if with_conf else [])
+            lines.append(" ".join(f"{v:g}" for v in values) + "\n")
+    return "".join(lines)
 
 
 def _save_results(metrics: Metrics, scorer: _ImageScorer, names: list[str], out_dir: Path) -> None:
@@ -381,7 +421,10 @@ def _save_results(metrics: Metrics, scorer: _ImageScorer, names: list[str], out_
         if metrics.curves is not None:
             plot_curves(metrics, out_dir)
     if scorer.coco_ids is not None:
-        metrics.coco = _coco_eval(scorer.dataset, names, scorer.coco_dets, out_dir)
+        metrics.coco = _coco_eval(scorer.dataset, names, scorer.coco_dets, out_dir, scorer.segment)
+        if scorer.segment and metrics.masks is not None:
+            metrics.masks.coco = coco_evaluate(out_dir / "ground_truth.json", out_dir / "predictions.json",
+                                               iou_type="segm")
     (out_dir / "metrics.json").write_text(json.dumps(metrics.as_dict(), indent=2))
 
 
@@ -445,9 +488,13 @@ def _at_size(masks: torch.Tensor, size: torch.Size) -> torch.Tensor:
     return F.interpolate(masks[None].float(), size, mode="bilinear", align_corners=False)[0] > 0.5
 
 
-def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path) -> list[float]:
-    """Write COCO ground truth and detections, evaluate them and return the 12 summary numbers."""
-    gt = coco_ground_truth(dataset.im_files, dataset.labels, dataset.shapes, names)
+def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path, segment: bool = False) -> list[float]:
+    """Write COCO ground truth (with each label's polygon for a segmentation model) and detections,
+    evaluate the boxes and return the 12 summary numbers."""
+    polygons = None
+    if segment:
+        polygons = [read_polygons(img2label_path(f), labels) for f, labels in zip(dataset.im_files, dataset.labels)]
+    gt = coco_ground_truth(dataset.im_files, dataset.labels, dataset.shapes, names, polygons)
     gt_path, pred_path = out_dir / "ground_truth.json", out_dir / "predictions.json"
     gt_path.write_text(json.dumps(gt))
     pred_path.write_text(json.dumps(detections))
