@@ -13,7 +13,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
-Task = Literal["detect"]
+Task = Literal["detect", "segment"]
 
 
 @runtime_checkable
@@ -29,7 +29,7 @@ class Detector(Protocol):
 
     names: list[str]
     num_classes: int
-    task: Task
+    task: Task  # "segment": model(imgs) returns (decoded [B, N, 5+nc+nm], proto [B, nm, H/4, W/4])
 
     def __call__(self, imgs: torch.Tensor) -> torch.Tensor: ...
 
