@@ -60,3 +60,12 @@ class ReferenceSegmenter:
     def __call__(self, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         decoded, proto = self.model(imgs)[:2]
         return decoded, proto
+
+
+def our_segmenter(reference_model: torch.nn.Module):
+    """Our ``Yolov5(task="segment")`` holding the reference model's weights."""
+    from yolotrain import Yolov5
+
+    model = Yolov5("n", reference_model.model[-1].nc, task="segment", names=list(reference_model.names))
+    model.load_state_dict(reference_model.state_dict())
+    return model.eval()

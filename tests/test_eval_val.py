@@ -315,14 +315,15 @@ def reference_segment_val(reference, monkeypatch, model, data_yaml: Path, out: P
 
 @pytest.mark.slow
 def test_segmentation_parity_box_and_mask_rows(reference, coco128_seg, segmenter, monkeypatch, tmp_path, capsys):
-    """Box and mask P, R, mAP50, mAP50-95 of the same segmentation network on the same images equal the
-    reference ``segment/val.py``'s (detection's tolerances), and the table prints both."""
-    from segment_reference import ReferenceSegmenter
+    """Box and mask P, R, mAP50, mAP50-95 of our segmentation model holding the reference network's weights
+    equal the reference ``segment/val.py``'s on the same images (detection's tolerances), and the table
+    prints both."""
+    from segment_reference import our_segmenter
 
     data = coco128_subset(tmp_path / "data", 32, coco128_seg)
     ref = reference_segment_val(reference, monkeypatch, segmenter, data, tmp_path / "ref", 320)
     capsys.readouterr()
-    ours = val(ReferenceSegmenter(segmenter), data, img_size=320, device="cpu", workers=0, plots=False)
+    ours = val(our_segmenter(segmenter), data, img_size=320, device="cpu", workers=0, plots=False)
     table = capsys.readouterr().out
     assert "Box(P" in table and "Mask(P" in table and len(table.splitlines()[1].split()) == 11
     values = (ours.mp, ours.mr, ours.map50, ours.map, ours.masks.mp, ours.masks.mr, ours.masks.map50, ours.masks.map)
