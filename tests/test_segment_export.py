@@ -110,3 +110,13 @@ def test_val_and_predict_on_exports_score_as_pytorch(reference, tmp_path, fmt):
             assert (a.masks != b.masks).sum() <= 1e-3 * a.masks.size  # pixels on a mask's edge may tip
         else:
             assert len(b.boxes) > 0 and b.masks.dtype == np.bool_
+
+
+def test_segmentation_model_and_its_export_are_detectors_with_masks(segmenter, tmp_path):
+    from yolotrain import Detector, resolve_model
+
+    path = tmp_path / "seg.onnx"
+    export(segmenter, "onnx", out=path, img_size=64, simplify=False)
+    for model in (segmenter, resolve_model(path)):
+        assert isinstance(model, Detector) and (model.task, model.num_masks) == ("segment", 32)
+    assert (Yolov5("n", num_classes=2).num_masks, load_exported(path).num_masks) == (0, 32)

@@ -252,7 +252,7 @@ def val(
                           out_dir / "labels" if save_txt else None, save_conf, save_json,
                           lambda path, det: hooks.run("on_val_image_end", path, det), segment)
     timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
-    loss_sum, batches = torch.zeros(3), 0
+    loss_sum, batches = torch.zeros(len(getattr(criterion, "component_names", "box obj cls".split()))), 0
     dtype = model.dtype
     if criterion is not None and not isinstance(model, torch.nn.Module):
         raise ValueError("the validation loss needs a torch model (it reads the raw head maps)")
@@ -281,7 +281,13 @@ def val(
                     maps, protos = maps if segment else (maps, None)
                     preds = model.head.decode(maps)
             if criterion is not None:
-                criterion(maps, targets, pred_size=(h, w))
+                if segment:  # the segmentation loss scores the masks of the batch too
+                    if len(batch) < 5:
+                        raise ValueError("the validation loss of a segmentation model needs batches with masks "
+                                         "(a segmentation data loader)")
+                    criterion((maps, protos), targets, batch[4].to(dev), pred_size=(h, w))
+                else:
+                    criterion(maps, targets, pred_size=(h, w))
                 loss_sum += criterion.components.float().cpu()
                 batches += 1
             with timers["nms"]:
