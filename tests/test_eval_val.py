@@ -361,3 +361,51 @@ def test_segmentation_save_json_and_txt_write_masks(coco128_seg, segmenter, tmp_
     assert rows and all(len(r) >= 8 and len(r) % 2 == 0 for r in rows)  # class, x y pairs, confidence
     coordinates = np.array([float(v) for r in rows for v in r[1:-1]])
     assert coordinates.min() >= 0 and coordinates.max() <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlap", [True, False])
+def test_segmentation_batches_with_masks_score_as_label_files_and_give_the_loss(coco128_seg, segmenter, tmp_path,
+                                                                                overlap):
+    """A loader whose batches carry the masks (overlap maps, or one mask per target row) scores exactly as
+    masks read from the label files, and the validation loss is the segmentation loss's four parts."""
+    from segment_reference import our_segmenter
+    from torch.utils.data import DataLoader
+
+    from yolotrain.eval.label_masks import batch_label_masks
+    from yolotrain.eval.val import batch_geometry, build_val_loader
+    from yolotrain.segment_loss import SegmentLoss
+
+    model = our_segmenter(segmenter)
+    data = coco128_subset(tmp_path / "data", 4, coco128_seg)
+    plain = build_val_loader(data, 80, 128, batch_size=2, workers=0)
+    dataset = plain.dataset
+    batches, first = [], 0
+    for imgs, targets in plain:
+        b, (h, w) = len(imgs), imgs.shape[2:]
+        gains, pads = batch_geometry(dataset, first, b, (h, w))
+        resized = np.round(gains * np.asarray(dataset.shapes[first:first + b], dtype=np.float64))
+        per_image = batch_label_masks(dataset, first, b, (h, w), resized, pads)
+        if overlap:  # the label masks split from overlap maps are disjoint: painting them back is exact
+            masks = torch.stack([(m * torch.arange(1, len(m) + 1)[:, None, None]).sum(0) for m in per_image])
+        else:
+            masks = torch.cat(per_image).float()
+        batches.append((imgs, targets, None, None, masks))
+        first += b
+    dataset.overlap = overlap
+    replay = iter(batches)
+    loader = DataLoader(dataset, batch_sampler=plain.batch_sampler, collate_fn=lambda items: next(replay))
+    criterion = SegmentLoss(model, rect_training=True, img_size=128, overlap=overlap)
+    with_masks = val(model, loader, criterion=criterion, device="cpu", verbose=False, plots=False)
+    from_files = val(model, plain, device="cpu", verbose=False, plots=False)
+    assert with_masks.masks.map50 > 0
+    assert (with_masks.masks.map50, with_masks.masks.map) == (from_files.masks.map50, from_files.masks.map)
+    assert list(with_masks.loss) == ["box", "seg", "obj", "cls"]
+    components = []
+    with torch.no_grad():
+        for imgs, targets, _, _, masks in batches:
+            loss = SegmentLoss(model, True, 128, overlap=overlap)
+            loss(model.forward_maps(imgs), targets, masks, pred_size=imgs.shape[2:])
+            components.append(loss.components)
+    expected = torch.stack(components).mean(0).tolist()
+    assert list(with_masks.loss.values()) == pytest.approx(expected, rel=1e-3)
