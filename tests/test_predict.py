@@ -179,3 +179,22 @@ def test_segmentation_results_carry_masks_polygons_and_files(segmenter, images, 
     assert len(rows) == sum(len(p) > 0 for p in retina.polygons) and all(len(r) % 2 == 0 and len(r) >= 8 for r in rows)
     saved = json.loads((tmp_path / "out" / "predictions.json").read_text())[0]["detections"]
     assert len(saved[largest]["polygon"]) == 2 * len(retina.polygons[largest])
+
+
+def test_segmentation_video_frames_carry_masks_and_are_drawn(segmenter, coco128, tmp_path):
+    frame = cv2.resize(cv2.imread(str(coco128 / "images" / "train2017" / BUS_LIKE)), (320, 240))
+    video = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10, (320, 240))
+    for shift in range(2):
+        writer.write(np.roll(frame, shift * 4, axis=1))
+    writer.release()
+    results = predict(segmenter, video, img_size=160, save_dir=tmp_path / "out", save_txt=True)
+    assert [r.frame for r in results] == [0, 1]
+    assert all(r.masks.shape == (len(r.scores), 240, 320) and len(r.polygons) == len(r.scores) for r in results)
+    assert any(r.masks.any() for r in results)
+    cap = cv2.VideoCapture(str(tmp_path / "out" / "clip.mp4"))
+    assert int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) == 2
+    cap.release()
+    labels = sorted((tmp_path / "out" / "labels").glob("clip_*.txt"))
+    rows = [line.split() for f in labels for line in f.read_text().splitlines()]
+    assert rows and all(len(r) >= 8 and len(r) % 2 == 0 for r in rows)
