@@ -107,7 +107,7 @@ def test_augmented_masks_stay_on_their_objects(tmp_path, overlap):
     shares = []  # per sample: mask pixels near white ones, mask pixels, white pixels near masks, white pixels
     grow = np.ones((3, 3), np.uint8)  # rasterising and interpolation move edges by up to a pixel
     for key in [(i, epoch, True) for i in range(len(dataset)) for epoch in range(3)]:
-        img, labels, masks = dataset[key]
+        img, labels, _, _, masks = dataset[key]
         white = (img.min(2) > 127).astype(np.uint8)
         covered = (masks.max(0, initial=0) > 0).astype(np.uint8)
         near_white, near_covered = cv2.dilate(white, grow).astype(bool), cv2.dilate(covered, grow).astype(bool)
@@ -130,7 +130,8 @@ def test_mixup_keeps_the_targets_and_masks_of_both_mosaics(tmp_path):
     data = white_objects_dataset(tmp_path)
     config = DataConfig(path=str(data), img_size=128, batch_size=3, workers=0)
     loader = build_loaders(config, AugmentConfig(mixup=1.0), splits=("train",), masks=True).train
-    imgs, targets, masks = next(iter(loader))
+    imgs, targets, paths, shapes, masks = next(iter(loader))
+    assert len(paths) == len(shapes) == 3 and shapes == [None] * 3  # mosaics
     assert imgs.shape == (3, 3, 128, 128) and masks.shape == (3, 32, 32) and masks.dtype == torch.float32
     for image in range(3):
         count = int((targets[:, 0] == image).sum())
@@ -142,7 +143,9 @@ def test_batches_of_per_target_masks(tmp_path):
     config = DataConfig(path=str(data), img_size=128, batch_size=3, workers=0, overlap_mask=False)
     loaders = build_loaders(config, None, masks=True)
     for loader in (loaders.train, loaders.val):
-        imgs, targets, masks = next(iter(loader))
+        imgs, targets, paths, shapes, masks = next(iter(loader))
+        if loader is loaders.val:  # letterboxed: the reference's (original size, (ratio, pad))
+            assert shapes[0][0] == (128, 128) and paths[0].suffix == ".png"
         assert masks.shape == (len(targets), imgs.shape[2] // 4, imgs.shape[3] // 4)
         assert set(masks.unique().tolist()) <= {0.0, 1.0} and (masks.sum((1, 2)) > 0).all()
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -25,9 +27,11 @@ DEFAULT_MASK_RATIO = 4
 
 
 class SegmentationDataset(DetectionDataset):
-    """Items are ``(image HWC uint8 RGB, labels (n, 5), masks)`` with masks ``[1, h, w]`` (overlap) or
-    ``[n, h, w]``, ``h, w`` the image's sides over ``mask_ratio``; :meth:`collate` gives
-    ``(imgs, targets [N, 6], masks [B, h, w] or [N, h, w])``.
+    """Items are ``(image HWC uint8 RGB, labels (n, 5), path, shapes, masks)`` with masks ``[1, h, w]``
+    (overlap) or ``[n, h, w]``, ``h, w`` the image's sides over ``mask_ratio``, and ``shapes`` the
+    reference's ``((h0, w0), ((h / h0, w / w0), (pad w, pad h)))`` of a letterboxed image (None for a
+    mosaic); :meth:`collate` gives the reference's batch ``(imgs, targets [N, 6], paths, shapes,
+    masks [B, h, w] or [N, h, w])``.
 
     Box-only label rows (no polygon) are left out, as the reference's overlap masks leave them out; how
     many is said in one :class:`DataWarning`. Other arguments as :class:`DetectionDataset`.
@@ -59,11 +63,12 @@ class SegmentationDataset(DetectionDataset):
         border = -self.img_size // 2
         return A.random_perspective_segments(canvas, labels, segments, rng, self.hyp, border=(border, border))
 
-    def __getitem__(self, key: int | SampleKey) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def __getitem__(self, key: int | SampleKey) -> tuple[np.ndarray, np.ndarray, Path, Any, np.ndarray]:
         index, epoch, mosaic = key if isinstance(key, tuple) else (key, self.epoch, self.mosaic)
         index = int(index)
         rng = np.random.default_rng([self.seed, int(epoch), index])
         hyp = self.hyp
+        shapes = None
         if mosaic and rng.random() < hyp.mosaic:
             img, labels, segments = self._mosaic_segments(index, rng)
             if rng.random() < hyp.mixup:
@@ -74,6 +79,8 @@ class SegmentationDataset(DetectionDataset):
             img = self.load_image(index)
             h, w = img.shape[:2]
             img, r, (padw, padh) = A.letterbox(img, self.output_shape(index), scaleup=self.augment)
+            w0, h0 = (int(v) for v in self.shapes[index])
+            shapes = (h0, w0), ((h / h0, w / w0), (padw, padh))
             size = np.array([round(w * r), round(h * r)])
             labels = A.xywhn_to_xyxy(self.labels[index], *size, padw, padh)
             segments = [p * size + (padw, padh) for p in self.segments[index]]
@@ -87,16 +94,16 @@ class SegmentationDataset(DetectionDataset):
             img, labels, masks = random_flips(img, labels, masks, rng, hyp.flipud, hyp.fliplr)
         else:
             img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-        return img, labels, masks
+        return img, labels, self.im_files[index], shapes, masks
 
     @staticmethod
-    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(imgs, targets)`` as :meth:`DetectionDataset.collate`, and the masks of all images concatenated:
-        ``[B, h, w]`` overlap maps or ``[N, h, w]`` binary masks."""
-        imgs, targets = DetectionDataset.collate([(img, labels) for img, labels, _ in batch])
-        masks = torch.from_numpy(np.concatenate([m for _, _, m in batch]).astype(np.float32))
-        return imgs, targets, masks
+    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray, Path, Any, np.ndarray]]
+                ) -> tuple[torch.Tensor, torch.Tensor, list[Path], list[Any], torch.Tensor]:
+        """``(imgs, targets)`` as :meth:`DetectionDataset.collate`, the paths and shapes of the images, and
+        their masks concatenated: ``[B, h, w]`` overlap maps or ``[N, h, w]`` binary masks."""
+        imgs, targets = DetectionDataset.collate([item[:2] for item in batch])
+        masks = torch.from_numpy(np.concatenate([item[4] for item in batch]).astype(np.float32))
+        return imgs, targets, [item[2] for item in batch], [item[3] for item in batch], masks
 
 
 def polygon_mask(shape: tuple[int, int], polygon: np.ndarray, ratio: int) -> np.ndarray:

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from ..loss import YoloLoss
 from ..model import Yolov5, parse_version
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, weights_inputs
 from ..runs import RunLock, next_run_dir
+from ..segment_loss import SegmentLoss
 from ..settings import ConfigError, flat_names, from_mapping
 from . import distributed as D
 from .config import TrainConfig, resolve_config, with_runtime
@@ -175,9 +177,12 @@ class Trainer:
         if cfg.data.img_size % stride:
             raise ValueError(f"image size must be a multiple of {stride} (the model's largest stride), "
                              f"got {cfg.data.img_size}")
+        segment = self.model.task == "segment"
         loaders = build_loaders(dataclasses.replace(cfg.data, path=root), cfg.augment, seed=cfg.seed,
                                 rank=self.ctx.rank, world_size=self.ctx.world_size, stride=stride,
-                                require_names=True)
+                                require_names=True, masks=segment)
+        if self.ctx.is_main and not segment:
+            self._log_detection_of_polygons(loaders.train_index.has_polygons)
         self.train_loader = loaders.train
         self.train_set = self.train_loader.dataset
         self.train_sampler = self.train_loader.batch_sampler
@@ -191,6 +196,15 @@ class Trainer:
         if self.resume_from is not None:
             check_resumed_data(self.resume_from, self.dataset_record, self.data_root, self.names, cfg.data,
                                self.accept_changed_data)
+
+    def _log_detection_of_polygons(self, has_polygons: bool) -> None:
+        """A detection model on YOLO-seg labels trains their boxes; copy-paste needs the polygons' masks."""
+        if has_polygons:
+            self._log("Data: polygon labels, trained as their boxes by this detection model (a segmentation "
+                      "model such as --model yolov5n-seg trains the masks)")
+        if self.config.augment.copy_paste:
+            self._log(f"copy_paste {self.config.augment.copy_paste:g} is left out: it pastes objects by their "
+                      "masks, which only a segmentation model trains")
 
     def _autobatch(self) -> TrainConfig:
         """The batch AutoBatch picks for this GPU takes the fraction's place in the run's settings, so
@@ -248,9 +262,10 @@ class Trainer:
         scaler = grad_scaler(self.device, self.amp_dtype, self._log if ctx.is_main else None)
         self.state = TrainState(model, ema, optimizer, scheduler, scaler, accumulate)
         img_size = cfg.data.img_size
+        loss = partial(SegmentLoss, overlap=cfg.data.overlap_mask) if model.task == "segment" else YoloLoss
         self.criterion = (self.loss_factory(model, cfg.data.rect) if self.loss_factory is not None
-                          else YoloLoss(model, rect_training=cfg.data.rect, img_size=img_size, hyp=cfg.loss))
-        self.val_criterion = (YoloLoss(ema.module, rect_training=True, img_size=img_size, hyp=cfg.loss)
+                          else loss(model, rect_training=cfg.data.rect, img_size=img_size, hyp=cfg.loss))
+        self.val_criterion = (loss(ema.module, rect_training=True, img_size=img_size, hyp=cfg.loss)
                               if ema is not None else None)
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
                          else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
@@ -326,11 +341,12 @@ class Trainer:
         return f"the last checkpoint {last}.safetensors is intact: continue with --resume {self.save_dir}"
 
     def train_batch(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int,
-                    step: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    step: int, masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One training iteration on a loader batch: forward, loss, backward, and the optimiser and EMA
         update when ``accumulate`` steps have gathered since the last one (see :class:`TrainStep`). Returns
-        the batch as the model saw it (device, layout, multi-scale size) and the detached loss."""
-        return self.step(imgs, targets, epoch, batch, step)
+        the batch as the model saw it (device, layout, multi-scale size) and the detached loss. ``masks``:
+        a segmentation batch's target masks."""
+        return self.step(imgs, targets, epoch, batch, step, masks)
 
     def _log(self, message: str) -> None:
         tqdm.write(message)

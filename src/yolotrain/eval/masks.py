@@ -96,8 +96,8 @@ def scale_masks_to_original(masks: torch.Tensor, pad: tuple[float, float], resiz
 
 def mask_iou(masks1: torch.Tensor, masks2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
     """IoU ``[m, n]`` of two sets of binary masks ``[m, h, w]`` and ``[n, h, w]`` (one matrix product)."""
-    a = masks1.reshape(masks1.shape[0], -1).float()
-    b = masks2.reshape(masks2.shape[0], -1).float()
+    a = masks1.flatten(1).float()  # flatten: reshape(0, -1) of an empty set of masks is ambiguous
+    b = masks2.flatten(1).float()
     intersection = (a @ b.T).clamp(min=0)
     union = a.sum(1)[:, None] + b.sum(1)[None] - intersection
     return intersection / (union + eps)
