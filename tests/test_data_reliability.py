@@ -130,8 +130,9 @@ def test_fuzzed_label_files_give_valid_rows_or_named_issues(tmp_path, lines):
     path = tmp_path / "fuzz.txt"
     path.write_text("\n".join(lines))
     issues: list[tuple[str, str]] = []
-    rows = _check_labels(path, 3, issues)
-    assert rows.dtype == np.float32 and rows.shape[1:] == (5,)
+    rows, polygons = _check_labels(path, 3, issues)
+    assert rows.dtype == np.float32 and rows.shape[1:] == (5,) and len(polygons) == len(rows)
+    assert all(p.shape == (0, 2) or (p.shape[0] >= 3 and ((p >= 0) & (p <= 1)).all()) for p in polygons)
     assert np.isfinite(rows).all() and ((rows[:, 0] >= 0) & (rows[:, 0] < 3)).all()
     assert ((rows[:, 1:] >= 0) & (rows[:, 1:] <= 1)).all()
     assert all(isinstance(kind, str) and isinstance(where, str) for kind, where in issues)

@@ -4,7 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from yolotrain.eval.metrics import ConfusionMatrix, DetectionStats, ap_per_class, interpolated_ap, match_predictions
+from yolotrain.eval.masks import mask_iou
+from yolotrain.eval.metrics import (
+    ConfusionMatrix,
+    DetectionStats,
+    SegmentationStats,
+    ap_per_class,
+    interpolated_ap,
+    match_by_iou,
+    match_predictions,
+)
 
 THRESHOLDS = torch.tensor([0.5, 0.75])
 
@@ -117,3 +126,47 @@ def test_confusion_matrix_hand_case():
     np.testing.assert_array_equal(cm.matrix, expected)
     cm.update(torch.tensor([[0.0, 0, 5, 5, 0.9, 1]]), torch.zeros(0, 4), torch.zeros(0))
     assert cm.matrix[1, 2] == 2  # detections on an image without labels are background false positives
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mask_matching_is_the_reference_process_batch(reference, seed):
+    """True positives from mask IoUs: the reference ``segment/val.py`` ``process_batch(masks=True)`` on
+    overlapping random masks (many labels claimed twice, classes mixed)."""
+    from yolov5.segment.val import process_batch
+
+    from yolotrain.eval.metrics import IOU_THRESHOLDS
+
+    g = torch.Generator().manual_seed(seed)
+    m, n = 6, 25
+    gt_masks = torch.zeros(m, 40, 40, dtype=torch.bool)
+    corners = torch.randint(0, 25, (m, 2), generator=g)
+    for k, (y, x) in enumerate(corners.tolist()):
+        gt_masks[k, y:y + 15, x:x + 15] = True
+    pick = torch.randint(0, m, (n,), generator=g)
+    pred_masks = gt_masks[pick] ^ (torch.rand(n, 40, 40, generator=g) < 0.06)  # noisy copies
+    gt_cls = torch.randint(0, 2, (m,), generator=g).float()
+    dets = torch.cat((torch.zeros(n, 4), torch.rand(n, 1, generator=g).sort(0, descending=True)[0],
+                      torch.randint(0, 2, (n, 1), generator=g).float()), 1)
+    labels = torch.cat((gt_cls[:, None], torch.zeros(m, 4)), 1)
+    expected = process_batch(dets, labels, IOU_THRESHOLDS, pred_masks.float(), gt_masks.float(), masks=True)
+    ours = match_by_iou(mask_iou(gt_masks, pred_masks), dets[:, 5], gt_cls)
+    assert expected.any() and torch.equal(ours, expected)
+
+
+def test_segmentation_stats_table_has_box_and_mask_columns():
+    stats = SegmentationStats(nc=2)
+    gt = torch.tensor([[0.0, 0, 10, 10], [20, 20, 40, 40]])
+    dets = torch.tensor([[0.0, 0, 10, 10, 0.9, 0], [20, 20, 40, 40, 0.8, 1]])
+    gt_masks = torch.zeros(2, 12, 12, dtype=torch.bool)
+    gt_masks[0, :3, :3], gt_masks[1, 5:10, 5:10] = True, True
+    pred_masks = gt_masks.clone()
+    pred_masks[1] = False  # the second detection's box is right, its mask is empty
+    stats.update_masks(dets, gt, torch.tensor([0.0, 1.0]), pred_masks, gt_masks)
+    m = stats.compute(["cat", "dog"])
+    assert m.map50 == pytest.approx(0.995) and m.masks.map50 == pytest.approx(0.995 / 2)
+    lines = m.table().splitlines()
+    assert lines[0].split() == ["Class", "Images", "Instances", "Box(P", "R", "mAP50", "mAP50-95)", "Mask(P", "R",
+                                "mAP50", "mAP50-95)"]
+    assert lines[3].split()[0] == "dog" and float(lines[3].split()[-2]) == 0.0 and float(lines[3].split()[5]) > 0.9
+    assert m.as_dict()["mask_mAP50"] == pytest.approx(m.masks.map50)
+    assert m.fitness() == pytest.approx(0.1 * (m.map50 + m.masks.map50) + 0.9 * (m.map + m.masks.map))

@@ -275,3 +275,137 @@ def test_single_cls_matches_reference(reference, coco128, weights, monkeypatch, 
     multi = val(weights, data, img_size=320, device="cpu", workers=0, plots=False, verbose=False)
     assert len(ours.instances) == 1 and ours.instances[0] == multi.instances.sum()
     assert abs(ours.map50 - multi.map50) > 0.01  # scoring as one class really changes the result
+
+
+COCO128_SEG = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "coco128-seg"
+
+
+@pytest.fixture(scope="module")
+def coco128_seg():
+    if not (COCO128_SEG / "images").is_dir():
+        pytest.skip(f"shared dataset not found at {COCO128_SEG}")
+    return COCO128_SEG
+
+
+@pytest.fixture(scope="module")
+def segmenter(reference):
+    if not YOLOV5N_WEIGHTS.is_file():
+        pytest.skip(f"weights not found at {YOLOV5N_WEIGHTS}")
+    from segment_reference import reference_segmenter
+
+    return reference_segmenter(reference, YOLOV5N_WEIGHTS)
+
+
+def reference_segment_val(reference, monkeypatch, model, data_yaml: Path, out: Path, img_size: int):
+    """The reference ``segment/val.py`` ``run`` as its training calls it (overlap masks at 1/4), offline."""
+    import yolov5.utils.general as general
+    from yolov5.segment import val as reference_val_module
+    from yolov5.utils.segment.dataloaders import create_dataloader
+
+    monkeypatch.setattr(np, "trapz", np.trapezoid, raising=False)
+    monkeypatch.setattr(general, "check_font", lambda *a, **k: None)
+    monkeypatch.setattr(general, "time", types.SimpleNamespace(time=lambda: 0.0))
+    data = general.check_dataset(str(data_yaml))
+    loader = create_dataloader(data["val"], img_size, 32, 32, False, pad=0.5, rect=True, workers=0,
+                               overlap_mask=True, mask_downsample_ratio=4)[0]
+    results, _, _ = reference_val_module.run(data, model=model, dataloader=loader, imgsz=img_size, plots=False,
+                                             half=False, overlap=True, mask_downsample_ratio=4, save_dir=out)
+    return results[:8]
+
+
+@pytest.mark.slow
+def test_segmentation_parity_box_and_mask_rows(reference, coco128_seg, segmenter, monkeypatch, tmp_path, capsys):
+    """Box and mask P, R, mAP50, mAP50-95 of our segmentation model holding the reference network's weights
+    equal the reference ``segment/val.py``'s on the same images (detection's tolerances), and the table
+    prints both."""
+    from segment_reference import our_segmenter
+
+    data = coco128_subset(tmp_path / "data", 32, coco128_seg)
+    ref = reference_segment_val(reference, monkeypatch, segmenter, data, tmp_path / "ref", 320)
+    capsys.readouterr()
+    ours = val(our_segmenter(segmenter), data, img_size=320, device="cpu", workers=0, plots=False)
+    table = capsys.readouterr().out
+    assert "Box(P" in table and "Mask(P" in table and len(table.splitlines()[1].split()) == 11
+    values = (ours.mp, ours.mr, ours.map50, ours.map, ours.masks.mp, ours.masks.mr, ours.masks.map50, ours.masks.map)
+    tolerances = (TOLERANCE,) * 3 + (MAP50_95_TOLERANCE_SMALL,) + (TOLERANCE,) * 4
+    names = [f"{kind} {m}" for kind in ("box", "mask") for m in ("P", "R", "mAP50", "mAP50-95")]
+    for name, a, b, tol in zip(names, values, ref, tolerances):
+        assert abs(a - b) <= tol, f"{name}: ours {a:.4f}, reference {b:.4f}"
+    assert ours.masks.map50 > 0.05  # real overlaps, not a comparison of zeros
+    assert ours.fitness() == pytest.approx(0.1 * (ours.map50 + ours.masks.map50) + 0.9 * (ours.map + ours.masks.map))
+
+
+def test_segmentation_save_json_and_txt_write_masks(coco128_seg, segmenter, tmp_path, capsys):
+    """``--save-json``: every detection has its mask as a COCO RLE of the original image, the ground truth
+    its polygons, and pycocotools scores the masks (``segm``) besides the boxes; ``--save-txt`` writes
+    YOLO-seg polygon rows."""
+    from pycocotools import mask as coco_mask
+    from segment_reference import ReferenceSegmenter
+
+    data = coco128_subset(tmp_path / "data", 2, coco128_seg)
+    out = tmp_path / "run"
+    metrics = val(ReferenceSegmenter(segmenter), data, img_size=160, conf=0.05, device="cpu", workers=0,
+                  plots=False, save_dir=out, save_json=True, save_txt=True, save_conf=True)
+    assert len(metrics.coco) == 12 and len(metrics.masks.coco) == 12
+    assert capsys.readouterr().out.count("Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all") == 2
+    ground_truth = json.loads((out / "ground_truth.json").read_text())
+    assert all(len(a["segmentation"][0]) >= 6 for a in ground_truth["annotations"])
+    sizes = {image["id"]: [image["height"], image["width"]] for image in ground_truth["images"]}
+    detections = json.loads((out / "predictions.json").read_text())
+    assert detections and all(d["segmentation"]["size"] == sizes[d["image_id"]] for d in detections)
+    areas = coco_mask.area([{"size": d["segmentation"]["size"], "counts": d["segmentation"]["counts"].encode()}
+                            for d in detections])
+    boxes = np.array([d["bbox"] for d in detections])
+    assert areas.any() and (areas <= (boxes[:, 2] + 2) * (boxes[:, 3] + 2)).all()  # masks lie inside their boxes
+    rows = [line.split() for f in (out / "labels").glob("*.txt") for line in f.read_text().splitlines()]
+    assert rows and all(len(r) >= 8 and len(r) % 2 == 0 for r in rows)  # class, x y pairs, confidence
+    coordinates = np.array([float(v) for r in rows for v in r[1:-1]])
+    assert coordinates.min() >= 0 and coordinates.max() <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlap", [True, False])
+def test_segmentation_batches_with_masks_score_as_label_files_and_give_the_loss(coco128_seg, segmenter, tmp_path,
+                                                                                overlap):
+    """A loader whose batches carry the masks (overlap maps, or one mask per target row) scores exactly as
+    masks read from the label files, and the validation loss is the segmentation loss's four parts."""
+    from segment_reference import our_segmenter
+    from torch.utils.data import DataLoader
+
+    from yolotrain.eval.label_masks import batch_label_masks
+    from yolotrain.eval.val import batch_geometry, build_val_loader
+    from yolotrain.segment_loss import SegmentLoss
+
+    model = our_segmenter(segmenter)
+    data = coco128_subset(tmp_path / "data", 4, coco128_seg)
+    plain = build_val_loader(data, 80, 128, batch_size=2, workers=0)
+    dataset = plain.dataset
+    batches, first = [], 0
+    for imgs, targets in plain:
+        b, (h, w) = len(imgs), imgs.shape[2:]
+        gains, pads = batch_geometry(dataset, first, b, (h, w))
+        resized = np.round(gains * np.asarray(dataset.shapes[first:first + b], dtype=np.float64))
+        per_image = batch_label_masks(dataset, first, b, (h, w), resized, pads)
+        if overlap:  # the label masks split from overlap maps are disjoint: painting them back is exact
+            masks = torch.stack([(m * torch.arange(1, len(m) + 1)[:, None, None]).sum(0) for m in per_image])
+        else:
+            masks = torch.cat(per_image).float()
+        batches.append((imgs, targets, None, None, masks))
+        first += b
+    dataset.overlap = overlap
+    replay = iter(batches)
+    loader = DataLoader(dataset, batch_sampler=plain.batch_sampler, collate_fn=lambda items: next(replay))
+    criterion = SegmentLoss(model, rect_training=True, img_size=128, overlap=overlap)
+    with_masks = val(model, loader, criterion=criterion, device="cpu", verbose=False, plots=False)
+    from_files = val(model, plain, device="cpu", verbose=False, plots=False)
+    assert with_masks.masks.map50 > 0
+    assert (with_masks.masks.map50, with_masks.masks.map) == (from_files.masks.map50, from_files.masks.map)
+    assert list(with_masks.loss) == ["box", "seg", "obj", "cls"]
+    components = []
+    with torch.no_grad():
+        for imgs, targets, _, _, masks in batches:
+            loss = SegmentLoss(model, True, 128, overlap=overlap)
+            loss(model.forward_maps(imgs), targets, masks, pred_size=imgs.shape[2:])
+            components.append(loss.components)
+    expected = torch.stack(components).mean(0).tolist()
+    assert list(with_masks.loss.values()) == pytest.approx(expected, rel=1e-3)

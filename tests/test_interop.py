@@ -145,7 +145,6 @@ def test_official_layout_with_ema_custom_nc_and_mixed_dtypes(fake_checkpoints):
 
 
 @pytest.mark.parametrize(("name", "expected"), [
-    ("segment", "YOLOv5 segmentation model (models.yolo.SegmentationModel"),
     ("custom-no-yaml", "a custom YOLOv5 layout (30 layers, 3 detection levels) without its model yaml"),
     ("yolov8", "Ultralytics YOLOv8-or-later model (ultralytics.nn.tasks.DetectionModel)"),
     ("classify", "YOLOv5 classification model (models.yolo.ClassificationModel)"),

@@ -23,6 +23,8 @@ ALLOWED_INSIDE_FUNCTIONS = {
     ("inplace_doctor/pytest_plugin.py", "report"),
     # The cell magic imports IPython, an optional dependency: only when IPython loads the extension.
     ("inplace_doctor/__init__.py", "ipython"),
+    # The tuner's samplers subclass Optuna's, an optional dependency imported only when tuning.
+    ("yolotrain/tuning/study.py", "samplers"),
 }
 
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from yolotrain.boxes import xywh_to_xyxy
 from yolotrain.nms import non_max_suppression, scale_boxes_to_original
 
 
@@ -111,3 +112,27 @@ def test_matches_reference_nms_on_random_predictions(reference, seed, multi_labe
     for a, r in zip(ours, theirs):
         assert a.shape[0] > 10
         torch.testing.assert_close(a, r)
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_mask_coefficients_travel_with_their_boxes_as_in_the_reference(reference, multi_label):
+    """A segmentation model's trailing mask coefficients are not class scores: each kept detection carries
+    its box's coefficients, and the boxes, scores and classes are the reference's (``nm=`` there)."""
+    from yolov5.utils.general import non_max_suppression as reference_nms
+
+    g = torch.Generator().manual_seed(3)
+    b, n, nc, nm = 2, 2000, 4, 32
+    xy = torch.rand(b, n, 2, generator=g) * 320
+    wh = torch.rand(b, n, 2, generator=g) * 60 + 4
+    probs = torch.rand(b, n, 1 + nc, generator=g) ** 3
+    coefficients = torch.randn(b, n, nm, generator=g)
+    pred = torch.cat((xy, wh, probs, coefficients), 2)
+    ours = non_max_suppression(pred.clone(), 0.01, 0.5, multi_label=multi_label, max_det=300, num_extra=nm)
+    theirs = reference_nms(pred.clone(), 0.01, 0.5, multi_label=multi_label, max_det=300, nm=nm)
+    for image, a, r in zip(pred, ours, theirs):
+        assert a.shape == (r.shape[0], 6 + nm) and a.shape[0] > 10
+        torch.testing.assert_close(a[:, :6], r[:, :6])
+        # The reference scales the coefficients by objectness (harmless for a 0.5 mask threshold); ours are
+        # the model's own: the row of the box each detection came from.
+        source = (xywh_to_xyxy(image[:, :4])[None] == a[:, None, :4]).all(2).float().argmax(1)
+        torch.testing.assert_close(a[:, 6:], image[source, 5 + nc:])

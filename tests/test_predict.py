@@ -130,3 +130,71 @@ def test_matches_reference_detect_path(reference, model, images):
         # pad: half an input pixel, i.e. up to 1 original pixel at this 0.5 resize (plus float noise).
         scale = max(im0.shape[:2]) / 320
         torch.testing.assert_close(ours.boxes, det[:, :4], atol=0.5 * scale + 0.01, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def segmenter(reference):
+    if not YOLOV5N_WEIGHTS.is_file():
+        pytest.skip(f"weights not found at {YOLOV5N_WEIGHTS}")
+    from segment_reference import ReferenceSegmenter, reference_segmenter
+
+    return ReferenceSegmenter(reference_segmenter(reference, YOLOV5N_WEIGHTS))
+
+
+def test_segmentation_results_carry_masks_polygons_and_files(segmenter, images, tmp_path):
+    """A segmentation model's results carry a bool mask of the original image and an outline per
+    detection; ``--retina-masks`` makes them as the reference's native masks; pictures show them and
+    ``labels/*.txt`` hold polygon rows."""
+    from yolov5.utils.segment.general import process_mask_native
+
+    from yolotrain.eval.predict import prepare_image
+    from yolotrain.nms import non_max_suppression, scale_boxes_to_original
+
+    path = images / BUS_LIKE
+    image = cv2.imread(str(path))
+    h, w = image.shape[:2]
+    (retina,) = predict(segmenter, path, img_size=320, retina_masks=True, save_dir=tmp_path / "out", save_txt=True)
+    n = len(retina.scores)
+    assert n > 2 and retina.masks.shape == (n, h, w) and retina.masks.dtype == bool and len(retina.polygons) == n
+    rgb, gain, pad = prepare_image(image, 320)
+    with torch.inference_mode():
+        decoded, proto = segmenter(torch.from_numpy(rgb).permute(2, 0, 1)[None].float() / 255)
+    det = non_max_suppression(decoded, 0.25, 0.45, max_det=1000, num_extra=32)[0]
+    boxes = scale_boxes_to_original(det[:, :4], gain, pad, (h, w))
+    expected = process_mask_native(proto[0], det[:, 6:], boxes, (h, w)).bool().numpy()
+    assert np.array_equal(retina.masks, expected)
+    # Each outline traces its mask: filled again, it covers the mask's pixels.
+    largest = int(retina.masks.reshape(n, -1).sum(1).argmax())
+    filled = cv2.fillPoly(np.zeros((h, w), np.uint8), [retina.polygons[largest].astype(np.int32)], 1).astype(bool)
+    assert (filled & retina.masks[largest]).sum() > 0.9 * retina.masks[largest].sum()
+
+    (plain,) = predict(segmenter, path, img_size=320)
+    union = (plain.masks | retina.masks).sum()
+    assert (plain.masks != retina.masks).sum() < 0.1 * union  # the same masks, resampled differently
+
+    drawn = cv2.imread(str(tmp_path / "out" / BUS_LIKE))
+    tinted = np.abs(drawn.astype(int) - image.astype(int)).sum(2) > 30
+    assert tinted[retina.masks[largest]].mean() > 0.5
+    rows = [line.split() for line in (tmp_path / "out" / "labels" / f"{path.stem}.txt").read_text().splitlines()]
+    assert len(rows) == sum(len(p) > 0 for p in retina.polygons) and all(len(r) % 2 == 0 and len(r) >= 8 for r in rows)
+    saved = json.loads((tmp_path / "out" / "predictions.json").read_text())[0]["detections"]
+    assert len(saved[largest]["polygon"]) == 2 * len(retina.polygons[largest])
+
+
+def test_segmentation_video_frames_carry_masks_and_are_drawn(segmenter, coco128, tmp_path):
+    frame = cv2.resize(cv2.imread(str(coco128 / "images" / "train2017" / BUS_LIKE)), (320, 240))
+    video = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10, (320, 240))
+    for shift in range(2):
+        writer.write(np.roll(frame, shift * 4, axis=1))
+    writer.release()
+    results = predict(segmenter, video, img_size=160, save_dir=tmp_path / "out", save_txt=True)
+    assert [r.frame for r in results] == [0, 1]
+    assert all(r.masks.shape == (len(r.scores), 240, 320) and len(r.polygons) == len(r.scores) for r in results)
+    assert any(r.masks.any() for r in results)
+    cap = cv2.VideoCapture(str(tmp_path / "out" / "clip.mp4"))
+    assert int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) == 2
+    cap.release()
+    labels = sorted((tmp_path / "out" / "labels").glob("clip_*.txt"))
+    rows = [line.split() for f in labels for line in f.read_text().splitlines()]
+    assert rows and all(len(r) >= 8 and len(r) % 2 == 0 for r in rows)

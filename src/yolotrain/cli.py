@@ -30,20 +30,24 @@ from .messages import shorten
 from .model import parse_version
 from .runs import RunInUseError
 from .settings import add_arguments, add_refused, check_refused
+from .tuning import TuneError
+from .tuning.evolve import evolve
+from .tuning.study import add_tune_arguments
 
 # Exceptions that mean "bad input or configuration": printed as one line, no traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, NotADirectoryError, PermissionError,
                                                  ValueError, KeyError)
 # The project's own errors: also one line.
 DOMAIN_ERRORS: tuple[type[BaseException], ...] = (CheckpointError, TrainingError, UnsafeCheckpointError,
-                                                   DivergenceError, LoggerError, RunInUseError, DistributedError)
+                                                   DivergenceError, LoggerError, RunInUseError, DistributedError,
+                                                   TuneError)
 
 
 # Options of the reference's train.py for features yolotrain does not have, and why: each stops the run
 # with one line rather than being ignored. README.md lists them with the other differences.
 UNSUPPORTED_TRAIN_OPTIONS = {
-    "--evolve": "hyper-parameter evolution is not implemented; tune with --hyp files and compare runs",
-    "--bucket": "it is where --evolve keeps its results, and --evolve is not implemented",
+    "--bucket": "evolve.csv stays in the run folder; to share a search between machines, run yolotrain tune "
+                "with one --storage",
     "--image-weights": "class-weighted image sampling is not implemented",
     "--quad": "the quad collate (four images merged per sample) is not implemented",
     "--nosave": "every epoch's last checkpoint is written because --resume continues from it",
@@ -72,6 +76,9 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", nargs="?", const=True, default=False,
                    help="continue the latest run, or the given run folder or last checkpoint, with its own "
                    "settings (only --device and --workers may change)")
+    p.add_argument("--evolve", type=int, nargs="?", const=300, metavar="N",
+                   help="evolve the hyper-parameters over N training runs (300 alone) as the reference does, in "
+                   "runs/evolve/exp: evolve.csv, hyp_evolve.yaml; the same command continues an interrupted one")
     p.add_argument("--cfg", help="architecture to train from scratch: a model YAML, or yolov5s.yaml … for the "
                    "published ones (the reference's spelling of --model)")
     # torch.distributed.launch passes it; the rank is read from LOCAL_RANK, as the reference reads it.
@@ -96,6 +103,11 @@ _batch_value.__name__ = "batch"  # argparse names the type in its error: "invali
 
 def _run_train(args: argparse.Namespace) -> int:
     gpus = gpu_list(getattr(args, "device", None))
+    if args.evolve is not None:
+        if len(gpus) > 1:
+            raise ValueError("--evolve trains one generation at a time on one device; give one --device")
+        evolve(args.evolve, args.config, hyp=args.hyp, resume=bool(args.resume), **train_settings(args))
+        return 0
     if len(gpus) > 1 and "LOCAL_RANK" not in os.environ:  # the reference's --device 0,1: one process per GPU
         check_gpu_list(gpus)
         return subprocess.call(launch_command(len(gpus), args.argv))
@@ -108,7 +120,7 @@ def train_settings(args: argparse.Namespace) -> dict[str, object]:
     turned into yolotrain's; an unsupported reference option is a ``ValueError`` saying why."""
     check_refused(args, UNSUPPORTED_TRAIN_OPTIONS)
     settings = {k: v for k, v in vars(args).items()
-                if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank", "argv")}
+                if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank", "argv", "evolve")}
     batch = settings.get("batch_size")
     if batch == -1 or (isinstance(batch, float) and 0 < batch < 1):  # AutoBatch at the reference's or this fraction
         settings["autobatch"] = DEFAULT_FRACTION if batch == -1 else settings.pop("batch_size")
@@ -116,9 +128,8 @@ def train_settings(args: argparse.Namespace) -> dict[str, object]:
     if settings.get("model") == "":  # the reference's --weights '': no weights, train from scratch
         del settings["model"]
     if args.cfg:
-        if "model" in settings:
-            raise ValueError("--cfg with --weights (an architecture taking over some weights) is not supported: "
-                             "give --weights alone to fine-tune those weights, or --cfg alone to train from scratch")
+        if "model" in settings:  # the architecture takes over the tensors of the weights that fit it
+            settings["pretrained"] = settings.pop("model")
         settings["model"] = _architecture(args.cfg)
     return settings
 
@@ -152,6 +163,11 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
     sub.choices["export"].set_defaults(run=run_export)
 
 
+def _tune_parser(sub: argparse._SubParsersAction) -> None:
+    add_tune_arguments(sub.add_parser(
+        "tune", help="search hyper-parameters with Optuna: trials shared by processes on one or many machines"))
+
+
 def _data_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="dataset tools")
     data_sub = p.add_subparsers(dest="data_command", required=True)
@@ -180,7 +196,7 @@ def _run_data_shapes(args: argparse.Namespace) -> int:
 
 
 PARSERS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _train_parser, _val_parser, _predict_parser, _export_parser, _data_parser)
+    _train_parser, _tune_parser, _val_parser, _predict_parser, _export_parser, _data_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

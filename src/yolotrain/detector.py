@@ -13,7 +13,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
-Task = Literal["detect", "classify"]
+Task = Literal["detect", "segment", "classify"]
 
 
 @runtime_checkable
@@ -24,15 +24,23 @@ class Detector(Protocol):
     :attr:`max_stride`; one without takes :attr:`fixed_size` only. ``model(imgs)`` returns the decoded
     ``[B, N, 5+nc]`` predictions (xywh, objectness, class scores) that NMS turns into detections —
     unless :attr:`end_to_end`, where NMS is part of the model and :class:`EndToEndDetector`'s
-    ``detections`` gives the final boxes instead. A classifier (:attr:`task` ``"classify"``) takes images
-    normalised with the ImageNet mean and standard deviation and returns class logits ``[B, nc]``.
+    ``detections`` gives the final boxes instead.
+
+    A segmentation model (:attr:`task` ``"segment"``) returns ``(decoded, proto)``: ``decoded``
+    ``[B, N, 5+nc+nm]`` has :attr:`num_masks` raw mask coefficients after the class scores (NMS carries
+    them along), ``proto`` ``[B, nm, H/4, W/4]`` the prototype masks they weight; a detection's mask is
+    ``sigmoid(coefficients @ proto) > 0.5`` inside its box (:mod:`yolotrain.eval.masks`).
+
+    A classifier (:attr:`task` ``"classify"``) takes images normalised with the ImageNet mean and
+    standard deviation and returns class logits ``[B, nc]``.
     """
 
     names: list[str]
     num_classes: int
     task: Task
+    num_masks: int  # mask coefficients per prediction ("segment"; 0 for a detector)
 
-    def __call__(self, imgs: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, imgs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
     @property
     def stride(self) -> torch.Tensor:

@@ -53,3 +53,14 @@ def draw_detections(image: np.ndarray, boxes: torch.Tensor | np.ndarray, classes
         cv2.putText(out, label, (x1 + 1, top + th + 1), cv2.FONT_HERSHEY_SIMPLEX, font_scale, text_colour,
                     font_thickness, cv2.LINE_AA)
     return out
+
+
+def draw_masks(image: np.ndarray, masks: np.ndarray, classes: torch.Tensor | np.ndarray,
+               alpha: float = 0.5) -> np.ndarray:
+    """A copy of the BGR ``image`` with each bool mask ``[n, h, w]`` (the image's size) blended in its
+    class colour; later masks lie over earlier ones."""
+    out = image.copy()
+    for mask, c in zip(np.asarray(masks, bool), np.asarray(classes).astype(int).tolist()):
+        colour = np.array(class_colour(c), np.float32)
+        out[mask] = (out[mask] * (1 - alpha) + colour * alpha).astype(np.uint8)
+    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -48,6 +49,15 @@ FOCAL_ALPHA = 0.25
 _CELL_OFFSETS = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], dtype=torch.float32) * NEIGHBOUR_MARGIN
 
 TargetsLike = torch.Tensor | np.ndarray | Sequence[torch.Tensor | np.ndarray]
+
+
+class Matches(NamedTuple):
+    """The predictions one level assigned to targets: per match, its image, its row in the targets and the
+    prediction ``[m, no]`` (raw logits) at its anchor and cell."""
+
+    image: torch.Tensor
+    target_index: torch.Tensor
+    predictions: torch.Tensor
 
 
 class DivergenceError(FloatingPointError):
@@ -98,28 +108,50 @@ class YoloLoss:
 
     def __call__(self, outputs: Sequence[torch.Tensor], targets: TargetsLike,
                  pred_size: Sequence[int] | None = None) -> torch.Tensor:
+        outputs, targets = self._prepare(outputs, targets, pred_size)
+        lbox, lobj, lcls, _ = self._detection_losses(outputs, targets, pred_size)
+        self.components = torch.stack((lbox, lobj, lcls)).detach()
+        total = (lbox + lobj + lcls) * outputs[0].shape[0]
+        if torch.is_grad_enabled():  # a training step; validation only reports its loss
+            self._check_diverged(total, outputs)
+        return total
+
+    def _prepare(self, outputs: Sequence[torch.Tensor], targets: TargetsLike,
+                 pred_size: Sequence[int] | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The head maps (checked, in float32 at least) and the targets as an ``[N, 6]`` tensor beside them."""
         self._check_outputs(outputs, pred_size)
         # Half-precision maps (autocast) are scored in float32: 8 or 11 significant bits cannot hold
         # the small differences between predicted and target boxes that the IoU terms depend on.
         outputs = [o.float() if o.dtype in (torch.float16, torch.bfloat16) else o for o in outputs]
-        device, dtype = outputs[0].device, outputs[0].dtype
-        targets = targets_to_tensor(targets, device)
+        targets = targets_to_tensor(targets, outputs[0].device)
         if not torch.isfinite(targets).all():
             raise ValueError("targets contain NaN or infinite values")
         self.step += 1
-        batch_size = outputs[0].shape[0]
+        return outputs, targets
+
+    @property
+    def box_gain(self) -> float:
+        """The box gain scaled for the number of levels, as the reference's train.py scales it."""
+        return self.hyp.box * 3 / self.nl
+
+    def _detection_losses(self, outputs: list[torch.Tensor], targets: torch.Tensor,
+                          pred_size: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    list[Matches]]:
+        """Box, objectness and class losses (with their gains), and each level's matched predictions."""
+        device, dtype = outputs[0].device, outputs[0].dtype
         image_size = max(self._image_size(outputs, pred_size))
-        box_gain = self.hyp.box * 3 / self.nl
         cls_gain = self.hyp.cls * self.nc / 80 * 3 / self.nl
         obj_gain = self.hyp.obj * ((self.img_size or image_size) / 640) ** 2 * 3 / self.nl
 
         anchors = self.head.anchors.to(device=device, dtype=dtype)
-        box_terms, obj_terms, cls_terms = [], [], []
+        box_terms, obj_terms, cls_terms, matches = [], [], [], []
         for level, pred in enumerate(outputs):
-            image, anchor, gy, gx, target_box, target_cls = self._assign(level, pred.shape, targets, anchors[level])
+            image, anchor, gy, gx, target_box, target_cls, target_index = self._assign(level, pred.shape, targets,
+                                                                                       anchors[level])
             target_obj = torch.zeros(pred.shape[:4], dtype=dtype, device=device)
+            matched = pred[image, anchor, gy, gx]
+            matches.append(Matches(image, target_index, matched))
             if image.numel():
-                matched = pred[image, anchor, gy, gx]
                 pxy = matched[:, :2].sigmoid() * 2 - 0.5
                 pwh = (matched[:, 2:4].sigmoid() * 2) ** 2 * anchors[level][anchor]
                 iou = complete_iou(torch.cat((pxy, pwh), 1), target_box)
@@ -130,18 +162,14 @@ class YoloLoss:
                     # Label smoothing: positives aim at 1 - eps/2, negatives at eps/2.
                     eps = self.hyp.label_smoothing
                     class_target = F.one_hot(target_cls, self.nc).to(dtype) * (1 - eps) + eps / 2
-                    cls_terms.append(self._bce(matched[:, 5:], class_target, self.hyp.cls_pw))
+                    cls_terms.append(self._bce(matched[:, 5:5 + self.nc], class_target, self.hyp.cls_pw))
             obj_terms.append(self._bce(pred[..., 4], target_obj, self.hyp.obj_pw) * self.balance[level])
 
         zero = outputs[0].new_zeros(())
-        lbox = sum(box_terms, zero) * box_gain
+        lbox = sum(box_terms, zero) * self.box_gain
         lobj = sum(obj_terms, zero) * obj_gain
         lcls = sum(cls_terms, zero) * cls_gain
-        self.components = torch.stack((lbox, lobj, lcls)).detach()
-        total = (lbox + lobj + lcls) * batch_size
-        if torch.is_grad_enabled():  # a training step; validation only reports its loss
-            self._check_diverged(total, outputs)
-        return total
+        return lbox, lobj, lcls, matches
 
     def _bce(self, logits: torch.Tensor, target: torch.Tensor, pos_weight: float) -> torch.Tensor:
         """Mean BCE with positive weight ``pos_weight``; with ``fl_gamma > 0`` the focal loss
@@ -161,7 +189,7 @@ class YoloLoss:
         """Match targets to anchors (size ratio < anchor_t) and to their cell plus two nearest neighbours.
 
         Returns, per match: image, anchor and cell indices, the target box (offset in the cell, w, h in
-        grid units) and the class.
+        grid units), the class and the target's row in ``targets``.
         """
         ny, nx = shape[2], shape[3]
         device = targets.device
@@ -188,16 +216,16 @@ class YoloLoss:
         target_box = torch.cat((gxy - torch.stack((gx, gy), 1), boxes[target_index, 2:4]), 1)
         image = targets[target_index, 0].long()
         target_cls = targets[target_index, 1].long()
-        return image, anchor, gy, gx, target_box, target_cls
+        return image, anchor, gy, gx, target_box, target_cls, target_index
 
     def _check_outputs(self, outputs: Sequence[torch.Tensor], pred_size: Sequence[int] | None) -> None:
         if isinstance(outputs, torch.Tensor) or len(outputs) != self.nl:
             raise ValueError(f"expected the {self.nl} raw head maps of a model in train() mode; "
                              "got decoded eval() output (call model.train() or model.forward_maps)")
         for pred in outputs:
-            if pred.ndim != 5 or pred.shape[1] != self.na or pred.shape[4] != self.nc + 5:
+            if pred.ndim != 5 or pred.shape[1] != self.na or pred.shape[4] != self.head.no:
                 raise ValueError(f"head map of shape {tuple(pred.shape)} does not match "
-                                 f"[B, {self.na}, H, W, {self.nc + 5}] for {self.nc} classes")
+                                 f"[B, {self.na}, H, W, {self.head.no}] for {self.nc} classes")
         height, width = self._image_size(outputs, pred_size)
         if not self.rect_training and height != width:
             raise ValueError(f"non-square batch {height}x{width}: pass rect_training=True to train on "

@@ -73,18 +73,20 @@ class NMSConfig:
 VAL_NMS = NMSConfig(conf=0.001, iou=0.6, max_det=300)
 
 
-def _candidates(x: torch.Tensor, conf: float, multi_label: bool) -> torch.Tensor:
-    """Rows of one image ``[n, 5+nc]`` (objectness already above ``conf``) → ``[m, 6]`` (xyxy, score, class)
-    whose score = objectness × class probability exceeds ``conf``."""
+def _candidates(x: torch.Tensor, conf: float, multi_label: bool, num_extra: int) -> torch.Tensor:
+    """Rows of one image ``[n, 5+nc+num_extra]`` (objectness already above ``conf``) → ``[m, 6+num_extra]``
+    (xyxy, score, class, extra columns) whose score = objectness × class probability exceeds ``conf``."""
     boxes = xywh_to_xyxy(x[:, :4])
-    scores = x[:, 5:] * x[:, 4:5]
+    first_extra = x.shape[1] - num_extra
+    scores = x[:, 5:first_extra] * x[:, 4:5]
+    extra = x[:, first_extra:]
     if multi_label:
         # Every (box, class) pair above the threshold is its own candidate.
         box_i, cls_j = (scores > conf).nonzero(as_tuple=True)
-        return torch.cat((boxes[box_i], scores[box_i, cls_j, None], cls_j[:, None].to(x.dtype)), 1)
+        return torch.cat((boxes[box_i], scores[box_i, cls_j, None], cls_j[:, None].to(x.dtype), extra[box_i]), 1)
     best, cls_j = scores.max(1, keepdim=True)
     keep = best.view(-1) > conf
-    return torch.cat((boxes, best, cls_j.to(x.dtype)), 1)[keep]
+    return torch.cat((boxes, best, cls_j.to(x.dtype), extra), 1)[keep]
 
 
 def non_max_suppression(
@@ -96,6 +98,7 @@ def non_max_suppression(
     multi_label: bool = False,
     max_det: int = VAL_NMS.max_det,
     max_nms: int = MAX_NMS,
+    num_extra: int = 0,
 ) -> list[torch.Tensor]:
     """Filter and suppress decoded detections.
 
@@ -110,19 +113,23 @@ def non_max_suppression(
             otherwise only its best class is considered. Has no effect for one class.
         max_det: detections kept per image.
         max_nms: candidates entering NMS per image (the highest scores).
+        num_extra: trailing columns that are not class scores (a segmentation model's mask
+            coefficients); each detection carries its box's values of them, unchanged.
 
     Returns:
-        One ``[n, 6]`` tensor per image: x1, y1, x2, y2 (input pixels), score, class; sorted by score.
+        One ``[n, 6+num_extra]`` tensor per image: x1, y1, x2, y2 (input pixels), score, class, then the
+        extra columns; sorted by score.
     """
     _check_thresholds(conf, iou)
-    if prediction.ndim != 3 or prediction.shape[2] < 6:
-        raise ValueError(f"expected decoded predictions [B, N, 5+nc], got shape {tuple(prediction.shape)}")
-    multi_label = multi_label and prediction.shape[2] > 6
+    if prediction.ndim != 3 or prediction.shape[2] < 6 + num_extra:
+        raise ValueError(f"expected decoded predictions [B, N, 5+nc{'+nm' if num_extra else ''}], "
+                         f"got shape {tuple(prediction.shape)}")
+    multi_label = multi_label and prediction.shape[2] - num_extra > 6
     class_filter = None if classes is None else torch.as_tensor(list(classes), device=prediction.device)
     keep_obj = prediction[..., 4] > conf
     output = []
     for x, keep in zip(prediction, keep_obj):
-        det = _candidates(x[keep], conf, multi_label)
+        det = _candidates(x[keep], conf, multi_label, num_extra)
         if class_filter is not None:
             det = det[torch.isin(det[:, 5].long(), class_filter)]
         det = det[det[:, 4].argsort(descending=True)[:max_nms]]

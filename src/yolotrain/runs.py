@@ -108,13 +108,14 @@ class RunLock:
             pid = int(self.path.read_text().strip())
         except (OSError, ValueError):
             return f"{self.folder} is being written by another process (lock file {self.path})"
-        alive = _process_alive(pid)
+        alive = process_alive(pid)
         return (f"{self.folder} is being written by process {pid}" + ("" if alive else " (no longer running; "
                 "a process it started still holds the lock)") + f": wait for it to end or stop it (lock file "
                 f"{self.path})")
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (signal 0 checks without sending anything)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

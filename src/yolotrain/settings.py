@@ -155,7 +155,7 @@ def _comma_parts(item: Any) -> list[Any]:
 
 def _closest_choice(value: Any, tp: Any) -> str:
     """``; did you mean 'X'?`` for a misspelt choice of a setting with fixed choices (or a list of them)."""
-    tp = _base_type(tp)
+    tp = base_type(tp)
     values = value if isinstance(value, (list, tuple)) else [value]
     if typing.get_origin(tp) is tuple:
         tp = typing.get_args(tp)[0]
@@ -297,7 +297,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         shown = "" if default in (None, ()) else f" (default {default})"
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": f.metadata["help"] + shown,
                                   "required": f.name in required}
-        base = _base_type(tp)
+        base = base_type(tp)
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
             for off in f.metadata.get("off_flags", ()):  # hidden: --help shows the --no-NAME form
@@ -363,7 +363,7 @@ def check_refused(args: argparse.Namespace, refusals: Mapping[str, str]) -> None
         raise ValueError(f"{refused[0]} is not supported: {refusals[refused[0]]}")
 
 
-def _base_type(tp: Any) -> Any:
+def base_type(tp: Any) -> Any:
     """``int`` for ``int | None`` and the like: the type a command-line value is parsed as."""
     if typing.get_origin(tp) in (Union, types.UnionType):
         options = [a for a in typing.get_args(tp) if a is not type(None)]

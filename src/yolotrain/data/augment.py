@@ -1,5 +1,6 @@
 """Image + box augmentations: letterbox, 4-image mosaic, random affine/perspective, HSV gains, flips,
-mixup. Boxes travel with the pixels and are clipped and filtered by the reference's candidate rule.
+mixup, and for segmentation copy-paste. Boxes (and polygons: lists of ``(k, 2)`` pixel arrays, one per
+box) travel with the pixels and are clipped and filtered by the reference's candidate rule.
 
 Every random draw comes from an explicit ``np.random.Generator`` so a sample is a pure function of
 its seed; nothing here touches global random state. Boxes are ``(n, 5)`` arrays of
@@ -35,6 +36,8 @@ class AugmentConfig:
     fliplr: float = setting(0.5, "probability of a left-right flip", min=0, max=1)
     mosaic: float = setting(1.0, "probability of a 4-image mosaic", min=0, max=1)
     mixup: float = setting(0.0, "probability of mixing two mosaics", min=0, max=1)
+    copy_paste: float = setting(0.0, "segmentation: share of a mosaic's objects pasted again, flipped left-right, "
+                                "where they cover under 30% of any other", min=0, max=1)
     close_mosaic: int = setting(0, "turn mosaic off for the last N epochs", min=0)
 
     @classmethod
@@ -88,6 +91,71 @@ def random_perspective(
     ``-size/2`` to cut its 2x canvas back to ``size``. Boxes are warped by their 4 corners, clipped,
     and filtered with :func:`box_candidates`.
     """
+    im, M, s, perspective = _random_warp(im, rng, hyp, border)
+    height, width = im.shape[:2]
+    n = len(labels)
+    if n:
+        corners = np.ones((n * 4, 3))
+        corners[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)
+        xy = corners @ M.T
+        xy = (xy[:, :2] / xy[:, 2:3] if perspective else xy[:, :2]).reshape(n, 8)
+        x, y = xy[:, 0::2], xy[:, 1::2]
+        new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
+        new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
+        new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
+        keep = box_candidates(labels[:, 1:5].T * s, new.T)
+        labels = labels[keep]
+        labels[:, 1:5] = new[keep]
+    return im, labels
+
+
+# Polygons are resampled to this many points before a warp, so their warped outline stays faithful.
+POLYGON_POINTS = 1000
+
+
+def random_perspective_segments(
+    im: np.ndarray, labels: np.ndarray, segments: Sequence[np.ndarray], rng: np.random.Generator,
+    hyp: AugmentConfig, border: tuple[int, int] = (0, 0),
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """:func:`random_perspective` (the same random draws) for labels with polygons: each polygon (pixels)
+    is resampled to :data:`POLYGON_POINTS` points and warped, its box is that of its points inside the
+    image, and the candidate rule keeps boxes over 1% of their former area (the reference's values)."""
+    im, M, s, perspective = _random_warp(im, rng, hyp, border)
+    height, width = im.shape[:2]
+    if not len(labels):
+        return im, labels, []
+    warped = []
+    for polygon in resample_polygons(segments):
+        xy = np.concatenate((polygon, np.ones((len(polygon), 1))), 1) @ M.T
+        warped.append(xy[:, :2] / xy[:, 2:3] if perspective else xy[:, :2])
+    new = np.stack([_inside_box(xy, width, height) for xy in warped])
+    keep = box_candidates(labels[:, 1:5].T * s, new.T, area_thr=0.01)
+    labels = labels[keep]
+    labels[:, 1:5] = new[keep]
+    return im, labels, [xy for xy, k in zip(warped, keep) if k]
+
+
+def resample_polygons(polygons: Sequence[np.ndarray], points: int = POLYGON_POINTS) -> list[np.ndarray]:
+    """Each closed polygon ``(k, 2)`` as ``points`` points evenly spaced in vertex index (the reference's rule)."""
+    out = []
+    for polygon in polygons:
+        closed = np.concatenate((polygon, polygon[:1]), 0)
+        at = np.linspace(0, len(closed) - 1, points)
+        vertex = np.arange(len(closed))
+        out.append(np.stack([np.interp(at, vertex, closed[:, 0]), np.interp(at, vertex, closed[:, 1])], 1))
+    return out
+
+
+def _inside_box(xy: np.ndarray, width: int, height: int) -> np.ndarray:
+    """xyxy of a polygon's points inside the image (zeros when none is, as the reference's ``segment2box``)."""
+    inside = (xy[:, 0] >= 0) & (xy[:, 1] >= 0) & (xy[:, 0] <= width) & (xy[:, 1] <= height)
+    x, y = xy[inside, 0], xy[inside, 1]
+    return np.array([x.min(), y.min(), x.max(), y.max()]) if x.any() else np.zeros(4)
+
+
+def _random_warp(im: np.ndarray, rng: np.random.Generator, hyp: AugmentConfig,
+                 border: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, float, bool]:
+    """The warped image, its 3x3 matrix, the scale drawn and whether the warp is a perspective one."""
     height, width = im.shape[0] + border[0] * 2, im.shape[1] + border[1] * 2
     C = np.eye(3)
     C[0, 2], C[1, 2] = -im.shape[1] / 2, -im.shape[0] / 2
@@ -109,36 +177,25 @@ def random_perspective(
             im = cv2.warpPerspective(im, M, dsize=(width, height), borderValue=fill)
         else:
             im = cv2.warpAffine(im, M[:2], dsize=(width, height), borderValue=fill)
-
-    n = len(labels)
-    if n:
-        corners = np.ones((n * 4, 3))
-        corners[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)
-        xy = corners @ M.T
-        xy = (xy[:, :2] / xy[:, 2:3] if perspective else xy[:, :2]).reshape(n, 8)
-        x, y = xy[:, 0::2], xy[:, 1::2]
-        new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
-        new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
-        new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
-        keep = box_candidates(labels[:, 1:5].T * s, new.T)
-        labels = labels[keep]
-        labels[:, 1:5] = new[keep]
-    return im, labels
+    return im, M, s, perspective
 
 
 def mosaic4(
-    tiles: Sequence[tuple[np.ndarray, np.ndarray]], size: int, rng: np.random.Generator
+    tiles: Sequence[tuple[np.ndarray, np.ndarray]], size: int, rng: np.random.Generator,
+    segments: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Place 4 images around a random centre of a ``2*size`` canvas (pad 114).
 
     ``tiles`` are (image, labels (n, 5) class + normalised cx, cy, w, h); returns the canvas and the
-    labels as class + pixel xyxy on it, clipped to the canvas.
+    labels as class + pixel xyxy on it, clipped to the canvas. ``segments``, a list given empty, receives
+    the tiles' polygons (``tiles`` then hold (image, labels, polygons normalised)) in pixels on the canvas,
+    clipped to it as the boxes are.
     """
     s = size
     yc, xc = (int(v) for v in rng.uniform(s / 2, 1.5 * s, 2))
     canvas = np.full((2 * s, 2 * s, 3), PAD_VALUE, dtype=np.uint8)
     out = []
-    for i, (img, lab) in enumerate(tiles):
+    for i, (img, lab, *polygons) in enumerate(tiles):
         h, w = img.shape[:2]
         if i == 0:  # top left
             x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
@@ -154,9 +211,43 @@ def mosaic4(
             x1b, y1b, x2b, y2b = 0, 0, min(w, x2a - x1a), min(y2a - y1a, h)
         canvas[y1a:y2a, x1a:x2a] = img[y1b:y2b, x1b:x2b]
         out.append(xywhn_to_xyxy(lab, w, h, x1a - x1b, y1a - y1b))
+        if segments is not None:
+            offset = np.array([x1a - x1b, y1a - y1b])
+            segments.extend((p * (w, h) + offset).clip(0, 2 * s) for p in polygons[0])
     labels = np.concatenate(out, 0)
     labels[:, 1:] = labels[:, 1:].clip(0, 2 * s)
     return canvas, labels
+
+
+def copy_paste(im: np.ndarray, labels: np.ndarray, segments: list[np.ndarray], p: float,
+               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Copy-paste (Ghiasi et al. 2021) as the reference does it: ``round(p * n)`` objects, each pasted
+    mirrored left-right (pixels inside its polygon) unless its mirrored box would cover 30% or more of a
+    box already there; ``labels`` class + pixel xyxy, ``segments`` pixel polygons, one per label."""
+    n = len(segments)
+    if not (p and n):
+        return im, labels, segments
+    h, w = im.shape[:2]
+    pasted = np.zeros((h, w), np.uint8)
+    segments = list(segments)
+    for j in rng.choice(n, size=round(p * n), replace=False):
+        cls, x1, y1, x2, y2 = labels[j]
+        box = np.array([w - x2, y1, w - x1, y2])
+        if (_covered_share(box, labels[:, 1:5]) < 0.30).all():
+            labels = np.concatenate((labels, [[cls, *box]]), 0)
+            segments.append(np.concatenate((w - segments[j][:, :1], segments[j][:, 1:2]), 1))
+            cv2.drawContours(pasted, [segments[j].astype(np.int32)], -1, 1, cv2.FILLED)
+    where = cv2.flip(pasted, 1).astype(bool)
+    im = im.copy()
+    im[where] = cv2.flip(im, 1)[where]
+    return im, labels, segments
+
+
+def _covered_share(box: np.ndarray, boxes: np.ndarray, eps: float = 1e-7) -> np.ndarray:
+    """Intersection of ``box`` with each of ``boxes`` (xyxy) over that box's area."""
+    width = (np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0])).clip(0)
+    height = (np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1])).clip(0)
+    return width * height / ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) + eps)
 
 
 def xywhn_to_xyxy(labels: np.ndarray, w: float, h: float, padw: float = 0.0, padh: float = 0.0) -> np.ndarray:

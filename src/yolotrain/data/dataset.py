@@ -127,8 +127,9 @@ class DetectionDataset(Dataset):
         files, labels, shapes = list(index.files), list(index.labels), np.asarray(index.shapes).reshape(-1, 2)
         n = len(files)
         self.batch = np.arange(n) // batch_size
+        self.order = np.arange(n)  # the position in ``index`` of each sample
         if rect:
-            order = np.argsort(shapes[:, 1] / shapes[:, 0], kind="stable")
+            order = self.order = np.argsort(shapes[:, 1] / shapes[:, 0], kind="stable")
             files, labels, shapes = [files[i] for i in order], [labels[i] for i in order], shapes[order]
             self.batch_shapes = rect_batch_shapes(shapes, batch_size, self.img_size, stride, pad)
         self.im_files: list[Path] = files

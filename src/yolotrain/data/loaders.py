@@ -7,7 +7,7 @@ import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from ..boxes import check_image_size
 from ..settings import setting
 from .augment import AugmentConfig
 from .dataset import DetectionDataset, SampleKey
+from .segment import SegmentationDataset
 from .shapes import generate_shapes_dataset
 from .sources import resolve_source
 from .verify import DataWarning, LabelIndex, verify_split
@@ -47,6 +48,10 @@ class DataConfig:
         "cache folder when read-only), off (only the memory budget above)", const="ram")
     single_cls: bool = setting(False, "train and validate as one class ('item' unless the data has one name)")
     multi_scale: bool = setting(False, "each training batch resized to a random 0.5-1.5x image size (multiple of 32)")
+    overlap_mask: bool = setting(True, "segmentation: one map of numbered masks per image (smaller objects on top) "
+                                 "rather than one mask per object", off_flags=("--no-overlap",))
+    mask_ratio: int = setting(4, "segmentation: target masks at 1/N of the image size (4: the prototypes' size)",
+                              min=1, max=32)
 
 
 def default_workers() -> int:
@@ -79,6 +84,7 @@ def build_loaders(
     val_rect: bool = True,
     stride: int = 32,
     require_names: bool = False,
+    masks: bool = False,
 ) -> Loaders:
     """Verify the dataset of ``config`` and build the DataLoaders of ``splits``.
 
@@ -92,6 +98,9 @@ def build_loaders(
         num_classes: class ids must be below this; default: the number of class names in the data
             (only the label syntax is checked when it has none).
         require_names: refuse a dataset without class names (a model cannot be sized for it).
+        masks: segmentation datasets (:class:`~yolotrain.data.segment.SegmentationDataset`: batches with
+            target masks per ``config.overlap_mask`` and ``config.mask_ratio``); a split without any
+            polygon label is then refused in one line.
     """
     img_size = check_image_size(config.img_size or 0, stride)
     batch_size = config.batch_size or 0
@@ -110,20 +119,33 @@ def build_loaders(
     loaders = Loaders(names, str(root))
     if "train" in splits:
         loaders.train_index = verify_split(source.train, nc, "train")
-        train_set = DetectionDataset(_classes(loaders.train_index, config), img_size, batch_size,
-                                     augment=augment is not None, hyp=augment, rect=config.rect, pad=0.0,
-                                     stride=stride, seed=seed, names=names, cache_mb=config.cache_mb,
-                                     cache=config.cache)
+        dataset, extra = _dataset_class(loaders.train_index, config, masks, root, "train")
+        train_set = dataset(_classes(loaders.train_index, config), img_size, batch_size,
+                            augment=augment is not None, hyp=augment, rect=config.rect, pad=0.0,
+                            stride=stride, seed=seed, names=names, cache_mb=config.cache_mb,
+                            cache=config.cache, **extra)
         loaders.train = make_loader(train_set, batch_size, True, workers, seed, rank, world_size)
     if "val" in splits:
         same = source.val == source.train and loaders.train_index is not None
         loaders.val_index = loaders.train_index if same else verify_split(source.val, nc, "val")
         index = reference_rect_order(loaders.val_index) if val_rect else loaders.val_index
-        val_set = DetectionDataset(_classes(index, config), img_size, batch_size, augment=False, rect=val_rect,
-                                   pad=VAL_RECT_PAD if val_rect else 0.0, stride=stride, seed=seed, names=names,
-                                   cache_mb=config.cache_mb, cache=config.cache)
+        dataset, extra = _dataset_class(index, config, masks, root, "val")
+        val_set = dataset(_classes(index, config), img_size, batch_size, augment=False, rect=val_rect,
+                          pad=VAL_RECT_PAD if val_rect else 0.0, stride=stride, seed=seed, names=names,
+                          cache_mb=config.cache_mb, cache=config.cache, **extra)
         loaders.val = make_loader(val_set, batch_size, False, workers, seed)
     return loaders
+
+
+def _dataset_class(index: LabelIndex, config: DataConfig, masks: bool, root: str | os.PathLike,
+                   split: str) -> tuple[type[DetectionDataset], dict[str, Any]]:
+    """The dataset class of a split and its own arguments: segmentation ones need polygon labels."""
+    if not masks:
+        return DetectionDataset, {}
+    if not index.has_polygons:
+        raise ValueError(f"{root}: the {split} split has no polygon labels (class x1 y1 x2 y2 ... per object, "
+                         "normalised), which a segmentation model trains on; train a detection model on boxes")
+    return SegmentationDataset, {"overlap": config.overlap_mask, "mask_ratio": config.mask_ratio}
 
 
 def run_class_names(names: list[str], config: DataConfig) -> list[str]:
@@ -138,7 +160,7 @@ def _classes(index: LabelIndex, config: DataConfig) -> LabelIndex:
     if not config.single_cls:
         return index
     labels = [np.concatenate((np.zeros_like(rows[:, :1]), rows[:, 1:]), 1) for rows in index.labels]
-    return LabelIndex(index.files, labels, index.shapes, index.report)
+    return LabelIndex(index.files, labels, index.shapes, index.report, index.segments)
 
 
 def reference_rect_order(index: LabelIndex) -> LabelIndex:
@@ -151,7 +173,7 @@ def reference_rect_order(index: LabelIndex) -> LabelIndex:
     shapes = np.asarray(index.shapes).reshape(-1, 2)
     order = (shapes[:, 1] / shapes[:, 0]).argsort()
     return LabelIndex([index.files[i] for i in order], [index.labels[i] for i in order], shapes[order],
-                      index.report)
+                      index.report, [index.segments[i] for i in order])
 
 
 class EpochBatchSampler(Sampler[list[SampleKey]]):
@@ -209,7 +231,7 @@ def make_loader(
         dataset,
         batch_sampler=EpochBatchSampler(dataset, batch_size, shuffle, seed, rank, world_size),
         num_workers=workers,
-        collate_fn=DetectionDataset.collate,
+        collate_fn=type(dataset).collate,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=workers > 0,
         # No cv2.setNumThreads in workers: after the parent has used OpenCV's thread pool, calling it

@@ -1,8 +1,10 @@
-"""A small synthetic 2-class detection dataset (circles and rectangles) that a CPU model learns quickly.
+"""A small synthetic 2-class dataset (circles and rectangles) that a CPU model learns quickly.
 
 Images have textured, noisy backgrounds and 1-6 objects of varied size, aspect ratio and colour,
-with some partial occlusion. Generation is deterministic: the same parameters give byte-identical
-files. The dataset is written once to a cache folder keyed by its parameters and reused after.
+with some partial occlusion. Labels are YOLO-seg polygons (an ellipse's outline, a rectangle's corners)
+whose bounding boxes are the objects' boxes, so detection and segmentation models both train on it.
+Generation is deterministic: the same parameters give byte-identical files. The dataset is written
+once to a cache folder keyed by its parameters and reused after.
 
 Run ``python -m yolotrain.data.shapes [--root DIR]`` to generate it and print its path.
 """
@@ -23,7 +25,8 @@ from .cachedir import cache_root
 
 CLASS_NAMES = ("circle", "rectangle")
 # Bump when the drawing changes so old caches are not mistaken for the new output.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
+ELLIPSE_POINTS = 32  # outline points of a circle's polygon (a multiple of 4: its extremes are vertices)
 MAX_OBJECTS = 4
 # A new object may cover at most this share of an earlier one, so every labelled object stays visible.
 MAX_OCCLUSION = 0.4
@@ -61,7 +64,8 @@ def _hatched_rectangle(im: np.ndarray, p1: tuple[int, int], p2: tuple[int, int],
 
 
 def draw_sample(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """One image (BGR uint8) and its labels ``(n, 5)`` = class, cx, cy, w, h normalised."""
+    """One image (BGR uint8) and its labels ``(n, 5)`` = class, cx, cy, w, h normalised (the polygons are
+    :func:`object_polygon` of each label)."""
     im = _background(rng, size)
     boxes: list[np.ndarray] = []
     classes: list[int] = []
@@ -100,6 +104,19 @@ def draw_sample(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.nda
     return im, labels
 
 
+def object_polygon(label: np.ndarray) -> np.ndarray:
+    """The outline ``(k, 2)`` (normalised) of a drawn object from its label row: a circle's ellipse through the
+    middles of its box's sides, a rectangle's four corners; its bounding box is the label's box."""
+    cls, cx, cy, w, h = label
+    if int(cls) == 0:
+        angle = np.linspace(0, 2 * np.pi, ELLIPSE_POINTS, endpoint=False)
+        cos, sin = np.cos(angle), np.sin(angle)
+        cos[::ELLIPSE_POINTS // 4], sin[::ELLIPSE_POINTS // 4] = (1, 0, -1, 0), (0, 1, 0, -1)  # exact extremes
+        return np.stack([cx + w / 2 * cos, cy + h / 2 * sin], 1)
+    x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
+    return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]])
+
+
 def _write_split(root: Path, split: str, n: int, size: int, seed: int, split_id: int) -> None:
     (root / "images" / split).mkdir(parents=True)
     (root / "labels" / split).mkdir(parents=True)
@@ -110,7 +127,8 @@ def _write_split(root: Path, split: str, n: int, size: int, seed: int, split_id:
         if not ok:
             raise OSError(f"JPEG encoding failed for {split} image {i}")
         (root / "images" / split / f"{i:05d}.jpg").write_bytes(buf.tobytes())
-        rows = "".join(f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
+        rows = "".join(f"{int(row[0])} " + " ".join(f"{v:.6f}" for v in object_polygon(row).ravel()) + "\n"
+                       for row in labels)
         (root / "labels" / split / f"{i:05d}.txt").write_text(rows)
 
 

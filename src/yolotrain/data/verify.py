@@ -23,10 +23,11 @@ from ..atomic import write_atomic
 from .cachedir import cache_root, file_signature
 from .sources import img2label_path
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 # Boxes may poke out of the image by this fraction of its size and are clipped; further out they are dropped.
 OUT_OF_BOUNDS_TOL = 0.02
 MIN_IMAGE_SIDE = 10
+NO_POLYGON = np.zeros((0, 2), np.float32)  # the polygon of a box-only label row
 DEFAULT_MAX_IMAGE_PIXELS = 100_000_000
 # At least this share of out-of-range class ids of all rows means num_classes itself is wrong.
 MAX_BAD_CLASS_SHARE = 0.5
@@ -71,12 +72,24 @@ class VerifyReport:
 @dataclass
 class LabelIndex:
     """Verified split: usable image files, their labels ``(n, 5)`` = (class, cx, cy, w, h) normalised,
-    and original sizes ``(n, 2)`` as (width, height)."""
+    and original sizes ``(n, 2)`` as (width, height). ``segments`` holds, per image and label row, the
+    row's polygon ``(k, 2)`` (normalised x, y; ``k >= 3``) or ``(0, 2)`` for a box-only row; its box is
+    the polygon's bounding box."""
 
     files: list[Path]
     labels: list[np.ndarray]
     shapes: np.ndarray
     report: VerifyReport
+    segments: list[list[np.ndarray]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.segments:  # no polygons recorded: every row box-only
+            self.segments = [[NO_POLYGON] * len(rows) for rows in self.labels]
+
+    @property
+    def has_polygons(self) -> bool:
+        """Whether any label row of the split is a polygon (a YOLO-seg dataset)."""
+        return any(len(p) for rows in self.segments for p in rows)
 
 
 @dataclass
@@ -84,6 +97,7 @@ class _Checked:
     shape: tuple[int, int] | None
     labels: np.ndarray
     issues: list[tuple[str, str]]
+    polygons: list[np.ndarray] = field(default_factory=list)
 
 
 def max_image_pixels() -> int:
@@ -136,14 +150,16 @@ def _check_image(path: Path) -> tuple[tuple[int, int] | None, str | None]:
     return (w, h), None
 
 
-def _parse_rows(path: Path, issues: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
-    """Parse label text into (rows (m, 5), line numbers (m,)); polygon rows become their bounding box."""
+def _parse_rows(path: Path, issues: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Parse label text into (rows (m, 5), line numbers (m,), polygons); a polygon row becomes its bounding
+    box and keeps its points (clipped to the image when they poke out by less than the tolerance); a
+    broken polygon (fewer than 3 points, NaN, points far outside the image) is dropped and named."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         issues.append(("unreadable label file", f"{path}: {e}"))
-        return np.zeros((0, 5)), np.zeros(0, int)
-    rows, lines = [], []
+        return np.zeros((0, 5)), np.zeros(0, int), []
+    rows, lines, polygons = [], [], []
     for n, line in enumerate(text.splitlines(), 1):
         parts = line.split()
         if not parts:
@@ -155,24 +171,38 @@ def _parse_rows(path: Path, issues: list[tuple[str, str]]) -> tuple[np.ndarray, 
             continue
         if v.size == 5:
             rows.append(v)
+            polygons.append(NO_POLYGON)
         elif v.size >= 7 and v.size % 2 == 1:  # segment polygon: class, x1, y1, x2, y2, ...
-            xs, ys = v[1::2], v[2::2]
-            x0, x1, y0, y1 = xs.min(), xs.max(), ys.min(), ys.max()
+            points = v[1:].reshape(-1, 2)
+            if not np.isfinite(points).all():
+                issues.append(("polygon with NaN or infinite points", f"{path}:{n}"))
+                continue
+            if ((points < -OUT_OF_BOUNDS_TOL) | (points > 1 + OUT_OF_BOUNDS_TOL)).any():
+                issues.append(("polygon point outside the image", f"{path}:{n}"))
+                continue
+            points = points.clip(0, 1)
+            (x0, y0), (x1, y1) = points.min(0), points.max(0)
             rows.append(np.array([v[0], (x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0]))
+            polygons.append(points.astype(np.float32))
+        elif v.size == 3:
+            issues.append(("polygon with fewer than 3 points", f"{path}:{n}: 1 point"))
+            continue
         else:
-            issues.append(("wrong column count", f"{path}:{n}: {v.size} columns, expected 5"))
+            issues.append(("wrong column count", f"{path}:{n}: {v.size} columns, expected 5 (a box) or an odd "
+                           "number of at least 7 (a polygon)"))
             continue
         lines.append(n)
     if not rows:
-        return np.zeros((0, 5)), np.zeros(0, int)
-    return np.stack(rows), np.array(lines)
+        return np.zeros((0, 5)), np.zeros(0, int), []
+    return np.stack(rows), np.array(lines), polygons
 
 
-def _check_labels(path: Path, num_classes: int, issues: list[tuple[str, str]]) -> np.ndarray:
-    """Validate rows of one label file with vector ops; drop or clip bad rows, recording each."""
-    a, ln = _parse_rows(path, issues)
+def _check_labels(path: Path, num_classes: int, issues: list[tuple[str, str]]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Validate rows of one label file with vector ops; drop or clip bad rows, recording each. Returns the
+    rows and their polygons (``(0, 2)`` for box-only rows)."""
+    a, ln, polygons = _parse_rows(path, issues)
     if not len(a):
-        return np.zeros((0, 5), np.float32)
+        return np.zeros((0, 5), np.float32), []
 
     def drop(mask: np.ndarray, kind: str, detail) -> np.ndarray:
         for i in np.flatnonzero(mask):
@@ -203,14 +233,16 @@ def _check_labels(path: Path, num_classes: int, issues: list[tuple[str, str]]) -
 
     out = np.concatenate([cls[:, None], (xyxy[:, :2] + xyxy[:, 2:]) / 2, wh], 1)[keep].astype(np.float32)
     ln = ln[keep]
+    polygons = [p for p, k in zip(polygons, keep) if k]
     _, first = np.unique(out, axis=0, return_index=True)
     if len(first) < len(out):
         dup = np.ones(len(out), bool)
         dup[first] = False
         for i in np.flatnonzero(dup):
             issues.append(("duplicate row removed", f"{path}:{ln[i]}"))
-        out = out[np.sort(first)]
-    return out
+        first = np.sort(first)
+        out, polygons = out[first], [polygons[i] for i in first]
+    return out, polygons
 
 
 def _check_pair(args: tuple[Path, int]) -> _Checked:
@@ -222,7 +254,8 @@ def _check_pair(args: tuple[Path, int]) -> _Checked:
     label = img2label_path(image)
     if not label.is_file():
         return _Checked(shape, np.zeros((0, 5), np.float32), issues)
-    return _Checked(shape, _check_labels(label, num_classes, issues), issues)
+    labels, polygons = _check_labels(label, num_classes, issues)
+    return _Checked(shape, labels, issues, polygons)
 
 
 def _fingerprint(files: list[Path], num_classes: int) -> str:
@@ -261,6 +294,8 @@ def _save(path: Path, index: LabelIndex, fingerprint: str) -> None:
     kinds = [k for k in sorted(r.issues) for _ in r.issues[k]]
     wheres = [w for k in sorted(r.issues) for w in r.issues[k]]
     labels = np.concatenate(index.labels) if index.labels else np.zeros((0, 5), np.float32)
+    polygons = [p for rows in index.segments for p in rows]
+    points = np.concatenate(polygons) if polygons else NO_POLYGON
 
     def write(temp: Path) -> None:
         with temp.open("wb") as f:
@@ -272,6 +307,8 @@ def _save(path: Path, index: LabelIndex, fingerprint: str) -> None:
                 shapes=index.shapes.astype(np.int64).reshape(-1, 2),
                 counts=np.array([len(x) for x in index.labels], dtype=np.int64),
                 labels=labels.astype(np.float32).reshape(-1, 5),
+                polygon_sizes=np.array([len(p) for p in polygons], dtype=np.int64),
+                points=points.astype(np.float32).reshape(-1, 2),
                 totals=np.array([r.total, r.labelled, r.backgrounds, r.corrupt, r.rows]),
                 issue_kinds=np.array(kinds, dtype=str),
                 issue_where=np.array(wheres, dtype=str),
@@ -288,7 +325,7 @@ def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int) -> 
             if int(z["version"]) != CACHE_VERSION or str(z["fingerprint"]) != fingerprint:
                 return None
             cached = {k: z[k] for k in ("files", "shapes", "counts", "labels", "totals", "issue_kinds",
-                                        "issue_where")}
+                                        "issue_where", "polygon_sizes", "points")}
     except (OSError, ValueError, KeyError):
         return None
     problem = _untrusted(cached, files, num_classes)
@@ -300,14 +337,20 @@ def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int) -> 
     report = VerifyReport(*(int(x) for x in cached["totals"]))
     for k, w in zip(cached["issue_kinds"].tolist(), cached["issue_where"].tolist()):
         report.add(str(k), str(w))
+    polygons = np.split(cached["points"].astype(np.float32), np.cumsum(cached["polygon_sizes"])[:-1])
+    if not len(cached["polygon_sizes"]):
+        polygons = []
+    starts = np.cumsum(counts) - counts
+    segments = [polygons[start:start + count] for start, count in zip(starts.tolist(), counts.tolist())]
     return LabelIndex([Path(p) for p in cached["files"].tolist()], np.split(labels, np.cumsum(counts)[:-1]),
-                      cached["shapes"].astype(np.int64), report)
+                      cached["shapes"].astype(np.int64), report, segments)
 
 
 def _untrusted(cached: dict[str, np.ndarray], files: list[Path], num_classes: int) -> str | None:
     """Why a label cache's arrays are not what :func:`_scan` writes for ``files`` (None when they are):
     anyone who can write the cache file can put anything in it, whatever its fingerprint says."""
-    names, shapes, counts, labels, totals = (cached[k] for k in ("files", "shapes", "counts", "labels", "totals"))
+    names, shapes, counts, labels, totals, sizes, points = (
+        cached[k] for k in ("files", "shapes", "counts", "labels", "totals", "polygon_sizes", "points"))
     n = len(names)
     if names.ndim != 1 or shapes.shape != (n, 2) or counts.shape != (n,) or totals.shape != (5,):
         return "array sizes disagree"
@@ -315,6 +358,11 @@ def _untrusted(cached: dict[str, np.ndarray], files: list[Path], num_classes: in
         return "wrong array types"
     if (counts < 0).any() or (totals < 0).any() or labels.shape != (int(counts.sum()), 5):
         return "label counts disagree with the labels"
+    if (sizes.dtype.kind not in "iu" or points.dtype.kind != "f" or sizes.shape != (len(labels),)
+            or (sizes < 0).any() or ((sizes > 0) & (sizes < 3)).any() or points.shape != (int(sizes.sum()), 2)):
+        return "polygon sizes disagree with the polygons"
+    if not np.isfinite(points).all() or (points < 0).any() or (points > 1).any():
+        return "polygon points outside the image"
     order = {str(f): i for i, f in enumerate(files)}
     positions = [order.get(str(name), -1) for name in names.tolist()]
     if min(positions, default=0) < 0 or any(b <= a for a, b in zip(positions, positions[1:])):
@@ -373,7 +421,7 @@ def _scan(files: list[Path], num_classes: int, name: str, workers: int | None) -
     # Decoding releases the GIL, so threads verify images in parallel without pickling results.
     threads = workers or min(8, os.cpu_count() or 1)
     report = VerifyReport(total=len(files))
-    kept, labels, shapes = [], [], []
+    kept, labels, shapes, segments = [], [], [], []
     with ThreadPool(threads) as pool:
         results = pool.imap(_check_pair, [(f, num_classes) for f in files], chunksize=8)
         for f, r in tqdm(zip(files, results), total=len(files), desc=f"verifying {name}".strip(),
@@ -385,6 +433,7 @@ def _scan(files: list[Path], num_classes: int, name: str, workers: int | None) -
                 continue
             kept.append(f)
             labels.append(r.labels)
+            segments.append(r.polygons)
             shapes.append(r.shape)
             report.rows += len(r.labels)
             if len(r.labels):
@@ -399,4 +448,4 @@ def _scan(files: list[Path], num_classes: int, name: str, workers: int | None) -
             report.add("images sharing one label file", f"{label} <- {', '.join(p.name for p in images)}")
     if kept and not report.labelled:
         report.add("no boxes in the whole split", f"{len(kept)} images, every one a background")
-    return LabelIndex(kept, labels, np.array(shapes, dtype=np.int64).reshape(-1, 2), report)
+    return LabelIndex(kept, labels, np.array(shapes, dtype=np.int64).reshape(-1, 2), report, segments)

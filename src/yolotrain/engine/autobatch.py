@@ -52,6 +52,8 @@ def measure_memory(model: nn.Module, img_size: int, device: torch.device, dtype:
             for _ in range(repeats):
                 with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                     outputs = probe(images)
+                if probe.task == "segment":  # (maps, prototypes)
+                    outputs = [*outputs[0], outputs[1]]
                 sum(o.float().sum() for o in outputs).backward()
                 probe.zero_grad(set_to_none=True)
             memory.append(torch.cuda.memory_reserved(device) / GIB)

@@ -37,6 +37,9 @@ TAGS = {
     "precision": "metrics/precision", "recall": "metrics/recall", "mAP50": "metrics/mAP_0.5",
     "mAP50-95": "metrics/mAP_0.5:0.95", "val_box": "val/box_loss", "val_obj": "val/obj_loss",
     "val_cls": "val/cls_loss", "lr0": "x/lr0", "lr1": "x/lr1", "lr2": "x/lr2",
+    # A segmentation run's (the reference's segment/train.py tags).
+    "train_seg": "train/seg_loss", "val_seg": "val/seg_loss", "mask_precision": "metrics/precision(M)",
+    "mask_recall": "metrics/recall(M)", "mask_mAP50": "metrics/mAP_0.5(M)", "mask_mAP50-95": "metrics/mAP_0.5:0.95(M)",
 }
 MOSAIC_TILE = 320  # pixels per side of each image in the validation mosaic
 MOSAIC_COLUMNS = 4

@@ -20,7 +20,6 @@ from ..checkpoint import read_metadata, save_checkpoint
 from ..data.dataset import ImageReadError
 from ..eval.predict import predict
 from ..eval.val import val
-from ..loss import YoloLoss
 from . import distributed as D
 from .optim import apply_warmup, warmup_iterations
 from .results import TrainResult
@@ -30,6 +29,9 @@ if TYPE_CHECKING:
 
 # Validation columns of results.csv (left empty in epochs that skip validation).
 RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "val_box", "val_obj", "val_cls")
+# Those of a segmentation model: box and mask results, the four parts of its loss.
+SEGMENT_RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "mask_precision", "mask_recall",
+                          "mask_mAP50", "mask_mAP50-95", "val_box", "val_seg", "val_obj", "val_cls")
 
 
 def run_epochs(trainer: Trainer) -> TrainResult:
@@ -59,25 +61,27 @@ def run_epochs(trainer: Trainer) -> TrainResult:
         trainer.train_sampler.set_epoch(epoch)
         trainer.ddp.train()
         trainer._fire("on_train_epoch_start", trainer, epoch)
-        mean_loss = torch.zeros(3, device=trainer.device)
+        names = trainer.step.component_names
+        mean_loss = torch.zeros(len(names), device=trainer.device)
         progress = tqdm(received(trainer.train_loader), total=batches, disable=not ctx.is_main, dynamic_ncols=True,
                         bar_format="{l_bar}{bar:10}{r_bar}")
         started = time.perf_counter()
         seen = 0
-        for i, (imgs, targets) in enumerate(progress):
+        for i, (imgs, targets, *rest) in enumerate(progress):
+            masks = rest[-1] if rest else None  # a segmentation batch: (imgs, targets, paths, shapes, masks)
             step = i + batches * epoch
             if warmup_iters and step <= warmup_iters:
                 state.accumulate = max(1, round(float(np.interp(step, [0, warmup_iters], [1, nominal_ratio]))))
                 apply_warmup(state.optimizer, step, warmup_iters, trainer.lf(epoch), cfg.optim)
             trainer._fire("on_train_batch_start", trainer, epoch, i)
-            imgs, loss = trainer.train_batch(imgs, targets, epoch, i, step)
+            imgs, loss = trainer.train_batch(imgs, targets, epoch, i, step, masks)
             trainer._fire("on_train_batch_end", trainer, epoch, i, imgs, targets, loss)
             mean_loss = (mean_loss * i + trainer.step.loss_components(loss)) / (i + 1)
             seen += imgs.shape[0] * ctx.world_size
             if ctx.is_main:
-                box, obj, cls = mean_loss.tolist()
+                parts = " ".join(f"{name} {value:.4f}" for name, value in zip(names, mean_loss.tolist()))
                 progress.set_description(
-                    f"{epoch + 1}/{cfg.epochs} box {box:.4f} obj {obj:.4f} cls {cls:.4f} "
+                    f"{epoch + 1}/{cfg.epochs} {parts} "
                     f"inst {targets.shape[0]:3d} size {imgs.shape[-1]:4d} "
                     f"{seen / max(time.perf_counter() - started, 1e-9):6.1f} img/s")
             del loss
@@ -122,15 +126,22 @@ def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[st
                      half=trainer.amp_dtype is not None,  # as the reference: half-precision val under AMP
                      callbacks=trainer.callbacks)
         metrics = {"precision": result.mp, "recall": result.mr, "mAP50": result.map50, "mAP50-95": result.map}
+        if result.masks is not None:
+            masks = result.masks
+            metrics.update({"mask_precision": masks.mp, "mask_recall": masks.mr, "mask_mAP50": masks.map50,
+                            "mask_mAP50-95": masks.map})
         metrics.update({f"val_{k}": v for k, v in (result.loss or {}).items()})
         score = result.fitness()
         if not final:
+            mask = (f"  mask mAP50 {result.masks.map50:.3f}  mAP50-95 {result.masks.map:.3f}"
+                    if result.masks is not None else "")
             trainer._log(f"{'':>12}val: P {result.mp:.3f}  R {result.mr:.3f}  mAP50 {result.map50:.3f}  "
-                         f"mAP50-95 {result.map:.3f}")
+                         f"mAP50-95 {result.map:.3f}{mask}")
         if final and plots:
             _draw_val_predictions(trainer)
-    row = {"epoch": epoch + 1, **{f"train_{n}": v for n, v in zip(YoloLoss.component_names, train_loss.tolist())},
-           **{k: metrics.get(k, "") for k in RESULT_METRICS},
+    columns = SEGMENT_RESULT_METRICS if trainer.model.task == "segment" else RESULT_METRICS
+    row = {"epoch": epoch + 1, **{f"train_{n}": v for n, v in zip(trainer.step.component_names, train_loss.tolist())},
+           **{k: metrics.get(k, "") for k in columns},
            **{f"lr{j}": lr for j, lr in enumerate(trainer.epoch_lrs)}}
     state.history.append(row)
     improved = score > state.best_fitness

@@ -44,12 +44,15 @@ class TrainStep:
         self.first_step_done = False
 
     def __call__(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int,
-                 step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One training iteration on a loader batch. Returns the batch as the model saw it (device, layout,
+                 step: int, masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One training iteration on a loader batch (``masks``: a segmentation batch's target masks, which
+        the loss resizes to the prototypes' size). Returns the batch as the model saw it (device, layout,
         multi-scale size) and the detached loss."""
         memory_format = torch.channels_last if self.config.channels_last else torch.contiguous_format
         imgs = imgs.to(self.device, non_blocking=True, memory_format=memory_format)
         targets = targets.to(self.device, non_blocking=True)
+        if masks is not None:
+            targets = (targets, masks.to(self.device, non_blocking=True))
         if self.config.data.multi_scale:
             imgs = self._multi_scale(imgs, epoch, batch)
         started = time.perf_counter()
@@ -63,12 +66,18 @@ class TrainStep:
             self.state.last_opt_step = step
         return imgs, loss
 
+    @property
+    def component_names(self) -> tuple[str, ...]:
+        """The loss parts shown and written to results.csv: the criterion's, else (box, obj, cls)."""
+        return tuple(getattr(self.criterion, "component_names", ("box", "obj", "cls")))
+
     def loss_components(self, loss: torch.Tensor) -> torch.Tensor:
-        """(box, obj, cls) for the progress bar; a custom loss without parts shows its total as 'box'."""
+        """The loss parts for the progress bar; a custom loss without parts shows its total as the first."""
         parts = getattr(self.criterion, "components", None)
-        if isinstance(parts, torch.Tensor) and parts.shape == (3,):
+        count = len(self.component_names)
+        if isinstance(parts, torch.Tensor) and parts.shape == (count,):
             return parts.to(self.device)
-        return torch.stack((loss.float() / self.ctx.world_size, loss.new_zeros(()), loss.new_zeros(())))
+        return torch.cat((loss.float().view(1) / self.ctx.world_size, loss.new_zeros(count - 1)))
 
     def _multi_scale(self, imgs: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
         """The reference's ``--multi-scale``: the batch resized so its long side is a random multiple of the
@@ -83,8 +92,8 @@ class TrainStep:
         shape = [math.ceil(side * factor / stride) * stride for side in imgs.shape[2:]]
         return F.interpolate(imgs, size=shape, mode="bilinear", align_corners=False)
 
-    def _backward_under_doctor(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int,
-                               first: bool) -> torch.Tensor:
+    def _backward_under_doctor(self, imgs: torch.Tensor, targets: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                               epoch: int, batch: int, first: bool) -> torch.Tensor:
         """Forward/backward; under the doctor for the first step with ``doctor`` (any failure it explains,
         in a custom loss say, is its report and one line), and rerun under it when backward fails because
         a saved tensor was modified in place."""
@@ -108,12 +117,15 @@ class TrainStep:
             pass
         raise _doctor_failure(None)
 
-    def _forward_backward(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
+    def _forward_backward(self, imgs: torch.Tensor, targets: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                          epoch: int, batch: int) -> torch.Tensor:
+        """``targets``: the ``[N, 6]`` rows, or with a segmentation batch ``(rows, masks)``."""
         try:
             with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                                 enabled=self.amp_dtype is not None):
                 outputs = self.forward(imgs)
-            loss = self.criterion(outputs, targets, pred_size=imgs.shape[2:4])
+            loss = self.criterion(outputs, *(targets if isinstance(targets, tuple) else (targets,)),
+                                  pred_size=imgs.shape[2:4])
             if self.ctx.enabled:
                 loss = loss * self.ctx.world_size  # DDP averages gradients; the loss is a sum over images
             self.state.scaler.scale(loss).backward()

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..model import Yolov5, parse_version
 from ..model.anchors import check_anchors
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from ..runs import RunLock, next_run_dir
+from ..segment_loss import SegmentLoss
 from ..settings import ConfigError, flat_names, from_mapping
 from . import distributed as D
 from .autobatch import autobatch
@@ -176,9 +178,12 @@ class Trainer:
         if cfg.data.img_size % stride:
             raise ValueError(f"image size must be a multiple of {stride} (the model's largest stride), "
                              f"got {cfg.data.img_size}")
+        segment = self.model.task == "segment"
         loaders = build_loaders(dataclasses.replace(cfg.data, path=root), cfg.augment, seed=cfg.seed,
                                 rank=self.ctx.rank, world_size=self.ctx.world_size, stride=stride,
-                                require_names=True)
+                                require_names=True, masks=segment)
+        if self.ctx.is_main and not segment:
+            self._log_detection_of_polygons(loaders.train_index.has_polygons)
         self.train_loader = loaders.train
         self.train_set = self.train_loader.dataset
         self.train_sampler = self.train_loader.batch_sampler
@@ -192,6 +197,15 @@ class Trainer:
         if self.resume_from is not None:
             check_resumed_data(self.resume_from, self.dataset_record, self.data_root, self.names, cfg.data,
                                self.accept_changed_data)
+
+    def _log_detection_of_polygons(self, has_polygons: bool) -> None:
+        """A detection model on YOLO-seg labels trains their boxes; copy-paste needs the polygons' masks."""
+        if has_polygons:
+            self._log("Data: polygon labels, trained as their boxes by this detection model (a segmentation "
+                      "model such as --model yolov5n-seg trains the masks)")
+        if self.config.augment.copy_paste:
+            self._log(f"copy_paste {self.config.augment.copy_paste:g} is left out: it pastes objects by their "
+                      "masks, which only a segmentation model trains")
 
     def _autobatch(self) -> TrainConfig:
         """The batch AutoBatch picks for this GPU takes the fraction's place in the run's settings, so
@@ -208,6 +222,14 @@ class Trainer:
         if model.num_classes != len(self.names):  # weights trained on other classes
             model = _with_new_head(model, len(self.names))
         model.names = list(self.names)
+        pretrained = self.config.pretrained
+        if pretrained is not None and self.resume_from is None:
+            source = resolve_trainable(pretrained)
+            fresh = model.load_matching(source.state_dict())
+            if self.ctx.is_main:
+                total = len(model.state_dict())
+                self._log(f"Transferred {total - len(fresh)}/{total} tensors from {pretrained} into "
+                          f"yolov5{model.version}")
         return model
 
     def setup(self) -> None:
@@ -216,7 +238,7 @@ class Trainer:
         D.init_process_group(ctx, self.device)
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
         seed_everything(cfg.seed + ctx.rank)
-        if ctx.is_main and not (Path(cfg.model).suffix or Path(cfg.model).exists()):
+        if ctx.is_main and cfg.pretrained is None and not (Path(cfg.model).suffix or Path(cfg.model).exists()):
             self._log(f"Model {cfg.model}: random initial weights (training from scratch); "
                       f"--model {cfg.model}.pt starts from the official COCO weights")
         self._build_data()
@@ -247,9 +269,10 @@ class Trainer:
         scaler = grad_scaler(self.device, self.amp_dtype, self._log if ctx.is_main else None)
         self.state = TrainState(model, ema, optimizer, scheduler, scaler, accumulate)
         img_size = cfg.data.img_size
+        loss = partial(SegmentLoss, overlap=cfg.data.overlap_mask) if model.task == "segment" else YoloLoss
         self.criterion = (self.loss_factory(model, cfg.data.rect) if self.loss_factory is not None
-                          else YoloLoss(model, rect_training=cfg.data.rect, img_size=img_size, hyp=cfg.loss))
-        self.val_criterion = (YoloLoss(ema.module, rect_training=True, img_size=img_size, hyp=cfg.loss)
+                          else loss(model, rect_training=cfg.data.rect, img_size=img_size, hyp=cfg.loss))
+        self.val_criterion = (loss(ema.module, rect_training=True, img_size=img_size, hyp=cfg.loss)
                               if ema is not None else None)
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
                          else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
@@ -264,6 +287,8 @@ class Trainer:
         model_file = [("--model", Path(cfg.model))] if Path(cfg.model).is_file() else []
         weights = weights_inputs(cfg.model) if model_file and Path(cfg.model).suffix not in (".yaml", ".yml") \
             else model_file
+        if cfg.pretrained is not None and Path(cfg.pretrained).exists():
+            weights += weights_inputs(cfg.pretrained)
         data = dataset_inputs([*self.train_set.im_files, *self.val_set.im_files], cfg.data.path)
         settings = [("settings file", path) for path in self.setting_files]
         refuse_overwriting_inputs([("--project/--name", self.save_dir)], weights + data + settings)
@@ -323,11 +348,12 @@ class Trainer:
         return f"the last checkpoint {last}.safetensors is intact: continue with --resume {self.save_dir}"
 
     def train_batch(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int,
-                    step: int) -> tuple[torch.Tensor, torch.Tensor]:
+                    step: int, masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One training iteration on a loader batch: forward, loss, backward, and the optimiser and EMA
         update when ``accumulate`` steps have gathered since the last one (see :class:`TrainStep`). Returns
-        the batch as the model saw it (device, layout, multi-scale size) and the detached loss."""
-        return self.step(imgs, targets, epoch, batch, step)
+        the batch as the model saw it (device, layout, multi-scale size) and the detached loss. ``masks``:
+        a segmentation batch's target masks."""
+        return self.step(imgs, targets, epoch, batch, step, masks)
 
     def _log(self, message: str) -> None:
         tqdm.write(message)

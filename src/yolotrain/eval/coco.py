@@ -30,7 +30,7 @@ def image_ids(files: Sequence[str | os.PathLike]) -> list[int]:
 
 
 def coco_ground_truth(files: Sequence[str | os.PathLike], labels: Sequence[np.ndarray], shapes: np.ndarray,
-                      names: Sequence[str]) -> dict:
+                      names: Sequence[str], polygons: Sequence[Sequence[np.ndarray]] | None = None) -> dict:
     """A COCO ``instances`` dict from YOLO labels.
 
     Args:
@@ -38,17 +38,28 @@ def coco_ground_truth(files: Sequence[str | os.PathLike], labels: Sequence[np.nd
         labels: per image ``(n, 5)`` class, cx, cy, w, h normalised to the image.
         shapes: per image original (w, h) in pixels.
         names: class names; category ids are the class indices.
+        polygons: per image, each label's normalised ``(k, 2)`` polygon: written as its ``segmentation``
+            (and its area is the polygon's), so ``segm`` evaluation can run.
     """
     ids = image_ids(files)
     images, annotations = [], []
-    for image_id, f, lb, (w, h) in zip(ids, files, labels, np.asarray(shapes).reshape(-1, 2)):
+    outlines = polygons if polygons is not None else [None] * len(ids)
+    for image_id, f, lb, (w, h), image_polygons in zip(ids, files, labels, np.asarray(shapes).reshape(-1, 2),
+                                                       outlines):
         images.append({"id": image_id, "file_name": Path(f).name, "width": int(w), "height": int(h)})
         lb = np.asarray(lb, dtype=np.float64).reshape(-1, 5)
         bw, bh = lb[:, 3] * w, lb[:, 4] * h
         x1, y1 = lb[:, 1] * w - bw / 2, lb[:, 2] * h - bh / 2
-        for c, *box in zip(lb[:, 0].astype(int).tolist(), x1.tolist(), y1.tolist(), bw.tolist(), bh.tolist()):
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": c,
-                                "bbox": [round(v, 3) for v in box], "area": box[2] * box[3], "iscrowd": 0})
+        for k, (c, *box) in enumerate(zip(lb[:, 0].astype(int).tolist(), x1.tolist(), y1.tolist(), bw.tolist(),
+                                          bh.tolist())):
+            annotation = {"id": len(annotations) + 1, "image_id": image_id, "category_id": c,
+                          "bbox": [round(v, 3) for v in box], "area": box[2] * box[3], "iscrowd": 0}
+            if image_polygons is not None:
+                points = np.asarray(image_polygons[k], np.float64).reshape(-1, 2) * (w, h)
+                annotation["segmentation"] = [[round(v, 2) for v in points.reshape(-1).tolist()]]
+                x, y = points[:, 0], points[:, 1]
+                annotation["area"] = float(abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))) / 2)
+            annotations.append(annotation)
     categories = [{"id": i, "name": n} for i, n in enumerate(names)]
     return {"images": images, "annotations": annotations, "categories": categories}
 
@@ -61,8 +72,11 @@ def detections_to_coco(detections: torch.Tensor, image_id: int) -> list[dict]:
             for box, s, c in zip(xywh, d[:, 4].tolist(), d[:, 5].tolist())]
 
 
-def coco_evaluate(gt_json: str | os.PathLike, pred_json: str | os.PathLike, verbose: bool = True) -> list[float]:
-    """Evaluate COCO-format detections against ground truth; returns the 12 COCO summary numbers.
+def coco_evaluate(gt_json: str | os.PathLike, pred_json: str | os.PathLike, verbose: bool = True,
+                  iou_type: str = "bbox") -> list[float]:
+    """Evaluate COCO-format detections against ground truth by their boxes (``iou_type`` ``bbox``) or
+    their masks (``segm``: detections with RLE ``segmentation``, ground truth with polygons); returns
+    the 12 COCO summary numbers.
 
     Raises:
         ImportError: ``pycocotools`` is not installed.
@@ -77,7 +91,7 @@ def coco_evaluate(gt_json: str | os.PathLike, pred_json: str | os.PathLike, verb
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools narrates loading; keep only the summary
         gt = COCO(str(gt_json))
         dt = gt.loadRes(str(pred_json))
-    evaluator = COCOeval(gt, dt, "bbox")
+    evaluator = COCOeval(gt, dt, iou_type)
     summary = io.StringIO()
     with contextlib.redirect_stdout(summary):
         evaluator.evaluate()

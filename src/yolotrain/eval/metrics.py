@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torchvision.ops import box_iou
 
+from .masks import mask_iou
+
 # mAP50-95 averages AP over these IoU thresholds (float32, exactly as the reference builds them).
 IOU_THRESHOLDS = torch.linspace(0.5, 0.95, 10)
 # Points on the confidence axis where precision / recall / F1 curves are sampled.
@@ -29,17 +31,24 @@ def match_predictions(det_boxes: torch.Tensor, det_cls: torch.Tensor, gt_boxes: 
     the same-class label it overlaps most; a pair counts at threshold t when that IoU >= t, and a
     label claimed by several detections goes to the first (highest-scoring) of them.
     """
-    n, t = det_boxes.shape[0], iou_thresholds.numel()
-    if n == 0 or gt_boxes.shape[0] == 0:
-        return torch.zeros((n, t), dtype=torch.bool, device=det_boxes.device)
-    iou = box_iou(gt_boxes, det_boxes) * (gt_cls[:, None] == det_cls[None, :])
+    if det_boxes.shape[0] == 0 or gt_boxes.shape[0] == 0:
+        return torch.zeros((det_boxes.shape[0], iou_thresholds.numel()), dtype=torch.bool, device=det_boxes.device)
+    return match_by_iou(box_iou(gt_boxes, det_boxes), det_cls, gt_cls, iou_thresholds)
+
+
+def match_by_iou(iou: torch.Tensor, det_cls: torch.Tensor, gt_cls: torch.Tensor,
+                 iou_thresholds: torch.Tensor = IOU_THRESHOLDS) -> torch.Tensor:
+    """:func:`match_predictions` on a given ``[n_labels, n_det]`` IoU matrix (of boxes, or of masks)."""
+    m, n, t = iou.shape[0], iou.shape[1], iou_thresholds.numel()
+    if n == 0 or m == 0:
+        return torch.zeros((n, t), dtype=torch.bool, device=iou.device)
+    iou = iou * (gt_cls[:, None] == det_cls[None, :])
     best_iou, best_gt = iou.max(0)
     valid = best_iou[:, None] >= iou_thresholds.to(best_iou)[None, :]
-    det_index = torch.arange(n, device=det_boxes.device)[:, None].expand(n, t)
+    det_index = torch.arange(n, device=iou.device)[:, None].expand(n, t)
     claimant = torch.where(valid, det_index, n)
     owner_index = best_gt[:, None].expand(n, t)
-    first = torch.full((gt_boxes.shape[0], t), n, device=det_boxes.device).scatter_reduce(
-        0, owner_index, claimant, reduce="amin")
+    first = torch.full((m, t), n, device=iou.device).scatter_reduce(0, owner_index, claimant, reduce="amin")
     return valid & (first.gather(0, owner_index) == det_index)
 
 
@@ -182,6 +191,7 @@ class Metrics:
     curves: Curves | None = None
     confusion: ConfusionMatrix | None = None
     coco: list[float] | None = None  # the 12 COCO summary numbers when --save-json evaluated them
+    masks: Metrics | None = None  # a segmentation model's mask results (same images and labels)
 
     @property
     def mp(self) -> float:
@@ -203,8 +213,20 @@ class Metrics:
         return float(self.ap.mean()) if self.ap.size else 0.0
 
     def fitness(self) -> float:
-        """The reference's model-selection score: 0.1 mAP50 + 0.9 mAP50-95."""
-        return 0.1 * self.map50 + 0.9 * self.map
+        """The reference's model-selection score: 0.1 mAP50 + 0.9 mAP50-95, of the boxes plus (for a
+        segmentation model) the same of the masks."""
+        box = 0.1 * self.map50 + 0.9 * self.map
+        return box + (self.masks.fitness() if self.masks is not None else 0.0)
+
+    def _row_values(self, index: int | None) -> list[float]:
+        """P, R, mAP50, mAP50-95 overall (``index`` None) or of the ``index``-th class with labels; zeros
+        for a class these results have none of (masks without a single true positive)."""
+        if index is None:
+            return [self.mp, self.mr, self.map50, self.map]
+        if index >= self.classes.size:
+            return [0.0] * 4
+        return [float(self.precision[index]), float(self.recall[index]), float(self.ap50[index]),
+                float(self.ap[index])]
 
     def class_maps(self) -> np.ndarray:
         """mAP50-95 per class id (length nc); classes without labels get the overall mAP."""
@@ -214,20 +236,26 @@ class Metrics:
 
     def table(self, per_class: bool = True) -> str:
         """The familiar results table: header, the ``all`` row, then one row per class with labels."""
-        head = f"{'Class':>22}" + "".join(f"{h:>11}" for h in ("Images", "Instances", "P", "R", "mAP50", "mAP50-95"))
+        columns = ["P", "R", "mAP50", "mAP50-95"]
+        if self.masks is not None:  # the reference's segmentation header
+            columns = ["Box(P", "R", "mAP50", "mAP50-95)", "Mask(P", "R", "mAP50", "mAP50-95)"]
+        head = f"{'Class':>22}" + "".join(f"{h:>11}" for h in ["Images", "Instances", *columns])
+        parts = [self] if self.masks is None else [self, self.masks]
 
-        def row(name: str, n: int, p: float, r: float, a50: float, a: float) -> str:
-            return f"{name:>22}{self.images:>11}{n:>11}" + "".join(f"{v:>11.3g}" for v in (p, r, a50, a))
+        def row(name: str, n: int, index: int | None) -> str:
+            values = [v for part in parts for v in part._row_values(index)]
+            return f"{name:>22}{self.images:>11}{n:>11}" + "".join(f"{v:>11.3g}" for v in values)
 
-        lines = [head, row("all", int(self.instances.sum()), self.mp, self.mr, self.map50, self.map)]
+        lines = [head, row("all", int(self.instances.sum()), None)]
         if per_class and len(self.names) > 1:
-            lines += [row(self.names[c], int(self.instances[c]), self.precision[i], self.recall[i], self.ap50[i],
-                          self.ap[i]) for i, c in enumerate(self.classes)]
+            lines += [row(self.names[c], int(self.instances[c]), i) for i, c in enumerate(self.classes)]
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, float]:
         """Flat summary for logs and checkpoints."""
         out = {"precision": self.mp, "recall": self.mr, "mAP50": self.map50, "mAP50-95": self.map}
+        if self.masks is not None:
+            out.update({f"mask_{k}": v for k, v in self.masks.as_dict().items()})
         out.update({f"val/{k}_loss": v for k, v in (self.loss or {}).items()})
         out.update({f"speed/{k}_ms": v for k, v in self.speed.items()})
         return out
@@ -257,8 +285,11 @@ class DetectionStats:
 
     def compute(self, names: list[str]) -> Metrics:
         """Metrics over everything added so far."""
+        return self._metrics(self._tp, names)
+
+    def _metrics(self, tp_parts: list[torch.Tensor], names: list[str]) -> Metrics:
         t = self.iou_thresholds.numel()
-        tp = torch.cat(self._tp).numpy() if self._tp else np.zeros((0, t), bool)
+        tp = torch.cat(tp_parts).numpy() if tp_parts else np.zeros((0, t), bool)
         conf = torch.cat(self._conf).numpy() if self._conf else np.zeros(0)
         pred_cls = torch.cat(self._pred_cls).numpy() if self._pred_cls else np.zeros(0)
         target_cls = torch.cat(self._target_cls).numpy() if self._target_cls else np.zeros(0)
@@ -269,3 +300,27 @@ class DetectionStats:
         res = ap_per_class(tp.astype(np.float64), conf, pred_cls, target_cls)
         return Metrics(names, self.images, instances, res.classes, res.precision, res.recall, res.ap[:, 0],
                        res.ap.mean(1), curves=res.curves)
+
+
+class SegmentationStats(DetectionStats):
+    """:class:`DetectionStats` of boxes plus the same matching and AP over mask IoUs; ``compute`` gives
+    the box :class:`Metrics` with the mask ones in its ``masks``."""
+
+    def __init__(self, nc: int, iou_thresholds: torch.Tensor = IOU_THRESHOLDS) -> None:
+        super().__init__(nc, iou_thresholds)
+        self._mask_tp: list[torch.Tensor] = []
+
+    def update_masks(self, detections: torch.Tensor, gt_boxes: torch.Tensor, gt_cls: torch.Tensor,
+                     pred_masks: torch.Tensor, gt_masks: torch.Tensor) -> None:
+        """Add one image: as :meth:`DetectionStats.update`, with the detections' and labels' binary masks
+        (``[n, h, w]``, ``[m, h, w]``, one resolution)."""
+        self.update(detections, gt_boxes, gt_cls)
+        iou = mask_iou(gt_masks, pred_masks)
+        tp = match_by_iou(iou, detections[:, 5], gt_cls.to(detections.device),
+                          self.iou_thresholds.to(detections.device))
+        self._mask_tp.append(tp.cpu())
+
+    def compute(self, names: list[str]) -> Metrics:
+        metrics = self._metrics(self._tp, names)
+        metrics.masks = self._metrics(self._mask_tp, names)
+        return metrics

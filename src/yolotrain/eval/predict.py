@@ -24,7 +24,7 @@ from ..boxes import check_image_size, letterbox_geometry
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
-from ..draw import draw_detections
+from ..draw import draw_detections, draw_masks
 from ..interop.resolve import weights_inputs
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
@@ -41,6 +41,7 @@ from ..settings import (
 )
 from .classify import ClassifyPredictor, ClassifyResult
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
+from .masks import masks_in_original, masks_to_polygons, scale_masks_to_original, upsampled_masks
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
@@ -72,6 +73,8 @@ class PredictConfig:
     line_width: int | None = setting(None, "box line width in pixels (default: scaled to the image)",
                                      flags=("--line-width", "--line-thickness"))
     vid_stride: int = setting(1, "predict every N-th video/stream frame")
+    retina_masks: bool = setting(False, "segmentation models: masks made at the original image's resolution "
+                                 "(sharper edges; default: at the network input's, then resized)")
     view_img: bool = setting(False, "show each annotated image or frame in a window (needs a display and an "
                              "OpenCV with window support)")
     trust_code: bool = setting(False, TRUST_HELP, flags=("--trust-model-code",))
@@ -90,6 +93,9 @@ class Result:
 
     ``boxes`` ``[n, 4]`` x1, y1, x2, y2 (float), ``scores`` ``[n]``, ``classes`` ``[n]`` (long), sorted
     by score; ``names`` maps class ids to names; ``frame`` is the frame index for videos and streams.
+    A segmentation model's results also carry each detection's ``masks`` (bool ``[n, h, w]`` of the
+    original image) and ``polygons`` (its outline, ``(k, 2)`` float32 x, y pixels; ``(0, 2)`` for an
+    empty mask); both are None for a detector.
     """
 
     path: str
@@ -99,19 +105,30 @@ class Result:
     names: list[str]
     orig_shape: tuple[int, int]
     frame: int | None = None
+    masks: np.ndarray | None = None
+    polygons: list[np.ndarray] | None = None
 
     def to_dict(self) -> dict:
-        """JSON-ready form: one entry per detection with its box, score, class id and name."""
+        """JSON-ready form: one entry per detection with its box, score, class id and name (and, for a
+        segmentation model, its polygon in pixels)."""
         dets = [{"box": [round(v, 2) for v in box], "score": round(s, 5), "class": c, "name": self.names[c]}
                 for box, s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.classes.tolist())]
+        for det, polygon in zip(dets, self.polygons or ()):
+            det["polygon"] = [round(v, 1) for v in polygon.reshape(-1).tolist()]
         out = {"source": self.path, "height": self.orig_shape[0], "width": self.orig_shape[1], "detections": dets}
         if self.frame is not None:
             out["frame"] = self.frame
         return out
 
     def yolo_lines(self) -> list[str]:
-        """Rows ``class cx cy w h score`` normalised to the image, as YOLO label files hold them."""
+        """Rows ``class cx cy w h score`` normalised to the image, as YOLO label files hold them; for a
+        segmentation model ``class x1 y1 x2 y2 ... score`` (its outline; no row for an empty mask)."""
         h, w = self.orig_shape
+        if self.polygons is not None:
+            scale = np.array((w, h), np.float64)
+            return [" ".join([str(c), *(f"{v:.6f}" for v in (polygon / scale).reshape(-1)), f"{s:.5f}"])
+                    for c, polygon, s in zip(self.classes.tolist(), self.polygons, self.scores.tolist())
+                    if len(polygon)]
         b = self.boxes.double()
         xywh = torch.stack(((b[:, 0] + b[:, 2]) / 2 / w, (b[:, 1] + b[:, 3]) / 2 / h,
                             (b[:, 2] - b[:, 0]) / w, (b[:, 3] - b[:, 1]) / h), 1)
@@ -183,9 +200,14 @@ class Predictor:
     def __init__(self, model_or_weights: ModelOrWeights, img_size: int | None = None, conf: float = NMSConfig.conf,
                  iou: float = NMSConfig.iou, classes: Sequence[int] | None = None, max_det: int = NMSConfig.max_det,
                  agnostic: bool = NMSConfig.agnostic, device: str | torch.device | None = None, half: bool = False,
-                 trust_code: bool = False) -> None:
+                 trust_code: bool = False, retina_masks: bool = PredictConfig.retina_masks) -> None:
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half,
                                                        trust_code=trust_code)
+        self.segment = self.model.task == "segment"
+        if self.segment and self.model.end_to_end:
+            raise ValueError("a segmentation export with NMS inside has no mask coefficients: export it without "
+                             "--nms")
+        self.retina_masks = retina_masks
         self.stride = max(self.model.max_stride, 32)
         self.square = not self.model.dynamic_size
         if img_size is None:  # the size the model was made for: an export's fixed size, 1280 for P6, else 640
@@ -209,12 +231,31 @@ class Predictor:
                 det = self.model.detections(x, self.conf, self.iou, self.max_det, classes=self.classes,
                                             agnostic=self.agnostic)[0]
             else:
-                pred = self.model(x)
+                pred, proto = self.model(x) if self.segment else (self.model(x), None)
+                num_masks = self.model.num_masks if self.segment else 0
                 det = non_max_suppression(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
-                                          max_det=self.max_det)[0]
+                                          max_det=self.max_det, num_extra=num_masks)[0]
         h0, w0 = image.shape[:2]
         boxes = scale_boxes_to_original(det[:, :4], gain, pad, (h0, w0))
-        return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame)
+        masks = polygons = None
+        if self.segment:
+            masks = self._masks(proto[0], det, boxes, x.shape[2:], gain, pad, (h0, w0))
+            polygons = masks_to_polygons(masks)
+        return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame,
+                      masks, polygons)
+
+    def _masks(self, proto: torch.Tensor, det: torch.Tensor, boxes: torch.Tensor, input_hw: tuple[int, int],
+               gain: tuple[float, float], pad: tuple[float, float], original_hw: tuple[int, int]) -> np.ndarray:
+        """The detections' bool masks ``[n, h0, w0]`` of the original image: made there directly with
+        ``retina_masks``, else at the network input and resized."""
+        resized = (original_hw[1] * gain[0], original_hw[0] * gain[1])
+        if self.retina_masks:
+            chunks = masks_in_original(proto, det[:, 6:], boxes, input_hw, pad, resized, original_hw)
+        else:
+            chunks = (scale_masks_to_original(m, pad, resized, original_hw)
+                      for m in upsampled_masks(proto, det[:, 6:], det[:, :4], input_hw))
+        parts = [m.cpu().numpy() for m in chunks]
+        return np.concatenate(parts) if parts else np.zeros((0, *original_hw), bool)
 
 
 def _frames(path: Path, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray, float]]:
@@ -272,6 +313,8 @@ class _Outputs:
     def draw(self, image: np.ndarray, result: Result | ClassifyResult) -> np.ndarray:
         if isinstance(result, ClassifyResult):
             return result.annotate(image, **self.draw_options)
+        if result.masks is not None:
+            image = draw_masks(image, result.masks, result.classes)
         return draw_detections(image, result.boxes, result.classes, result.names, result.scores, **self.draw_options)
 
     def image(self, name: str, image: np.ndarray, result: Result) -> None:
@@ -350,6 +393,7 @@ def predict(
     line_width: int | None = PredictConfig.line_width,
     vid_stride: int = PredictConfig.vid_stride,
     trust_code: bool = PredictConfig.trust_code,
+    retina_masks: bool = PredictConfig.retina_masks,
     save: bool = PredictConfig.save,
     view_img: bool = PredictConfig.view_img,
     stream: bool = False,
@@ -375,6 +419,9 @@ def predict(
         hide_labels, hide_conf, line_width: drawing of the annotated outputs: boxes without labels,
             labels without scores, box lines ``line_width`` pixels wide (default: scaled to the image).
         vid_stride: predict every N-th frame of videos and live sources.
+        retina_masks: for a segmentation model, make the masks at the original image's resolution
+            (sharper edges) instead of at the network input's, then resized. Its results carry ``masks``
+            and ``polygons``; its pictures show the masks, its ``labels/*.txt`` hold polygon rows.
         trust_code: load weights that are programs (TorchScript, TensorRT engines), which run their own
             code when loaded; without it they are refused before anything of them is loaded.
         save: with ``save_dir``, save the annotated images and videos (the other files as asked).
@@ -402,7 +449,8 @@ def predict(
     if view_img:
         check_display()
     hooks = as_callbacks(callbacks)
-    predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code)
+    predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code,
+                          retina_masks)
     if predictor.model.task == "classify":
         if save_crop:
             raise ValueError("save_crop cuts out detected boxes: a classifier has none")

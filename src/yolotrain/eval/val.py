@@ -20,12 +20,14 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from ..boxes import letterbox_geometry, xywh_to_xyxy
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
+from ..data.sources import img2label_path
 from ..interop.resolve import weights_inputs
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
@@ -44,7 +46,9 @@ from ..settings import (
 from .classify import ClassifyMetrics, val_classifier
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
-from .metrics import ConfusionMatrix, DetectionStats, Metrics
+from .label_masks import batch_label_masks, read_polygons
+from .masks import masks_in_original, masks_to_polygons, masks_to_rle, process_masks, split_overlap_mask
+from .metrics import ConfusionMatrix, DetectionStats, Metrics, SegmentationStats
 from .plots import plot_confusion_matrix, plot_curves
 
 
@@ -248,11 +252,15 @@ def val(
         weights = weights_inputs(model_or_weights) if isinstance(model_or_weights, (str, os.PathLike)) else []
         refuse_overwriting_inputs([("--project/--name", out_dir)], weights + dataset_inputs(
             getattr(dataset, "im_files", ()), None if isinstance(data, DataLoader) else data))
+    segment = model.task == "segment"
+    num_masks = model.num_masks if segment else 0
+    if segment and model.end_to_end:
+        raise ValueError("a segmentation export with NMS inside has no mask coefficients: export it without --nms")
     scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
                           out_dir / "labels" if save_txt else None, save_conf, save_json,
-                          lambda path, det: hooks.run("on_val_image_end", path, det))
+                          lambda path, det: hooks.run("on_val_image_end", path, det), segment)
     timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
-    loss_sum, batches = torch.zeros(3), 0
+    loss_sum, batches = torch.zeros(len(getattr(criterion, "component_names", "box obj cls".split()))), 0
     dtype = model.dtype
     if criterion is not None and not isinstance(model, torch.nn.Module):
         raise ValueError("the validation loss needs a torch model (it reads the raw head maps)")
@@ -275,23 +283,31 @@ def val(
                 if model.end_to_end:  # an export with NMS inside
                     dets = model.detections(imgs, conf, iou, max_det, multi_label=True)
                 elif criterion is None:
-                    preds = model(imgs)
+                    preds, protos = model(imgs) if segment else (model(imgs), None)
                 else:
                     maps = model.forward_maps(imgs)
+                    maps, protos = maps if segment else (maps, None)
                     preds = model.head.decode(maps)
             if criterion is not None:
-                criterion(maps, targets, pred_size=(h, w))
+                if segment:  # the segmentation loss scores the masks of the batch too
+                    if len(batch) < 5:
+                        raise ValueError("the validation loss of a segmentation model needs batches with masks "
+                                         "(a segmentation data loader)")
+                    criterion((maps, protos), targets, batch[4].to(dev), pred_size=(h, w))
+                else:
+                    criterion(maps, targets, pred_size=(h, w))
                 loss_sum += criterion.components.float().cpu()
                 batches += 1
             with timers["nms"]:
                 if not model.end_to_end:
                     # As the reference: one class means one suppression across all classes, then class 0.
                     dets = non_max_suppression(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
-                                               max_det=max_det)
+                                               max_det=max_det, num_extra=num_masks)
                 if single_cls:
-                    dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:])), 1) for d in dets]
+                    dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:6]), d[:, 6:]), 1) for d in dets]
 
-            scorer.add_batch(dets, targets, seen, (h, w))
+            label_masks = _label_masks(batch, dataset, targets) if segment else None
+            scorer.add_batch(dets, targets, seen, (h, w), protos, label_masks)
             hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
             seen += b
             batch_index += 1
@@ -317,9 +333,11 @@ class _ImageScorer:
 
     def __init__(self, dataset, nc: int, class_map: torch.Tensor | None, confusion: bool,
                  labels_dir: Path | None, save_conf: bool, save_json: bool,
-                 image_end: Callable[[str, torch.Tensor], None] = lambda path, det: None) -> None:
+                 image_end: Callable[[str, torch.Tensor], None] = lambda path, det: None,
+                 segment: bool = False) -> None:
         self.dataset, self.class_map, self.image_end = dataset, class_map, image_end
-        self.stats = DetectionStats(nc)
+        self.segment = segment
+        self.stats = SegmentationStats(nc) if segment else DetectionStats(nc)
         self.confusion = ConfusionMatrix(nc) if confusion else None
         self.labels_dir, self.save_conf = labels_dir, save_conf
         self.coco_ids = image_ids(dataset.im_files) if save_json else None
@@ -327,11 +345,18 @@ class _ImageScorer:
         if labels_dir is not None:
             labels_dir.mkdir(parents=True, exist_ok=True)
 
-    def add_batch(self, dets: list[torch.Tensor], targets: torch.Tensor, first: int, shape: tuple[int, int]) -> None:
-        """``dets`` (per image, xyxy in the ``(h, w)`` batch's pixels) and the batch's ``targets`` rows
-        (image, class, normalised cx cy w h) of the images from index ``first`` of the dataset."""
+    def add_batch(self, dets: list[torch.Tensor], targets: torch.Tensor, first: int, shape: tuple[int, int],
+                  protos: torch.Tensor | None = None, label_masks: list[torch.Tensor] | None = None) -> None:
+        """``dets`` (per image, xyxy in the ``(h, w)`` batch's pixels, then a segmentation model's mask
+        coefficients) and the batch's ``targets`` rows (image, class, normalised cx cy w h) of the images
+        from index ``first`` of the dataset; a segmentation model's prototypes ``protos [B, nm, h', w']``
+        and per image the masks of its labels, in the order of its rows in ``targets`` (None: read from
+        the label files)."""
         (h, w), b = shape, len(dets)
         gains, pads = batch_geometry(self.dataset, first, b, shape)
+        resized = np.round(np.asarray(gains) * np.asarray(self.dataset.shapes[first:first + b], dtype=np.float64))
+        if self.segment and label_masks is None:
+            label_masks = batch_label_masks(self.dataset, first, b, shape, resized, pads)
         counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
         order = targets[:, 0].argsort(stable=True)
         per_image = targets[order].split(counts)
@@ -341,18 +366,62 @@ class _ImageScorer:
             w0, h0 = (int(v) for v in self.dataset.shapes[first + i])
             geometry = (tuple(gains[i]), tuple(pads[i]), (h0, w0))
             det = dets[i] if class_map is None else _remap(dets[i], class_map)
-            det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:]), 1)
+            det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:6]), 1)
             gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
             gt_cls = per_image[i][:, 1]
-            self.stats.update(det_native, gt_boxes, gt_cls)
+            if self.segment:
+                pred_masks = process_masks(protos[i], det[:, 6:], det[:, :4], shape)
+                gt_masks = _at_size(label_masks[i].to(pred_masks.device), pred_masks.shape[1:])
+                self.stats.update_masks(det_native, gt_boxes, gt_cls, pred_masks, gt_masks)
+            else:
+                self.stats.update(det_native, gt_boxes, gt_cls)
             self.image_end(self.dataset.im_files[first + i], det_native)
             if self.confusion is not None:
                 self.confusion.update(det_native, gt_boxes, gt_cls)
+            outputs = self.coco_ids is not None or self.labels_dir is not None
+            rles, polygons = None, None
+            if self.segment and outputs:
+                rles, polygons = _original_masks(protos[i], det, det_native, shape, pads[i], resized[i], (h0, w0),
+                                                 self.coco_ids is not None, self.labels_dir is not None)
             if self.coco_ids is not None:
-                self.coco_dets += detections_to_coco(det_native.cpu(), self.coco_ids[first + i])
+                found = detections_to_coco(det_native.cpu(), self.coco_ids[first + i])
+                for item, rle in zip(found, rles or ()):
+                    item["segmentation"] = rle
+                self.coco_dets += found
             if self.labels_dir is not None:
                 stem = Path(self.dataset.im_files[first + i]).stem
-                (self.labels_dir / f"{stem}.txt").write_text(_yolo_rows(det_native, (h0, w0), self.save_conf))
+                rows = (_polygon_rows(det_native, polygons, (h0, w0), self.save_conf) if self.segment
+                        else _yolo_rows(det_native, (h0, w0), self.save_conf))
+                (self.labels_dir / f"{stem}.txt").write_text(rows)
+
+
+def _original_masks(proto: torch.Tensor, det: torch.Tensor, det_native: torch.Tensor, input_hw: tuple[int, int],
+                    pad: np.ndarray, resized: np.ndarray, original_hw: tuple[int, int], rle: bool,
+                    polygons: bool) -> tuple[list[dict] | None, list[np.ndarray] | None]:
+    """The detections' masks at the original image's resolution, as COCO RLEs and/or polygons (original
+    pixels), made a chunk of detections at a time."""
+    rles: list[dict] = []
+    outlines: list[np.ndarray] = []
+    for masks in masks_in_original(proto, det[:, 6:], det_native[:, :4], input_hw, tuple(pad), tuple(resized),
+                                   original_hw):
+        if rle:
+            rles += masks_to_rle(masks)
+        if polygons:
+            outlines += masks_to_polygons(masks)
+    return (rles if rle else None), (outlines if polygons else None)
+
+
+def _polygon_rows(det: torch.Tensor, polygons: list[np.ndarray], shape: tuple[int, int], with_conf: bool) -> str:
+    """YOLO-seg rows (``class x1 y1 x2 y2 ... [conf]``, normalised to the ``(h, w)`` image) of detections
+    and their mask outlines; a detection whose mask is empty inside its box has no outline and no row."""
+    h, w = shape
+    scale = np.array((w, h), np.float64)
+    lines = []
+    for (score, cls), polygon in zip(det[:, 4:6].double().cpu().tolist(), polygons):
+        if len(polygon):
+            values = [cls, *(polygon / scale).reshape(-1).tolist()] + ([score] if with_conf else [])
+            lines.append(" ".join(f"{v:g}" for v in values) + "\n")
+    return "".join(lines)
 
 
 def _save_results(metrics: Metrics, scorer: _ImageScorer, names: list[str], out_dir: Path) -> None:
@@ -364,7 +433,10 @@ def _save_results(metrics: Metrics, scorer: _ImageScorer, names: list[str], out_
         if metrics.curves is not None:
             plot_curves(metrics, out_dir)
     if scorer.coco_ids is not None:
-        metrics.coco = _coco_eval(scorer.dataset, names, scorer.coco_dets, out_dir)
+        metrics.coco = _coco_eval(scorer.dataset, names, scorer.coco_dets, out_dir, scorer.segment)
+        if scorer.segment and metrics.masks is not None:
+            metrics.masks.coco = coco_evaluate(out_dir / "ground_truth.json", out_dir / "predictions.json",
+                                               iou_type="segm")
     (out_dir / "metrics.json").write_text(json.dumps(metrics.as_dict(), indent=2))
 
 
@@ -403,12 +475,38 @@ def _remap(det: torch.Tensor, class_map: torch.Tensor) -> torch.Tensor:
     """Detections with model class ids replaced by data class ids; classes the data lacks are dropped."""
     mapped = class_map[det[:, 5].long()]
     keep = mapped >= 0
-    return torch.cat((det[keep, :5], mapped[keep, None].to(det.dtype)), 1)
+    return torch.cat((det[keep, :5], mapped[keep, None].to(det.dtype), det[keep, 6:]), 1)
 
 
-def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path) -> list[float]:
-    """Write COCO ground truth and detections, evaluate them and return the 12 summary numbers."""
-    gt = coco_ground_truth(dataset.im_files, dataset.labels, dataset.shapes, names)
+def _label_masks(batch: tuple, dataset, targets: torch.Tensor) -> list[torch.Tensor] | None:
+    """Per image of a segmentation batch ``(imgs, targets, paths, shapes, masks)``, the bool masks of its
+    labels in the order of their ``targets`` rows; None for a batch without masks (read from the label
+    files instead). ``masks`` are ``[B, h, w]`` overlap masks (value k + 1: the image's k-th label) when
+    the dataset's ``overlap`` is true (the default), else ``[n_targets, h, w]`` in the rows' order."""
+    if len(batch) < 5:
+        return None
+    masks, image_of = batch[4], targets[:, 0].long().cpu()
+    counts = torch.bincount(image_of, minlength=batch[0].shape[0]).tolist()
+    if getattr(dataset, "overlap", True):
+        return [split_overlap_mask(masks[i], n) for i, n in enumerate(counts)]
+    return list((masks[image_of.argsort(stable=True)] > 0).split(counts))
+
+
+def _at_size(masks: torch.Tensor, size: torch.Size) -> torch.Tensor:
+    """Label masks resized (bilinear, then > 0.5) to the predicted masks' size when they differ, as the
+    reference compares them."""
+    if masks.shape[1:] == size:
+        return masks
+    return F.interpolate(masks[None].float(), size, mode="bilinear", align_corners=False)[0] > 0.5
+
+
+def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path, segment: bool = False) -> list[float]:
+    """Write COCO ground truth (with each label's polygon for a segmentation model) and detections,
+    evaluate the boxes and return the 12 summary numbers."""
+    polygons = None
+    if segment:
+        polygons = [read_polygons(img2label_path(f), labels) for f, labels in zip(dataset.im_files, dataset.labels)]
+    gt = coco_ground_truth(dataset.im_files, dataset.labels, dataset.shapes, names, polygons)
     gt_path, pred_path = out_dir / "ground_truth.json", out_dir / "predictions.json"
     gt_path.write_text(json.dumps(gt))
     pred_path.write_text(json.dumps(detections))

@@ -149,7 +149,20 @@ def export_metadata(model: Yolov5, size: tuple[int, int], raw: bool, dynamic_bat
     }
     if nms is not None:
         metadata["nms"] = json.dumps(nms)
+    if model.task == "segment":
+        metadata.update({"task": "segment", "nm": str(model.num_masks)})
     return metadata
+
+
+def _check_segment(fmt: str, raw: bool, nms: bool) -> None:
+    """One-line errors for what a segmentation model cannot be exported as."""
+    if not REGISTRY[fmt].segment:
+        supported = sorted(name for name, spec in REGISTRY.items() if spec.segment)
+        raise ValueError(f"segmentation models export to {', '.join(supported)}: {fmt} cannot carry their "
+                         "prototype masks")
+    if raw or nms:
+        raise ValueError(f"{'--raw' if raw else '--nms'} is for detection models: a segmentation model's export "
+                         "gives its decoded predictions and prototype masks")
 
 
 def _load(weights_or_model: str | Path | Yolov5) -> Yolov5:
@@ -222,6 +235,8 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     if spec.exact_suffix and out.suffix != spec.suffix:
         raise ValueError(f"{fmt} output must end in {spec.suffix}, got {out.name}")
     model = _load(weights_or_model)
+    if model.task == "segment":
+        _check_segment(fmt, raw, nms)
     size = _image_size(model.default_img_size if img_size is None else img_size, model.max_stride)
     calibration_set = calibration_files(data, calibration_images) if int8 else []
     calibration = CalibrationImages(calibration_set, size) if int8 else None

@@ -1,5 +1,6 @@
 """The module every export traces: the fused detector with its output chosen (decoded predictions, the raw
-head maps, or final detections with NMS inside, built from ONNX's ``NonMaxSuppression``)."""
+head maps, or final detections with NMS inside, built from ONNX's ``NonMaxSuppression``); a segmentation
+model's decoded predictions come with its prototype masks as a second output."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from ..boxes import xywh_to_xyxy
 from ..model import Yolov5
 
 DECODED_OUTPUT = "output0"
+# A segmentation model's prototype masks [B, nm, H/4, W/4] (the reference's name for them).
+PROTO_OUTPUT = "output1"
 DETECTIONS_OUTPUT = "detections"
 
 
@@ -37,7 +40,8 @@ class NonMaxSuppression(torch.autograd.Function):
 
 
 class ExportGraph(nn.Module):
-    """What gets traced: images → decoded output, → the raw maps as a tuple, or → final detections."""
+    """What gets traced: images → decoded output (and a segmentation model's prototypes), → the raw maps
+    as a tuple, or → final detections."""
 
     def __init__(self, model: Yolov5, raw: bool, nms: dict | None = None) -> None:
         super().__init__()
@@ -47,6 +51,9 @@ class ExportGraph(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         maps = self.model.forward_maps(images)
+        if self.model.task == "segment":  # (exporting checks that neither raw maps nor NMS were asked for)
+            maps, proto = maps
+            return self.model.head.decode(maps), proto
         if self.raw:
             return tuple(maps)
         decoded = self.model.head.decode(maps)

@@ -25,12 +25,14 @@ from ..data.cachedir import cache_root
 
 # The ultralytics/yolov5 v7.0 release; ``$YOLOTRAIN_WEIGHTS_URL`` replaces it (a mirror, a local server).
 RELEASE_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
-# Official detection checkpoints this package can build: P5 (three levels) and P6 (four levels), which
-# interop/official.py loads alike.
+# Official checkpoints this package can build: P5 (three levels) and P6 (four levels) detectors and the
+# P5 segmentation models, which interop/official.py loads alike.
 OFFICIAL_WEIGHTS = ("yolov5n.pt", "yolov5s.pt", "yolov5m.pt", "yolov5l.pt", "yolov5x.pt",
-                    "yolov5n6.pt", "yolov5s6.pt", "yolov5m6.pt", "yolov5l6.pt", "yolov5x6.pt")
-# SHA-256 of the v7.0 release assets. Names missing from this table are not downloaded: a file that
-# cannot be verified is not used. yolov5n.pt was hashed here from a copy of the file. The others come
+                    "yolov5n6.pt", "yolov5s6.pt", "yolov5m6.pt", "yolov5l6.pt", "yolov5x6.pt",
+                    "yolov5n-seg.pt", "yolov5s-seg.pt", "yolov5m-seg.pt", "yolov5l-seg.pt", "yolov5x-seg.pt")
+# SHA-256 of the v7.0 release assets. Names missing from this table (the segmentation models: no hash
+# of them could be checked against a copy) are not downloaded: a file that cannot be verified is not
+# used. yolov5n.pt was hashed here from a copy of the file. The others come
 # from the weights catalogue of github.com/Pitohui-Dichrous/SentinelVision-Workspace (pretrained_weights.py
 # at commit dc47c904), which lists each v7.0 asset with its size and hash; it was accepted because it
 # gives yolov5n.pt exactly the hash and size (4,062,133 bytes) of our own copy, and the yolov5s.pt and

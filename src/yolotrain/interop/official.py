@@ -1,10 +1,11 @@
 """Interpret what :func:`read_torch_file` returns: official YOLOv5 checkpoints and plain state dicts.
 
 An official checkpoint is a dict whose ``model`` (or ``ema``) entry is a pickled
-``models.yolo.Model``/``DetectionModel``; here it arrives as a tree of :class:`PickledObject`
-placeholders whose state is the modules' ``__dict__``. The weights are read off that tree the way
-``nn.Module.state_dict`` would (``_modules`` / ``_parameters`` / ``_buffers``), and the architecture
-off its attributes (the ``yaml`` model description, Detect head ``nc``/``anchors``/``stride``, ``names``).
+``models.yolo.Model``/``DetectionModel`` (or ``SegmentationModel``: ``yolov5s-seg.pt`` ...); here it
+arrives as a tree of :class:`PickledObject` placeholders whose state is the modules' ``__dict__``. The
+weights are read off that tree the way ``nn.Module.state_dict`` would (``_modules`` / ``_parameters`` /
+``_buffers``), and the architecture off its attributes (the ``yaml`` model description, Detect head
+``nc``/``anchors``/``stride``, ``names``).
 P5 (three levels) and P6 (four levels, ``yolov5n6.pt`` ...) models load alike; a model whose
 ``yaml`` describes another layout of the blocks :mod:`yolotrain.model.spec` knows is rebuilt from it.
 """
@@ -19,13 +20,15 @@ import torch
 
 from ..checkpoint import CheckpointError
 from ..model import ModelSpec
-from ..model.spec import SIZES, matching_version
+from ..model.spec import SEGMENT_SUFFIX, SIZES, matching_version
 from ..names import class_names
 from .unpickler import PickledObject
 
 # Output channels of layer 0 (``width(64)``) for each published size: identifies a bare state dict.
 STEM_WIDTHS: dict[int, str] = {16: "n", 32: "s", 48: "m", 64: "l", 80: "x"}
 STEM_WEIGHT = "model.0.conv.weight"
+# The last convolution of a Segment head's Proto, under the head's layer: its outputs are the mask count.
+PROTO_WEIGHT = "proto.cv3.conv.weight"
 # Index of the Detect head in the published layouts, by number of detection levels (P5, P6).
 HEAD_INDEX: dict[int, int] = {3: 24, 4: 33}
 SILU = "torch.nn.modules.activation.SiLU"
@@ -77,28 +80,25 @@ def _checkpoint_names(names: Any, nc: int) -> list[str]:
 
 
 def _describe_model(model: PickledObject) -> str | None:
-    """Why this pickled model is not a YOLOv5 v6.0+ detector built from known blocks (None when it is)."""
+    """Why this pickled model is not a YOLOv5 v6.0+ detection or segmentation model built from known blocks
+    (None when it is)."""
     name = model.pickled_name
     qualname = name.rpartition(".")[2]
     if name.startswith("ultralytics."):
         return f"an Ultralytics YOLOv8-or-later model ({name}), which is a different architecture"
-    if qualname == "SegmentationModel":
-        return f"a YOLOv5 segmentation model ({name} with a Segment head)"
     if qualname == "ClassificationModel":
         return f"a YOLOv5 classification model ({name})"
-    if qualname not in ("Model", "DetectionModel"):
+    if qualname not in ("Model", "DetectionModel", "SegmentationModel"):
         return f"an unknown model class {name}"
     layers = (_child(model, "model").get("_modules") or {}) if _child(model, "model") else {}
     if not layers:
         return f"a {name} without layers"
     first, head = layers.get("0"), list(layers.values())[-1]
     head_name = getattr(head, "pickled_name", type(head).__name__)
-    if head_name.endswith(".Segment"):
-        return f"a YOLOv5 segmentation model ({name} with a Segment head)"
     if head_name.endswith(".Classify"):
         return f"a YOLOv5 classification model ({name} with a Classify head)"
-    if not head_name.endswith(".Detect"):
-        return f"a {name} whose last layer is {head_name}, not a Detect head"
+    if not head_name.endswith((".Detect", ".Segment")):
+        return f"a {name} whose last layer is {head_name}, not a Detect or Segment head"
     if "anchor_grid" in (head.get("_buffers") or {}) or (
             isinstance(first, PickledObject) and first.pickled_name.endswith(".Focus")
             and not _has_layer_lists(model.get("yaml"))):
@@ -127,8 +127,10 @@ def _child(module: PickledObject, name: str) -> PickledObject | None:
     return child if isinstance(child, PickledObject) else None
 
 
-def _architecture_from_yaml(yaml: Any, levels: int, layers: int, source: str) -> tuple[str, ModelSpec | None]:
-    """(version, spec): a published version, or ``'custom'`` and the spec the pickled ``yaml`` describes."""
+def _architecture_from_yaml(yaml: Any, levels: int, layers: int, source: str,
+                            segment: bool = False) -> tuple[str, ModelSpec | None]:
+    """(version, spec): a published version, or ``'custom'`` and the spec the pickled ``yaml`` describes
+    (``segment``: the head is a Segment, which only the layer lists or the published P5 layout give)."""
     if not isinstance(yaml, Mapping):
         raise UnsupportedCheckpointError(f"{source}: the pickled model has no 'yaml' architecture description")
     if _has_layer_lists(yaml):
@@ -140,7 +142,7 @@ def _architecture_from_yaml(yaml: Any, levels: int, layers: int, source: str) ->
         return (version, None) if version else ("custom", spec)
     # Only the multiples recorded: one of the published layouts, told apart by the head.
     multiples = (float(yaml.get("depth_multiple", 0)), float(yaml.get("width_multiple", 0)))
-    suffix = {3: "", 4: "6"}.get(levels)
+    suffix = {3: SEGMENT_SUFFIX if segment else "", 4: None if segment else "6"}.get(levels)
     if suffix is None or layers != HEAD_INDEX[levels] + 1:
         raise UnsupportedCheckpointError(
             f"{source}: unsupported checkpoint: a custom YOLOv5 layout ({layers} layers, {levels} detection levels) "
@@ -159,7 +161,8 @@ def from_pickled_model(model: PickledObject, source: str) -> DetectorWeights:
         raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {problem}")
     layers = list(_child(model, "model").get("_modules").values())
     head = layers[-1]
-    version, spec = _architecture_from_yaml(model.get("yaml"), head.get("nl"), len(layers), source)
+    segment = head.pickled_name.endswith(".Segment")
+    version, spec = _architecture_from_yaml(model.get("yaml"), head.get("nl"), len(layers), source, segment)
     state = module_state_dict(model)
     nc = int(head.get("nc"))
     # The reference keeps ``stride`` as a plain attribute; a non-persistent buffer is accepted as well.
@@ -198,10 +201,12 @@ def from_state_dict(state: Mapping[str, torch.Tensor], source: str) -> DetectorW
     if anchors.ndim != 3 or anchors.shape[0] != levels:
         raise UnsupportedCheckpointError(f"{source}: anchors of shape {tuple(anchors.shape)}, expected {levels} levels")
     na = int(anchors.shape[1])
-    nc = int(first_head.shape[0]) // na - 5
+    proto = state.get(f"model.{head_index}.{PROTO_WEIGHT}")  # a Segment head: mask coefficients follow the classes
+    masks = int(proto.shape[0]) if proto is not None and levels == 3 else 0
+    nc = int(first_head.shape[0]) // na - 5 - masks
     strides = [8.0 * 2 ** level for level in range(levels)]
     pixels = anchors.float() * torch.tensor(strides, dtype=torch.float32).view(-1, 1, 1)
-    version = STEM_WIDTHS[width] + ("6" if levels == 4 else "")
+    version = STEM_WIDTHS[width] + ("6" if levels == 4 else SEGMENT_SUFFIX if masks else "")
     return DetectorWeights(version, nc, pixels, _checkpoint_names(None, nc), state, f"YOLOv5{version} state dict")
 
 

@@ -17,7 +17,7 @@ from ..names import class_names
 from .backends import is_exported
 from .classify import read_classifier
 from .hub import resolve_weights
-from .official import DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
+from .official import PROTO_WEIGHT, DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
 from .unpickler import read_torch_file
 
 
@@ -82,9 +82,12 @@ def _head_mismatch(state: Mapping[str, torch.Tensor], nc: int, na: int) -> str |
         return "no Detect head tensors"
     last_layer = max(int(key.split(".")[1]) for key in heads)
     outputs = {int(state[key].shape[0]) for key in heads if int(key.split(".")[1]) == last_layer}
-    expected = na * (nc + 5)
+    proto = state.get(f"model.{last_layer}.{PROTO_WEIGHT}")  # a Segment head's masks follow the classes
+    masks = int(proto.shape[0]) if proto is not None and proto.ndim else 0
+    expected = na * (nc + 5 + masks)
     if outputs != {expected}:
-        return f"the head has {sorted(outputs)[0]} outputs per cell, {na} anchors x (5 + nc) = {expected} expected"
+        terms = "5 + nc + masks" if masks else "5 + nc"
+        return f"the head has {sorted(outputs)[0]} outputs per cell, {na} anchors x ({terms}) = {expected} expected"
     return None
 
 

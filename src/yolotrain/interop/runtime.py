@@ -34,7 +34,9 @@ class ExportedModel(abc.ABC):
     A :class:`~yolotrain.detector.Detector`: ``model(imgs)`` takes ``[B, 3, H, W]`` float images (0..1)
     and returns the decoded ``[B, N, 5+nc]`` output on the images' device, like ``Yolov5.eval()``;
     exports with NMS inside instead answer :meth:`detections`. ``names``, ``stride``, ``num_classes``,
-    ``img_size``, ``precision`` and ``end_to_end`` come from the file's metadata.
+    ``img_size``, ``precision`` and ``end_to_end`` come from the file's metadata. An export of a
+    segmentation model (``task`` ``"segment"``, ``num_masks`` coefficients) returns
+    ``(decoded [B, N, 5+nc+nm], proto [B, nm, H/4, W/4])``, as the PyTorch model does.
     """
 
     format_name = "exported"
@@ -58,6 +60,8 @@ class ExportedModel(abc.ABC):
         self.raw: bool = fields["raw"]
         self.precision: str = fields["precision"]
         self.nms_settings: dict | None = fields["nms"]
+        self.task: Task = fields["task"]
+        self.num_masks: int = fields["nm"]
         self.anchors_per_level = len(fields["anchors"][0])
         # Fixed axes are ints, free ones None (the runtimes name or mark them differently).
         self.input_shape = [s if isinstance(s, int) and s > 0 else None for s in input_shape]
@@ -85,7 +89,7 @@ class ExportedModel(abc.ABC):
     def _output_mismatch(self, shapes: Sequence[Sequence[int | None]], input_hw: Sequence[int | None]) -> str | None:
         """What the metadata (classes, strides, anchors per level, NMS) implies about the outputs that
         ``shapes`` contradicts, for an input of ``input_hw`` pixels; None when nothing does."""
-        na, no = self.anchors_per_level, self.num_classes + 5
+        na, no = self.anchors_per_level, self.num_classes + 5 + self.num_masks
         strides = [int(s) for s in self.stride.tolist()]
         height, width = input_hw
         grids = [(height // s, width // s) if height is not None and width is not None else (None, None)
@@ -108,11 +112,19 @@ class ExportedModel(abc.ABC):
         else:
             cells = None if None in grids[0] else sum(gh * gw for gh, gw in grids)
             expected = [None, None if cells is None else na * cells, no]
+        if self.task == "segment":
+            proto = [None, self.num_masks] + [None if s is None else s // 4 for s in input_hw]
+            if len(shapes) != 2:
+                return f"a segmentation model has 2 outputs (predictions, prototype masks), it has {len(shapes)}"
+            if len(shapes[1]) != 4 or any(differs(g, e) for g, e in zip(shapes[1], proto)):
+                return f"nm {self.num_masks} means prototype masks of {_shape(proto)}, it gives {_shape(shapes[1])}"
+            shapes = shapes[:1]
         if len(shapes) != 1:
             return f"one output expected, it has {len(shapes)}"
         if len(shapes[0]) != 3 or any(differs(g, e) for g, e in zip(shapes[0], expected)):
             what = (f"nms max_det {self.nms_settings['max_det']}" if self.end_to_end else
-                    f"strides {strides}, {na} anchors per level and nc {self.num_classes}")
+                    f"strides {strides}, {na} anchors per level and nc {self.num_classes}"
+                    + (f" (nm {self.num_masks})" if self.num_masks else ""))
             return f"{what} mean an output of {_shape(expected)}, it gives {_shape(shapes[0])}"
         return None
 
@@ -169,11 +181,14 @@ class ExportedModel(abc.ABC):
             raise CheckpointError(f"{self.path}: {self.format_name} runtime failed on a batch of shape "
                                   f"{list(images.shape)} ({shorten(first_line, 300)})") from None
 
-    def __call__(self, imgs: torch.Tensor) -> torch.Tensor:
-        """Decoded ``[B, N, 5+nc]`` predictions for ``imgs`` ``[B, 3, H, W]``."""
+    def __call__(self, imgs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Decoded ``[B, N, 5+nc]`` predictions for ``imgs`` ``[B, 3, H, W]`` (a segmentation model's with
+        its prototype masks: ``(decoded, proto)``)."""
         if self.end_to_end:
             raise ValueError(f"{self.path.name} has NMS inside: it returns detections, not raw predictions")
         outputs = self._forward(imgs)
+        if self.task == "segment":
+            return outputs[0].to(imgs.device), outputs[1].to(imgs.device)
         decoded = self._decoder.decode(outputs) if self._decoder is not None else outputs[0]
         return decoded.to(imgs.device)
 
@@ -223,7 +238,7 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
         if text is None and default is not _REQUIRED:
             return default
         try:
-            value = text if key == "precision" else json.loads(text)
+            value = text if key in ("precision", "task") else json.loads(text)
         except (TypeError, ValueError, RecursionError):
             value = _REQUIRED
         if value is _REQUIRED or not check(value):
@@ -247,8 +262,14 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
     nms = field("nms", lambda v: v is None or (isinstance(v, dict) and _is_int(v.get("max_det")) and 1 <= v["max_det"]
                 and all(_is_number(v.get(k)) for k in ("conf", "iou")) and isinstance(v.get("multi_label"), bool)),
                 "the NMS settings (conf, iou, max_det, multi_label)", None)
+    task = field("task", lambda v: v in ("detect", "segment"), '"detect" or "segment"', "detect")
+    nm = field("nm", lambda v: _is_int(v) and (v == 0) == (task == "detect") and 0 <= v <= 1024,
+               "the number of mask coefficients (from 1 to 1024 for a segmentation model)", 0)
+    if task == "segment" and (raw or nms is not None):
+        raise CheckpointError(f"{path}: yolotrain metadata of a segmentation model with "
+                              f"{'raw outputs' if raw else 'NMS inside'}, which its exports never have")
     return {"nc": nc, "names": names, "stride": stride, "anchors": anchors, "img_size": img_size, "raw": raw,
-            "precision": precision, "nms": nms}
+            "precision": precision, "nms": nms, "task": task, "nm": nm}
 
 
 _REQUIRED = object()

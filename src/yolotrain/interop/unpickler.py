@@ -8,7 +8,9 @@ resolves only:
   here from raw bytes (no torch storage machinery runs);
 - classes of known model code (the reference's ``models.*``, ``torch.nn`` modules, numpy scalars,
   ultralytics' classes so they can be named in errors) as inert :class:`PickledObject` placeholders
-  that only record their constructor arguments and state;
+  that only record their constructor arguments and state; ``builtins.getattr`` on such a placeholder
+  (how a pickle names a method, such as the ``Detect.forward`` a reference ``Segment`` head keeps) gives
+  another placeholder, and is refused on anything else;
 
 and refuses every other name with :class:`UnsafeCheckpointError`, before anything is called.
 """
@@ -161,6 +163,8 @@ class RestrictedUnpickler(pickle.Unpickler):
         full = f"{module}.{name}"
         if full in _SAFE_GLOBALS:
             return _SAFE_GLOBALS[full]
+        if full == "builtins.getattr":
+            return self._placeholder_attribute
         if module == "torch" and name in _STORAGE_DTYPES:
             return _STORAGE_DTYPES[name]
         if module == "torch.storage" and name == "UntypedStorage":
@@ -178,6 +182,14 @@ class RestrictedUnpickler(pickle.Unpickler):
         if full not in self._placeholders:
             self._placeholders.update({full: type(full.rpartition(".")[2], (PickledObject,), {"pickled_name": full})})
         return self._placeholders[full]
+
+    def _placeholder_attribute(self, owner: Any, name: Any) -> type[PickledObject]:
+        """``getattr(placeholder class, name)`` as a placeholder named ``owner.name``; nothing is looked up."""
+        if not (isinstance(owner, type) and issubclass(owner, PickledObject) and isinstance(name, str)
+                and name.isidentifier()):
+            raise UnsafeCheckpointError(f"{self.source}: refusing to load 'builtins.getattr' on {owner!r:.60}: "
+                                        "only attributes of known model classes are read")
+        return self._placeholder(f"{owner.pickled_name}.{name}")
 
     def persistent_load(self, pid: Any) -> _StorageRecord:
         """Resolve torch's ``('storage', dtype, key, location, numel)`` ids from the zip's data records."""

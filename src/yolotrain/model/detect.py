@@ -20,14 +20,15 @@ class Detect(nn.Module):
     """Predicts, for each anchor of each cell, box offsets (4), objectness (1) and class logits (nc).
 
     ``anchors`` is stored in grid units (pixels / stride) under the reference's buffer name, so
-    reference checkpoints load unchanged.
+    reference checkpoints load unchanged. ``extra_outputs`` more per anchor follow the class logits
+    (the mask coefficients of :class:`~yolotrain.model.segment.Segment`), with zero bias priors.
     """
 
     def __init__(self, num_classes: int, anchors: torch.Tensor, channels: tuple[int, ...],
-                 strides: tuple[int, ...] = STRIDES) -> None:
+                 strides: tuple[int, ...] = STRIDES, extra_outputs: int = 0) -> None:
         super().__init__()
         self.nc = num_classes
-        self.no = num_classes + 5
+        self.no = num_classes + 5 + extra_outputs
         self.nl = anchors.shape[0]
         self.na = anchors.shape[1]
         stride = torch.tensor(strides, dtype=torch.float32)
@@ -43,7 +44,8 @@ class Detect(nn.Module):
                 bias = conv.bias.view(self.na, self.no)
                 obj_prior = math.log(8 / (640 / stride) ** 2)
                 cls_prior = math.log(0.6 / (self.nc - 0.99999))
-                prior = torch.cat((torch.zeros(4), torch.tensor([obj_prior]), torch.full((self.nc,), cls_prior)))
+                prior = torch.cat((torch.zeros(4), torch.tensor([obj_prior]), torch.full((self.nc,), cls_prior),
+                                   torch.zeros(self.no - 5 - self.nc)))
                 conv.bias.copy_((bias + prior).view(-1))
 
     def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -26,6 +26,7 @@ from ..messages import brief
 from ..yamlio import read_yaml_document
 from .blocks import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus
 from .detect import DEFAULT_ANCHORS, Detect
+from .segment import NUM_MASKS, NUM_PROTOS, Proto, Segment
 
 # Entries are [from, number, module, args]; "nc" and "anchors" in args stand for the spec's values.
 Entry = list[Any]
@@ -109,6 +110,10 @@ P6_HEAD: tuple[Entry, ...] = (
     [[23, 26, 29, 32], 1, "Detect", ["nc", "anchors"]],
 )
 
+# The reference's models/segment/yolov5s-seg.yaml: the P5 layout with a Segment head (32 masks, 256 protos).
+SEGMENT_HEAD: Entry = [[17, 20, 23], 1, "Segment", ["nc", "anchors", NUM_MASKS, NUM_PROTOS]]
+SEGMENT_SUFFIX = "-seg"
+
 # (depth multiple, width multiple) of each published size; a trailing 6 selects the P6 layout.
 SIZES: dict[str, tuple[float, float]] = {
     "n": (0.33, 0.25),
@@ -117,7 +122,8 @@ SIZES: dict[str, tuple[float, float]] = {
     "l": (1.00, 1.00),
     "x": (1.33, 1.25),
 }
-BLOCKS = ("Conv", "C3", "SPPF", "SPP", "Focus", "Bottleneck", "Concat", "nn.Upsample", "Detect")
+BLOCKS = ("Conv", "C3", "SPPF", "SPP", "Focus", "Bottleneck", "Concat", "nn.Upsample", "Detect", "Segment")
+HEADS = ("Detect", "Segment")  # the last layer of every architecture
 # Blocks whose first argument is an output channel count scaled by the width multiple.
 _CHANNEL_BLOCKS = {"Conv": Conv, "C3": C3, "SPPF": SPPF, "SPP": SPP, "Focus": Focus, "Bottleneck": Bottleneck}
 # How many arguments after the channel count each block takes here (the reference's g, e, act ... are not).
@@ -135,6 +141,7 @@ MAX_KERNEL = 31
 MAX_CONV_STRIDE = 16
 MAX_UPSAMPLE = 16
 MAX_CLASSES = 10_000
+MAX_MASKS = 256
 MAX_IN_CHANNELS = 64
 MAX_ANCHOR_LEVELS = 8
 MAX_ANCHORS_PER_LEVEL = 16
@@ -223,15 +230,19 @@ class ModelSpec:
 
 
 def builtin_spec(version: str) -> ModelSpec:
-    """The published architecture ``n``…``x`` (P5) or ``n6``…``x6`` (P6)."""
-    size, p6 = version.removesuffix("6"), version.endswith("6")
+    """The published architecture ``n``…``x`` (P5), ``n6``…``x6`` (P6) or ``n-seg``…``x-seg`` (P5 with
+    the Segment head)."""
+    segment = version.endswith(SEGMENT_SUFFIX)
+    size = version.removesuffix(SEGMENT_SUFFIX)
+    size, p6 = size.removesuffix("6"), size.endswith("6")
     depth, width = SIZES[size]
     backbone, head, anchors = (P6_BACKBONE, P6_HEAD, P6_ANCHORS) if p6 else (P5_BACKBONE, P5_HEAD, P5_ANCHORS)
+    head = [*head[:-1], SEGMENT_HEAD] if segment else head
     return ModelSpec(depth, width, [list(e) for e in backbone], [list(e) for e in head],
                      [[float(v) for v in row] for row in anchors], source=f"yolov5{version}")
 
 
-VERSIONS: tuple[str, ...] = (*SIZES, *(f"{size}6" for size in SIZES))
+VERSIONS: tuple[str, ...] = (*SIZES, *(f"{size}6" for size in SIZES), *(size + SEGMENT_SUFFIX for size in SIZES))
 _BUILTIN_LAYOUTS: dict[str, str] = {version: builtin_spec(version).layout() for version in VERSIONS}
 
 
@@ -291,7 +302,7 @@ class BuiltLayers:
 
 def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: int,
                  build: bool = True) -> BuiltLayers:
-    """The reference's ``parse_model`` on ``spec``: one module per entry, the Detect head last.
+    """The reference's ``parse_model`` on ``spec``: one module per entry, the Detect (or Segment) head last.
 
     ``anchors`` (pixels, ``[levels, na, 2]``) replaces the spec's own; the stride of every layer is
     tracked so that Concat inputs of different resolutions and Detect strides are known up front.
@@ -300,7 +311,7 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
     """
     entries = spec.layers
     na = anchors.shape[1]
-    outputs_no = na * (nc + 5)
+    outputs_no = na * (nc + 5 + _head_masks(entries[-1] if entries else None))
     channels: list[int] = []
     strides: list[float] = []
     modules: list[nn.Module] = []
@@ -319,11 +330,11 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
             raise ValueError(f"{where}: number must be a positive integer, got {brief(number)}")
         resolved = _resolve_inputs(source, i, where)
-        if (name in ("Concat", "Detect")) != isinstance(resolved, list):
-            expected = "a list of layers" if name in ("Concat", "Detect") else "one layer"
+        if (name in ("Concat", *HEADS)) != isinstance(resolved, list):
+            expected = "a list of layers" if name in ("Concat", *HEADS) else "one layer"
             raise ValueError(f"{where}: {name} takes its input from {expected}, got from={source!r}")
-        if name == "Detect" and i != len(entries) - 1:
-            raise ValueError(f"{where}: Detect must be the last layer")
+        if name in HEADS and i != len(entries) - 1:
+            raise ValueError(f"{where}: {name} must be the last layer")
         if i == 0:
             c_in, s_in = in_channels, 1.0
         else:
@@ -337,10 +348,15 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
         try:
             # Built first without memory (parameters on the "meta" device) to count its parameters,
             # then for real only while the model stays within MAX_PARAMETERS. Detect, whose bias
-            # priors need real tensors, is counted from its convolutions: one 1x1 with bias per level.
+            # priors need real tensors, is counted from its convolutions: one 1x1 with bias per level
+            # (and Segment's Proto, built without memory).
             probe = None
-            if name == "Detect":
+            if name in HEADS:
                 parameters += sum((channels[j] + 1) * outputs_no for j in resolved)
+                if name == "Segment":
+                    with torch.device("meta"):
+                        proto = Proto(channels[resolved[0]], *_segment_sizes(args, spec)[::-1])
+                    parameters += sum(p.numel() for p in proto.parameters())
             else:
                 with torch.device("meta"):
                     probe = make()
@@ -360,7 +376,7 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
         channels.append(c_out)
         strides.append(stride)
     if not isinstance(modules[-1], Detect):
-        raise ValueError(f"{spec.where(len(entries) - 1)}: the last layer must be Detect")
+        raise ValueError(f"{spec.where(len(entries) - 1)}: the last layer must be Detect or Segment")
     return BuiltLayers(modules, inputs, saved, strides)
 
 
@@ -447,13 +463,15 @@ def _make_block(name: str, args: list[Any], c_in: int, s_in: float, repeats: int
             raise ValueError(f"Concat joins channels only (args [1]), got {args!r}")
         _check_same_stride(name, resolved, strides)
         return Concat(), sum(channels[j] for j in resolved), strides[resolved[0]]
-    # Detect: [nc, anchors], each standing for the spec's value or given literally.
-    if len(args) != 2:
-        raise ValueError(f"Detect takes [nc, anchors], got {args!r}")
+    # Detect: [nc, anchors], each standing for the spec's value or given literally; Segment: [nc, anchors,
+    # masks, protos] (masks and protos optional).
+    if not (len(args) == 2 or (name == "Segment" and 2 <= len(args) <= 4)):
+        usage = "[nc, anchors, masks, protos]" if name == "Segment" else "[nc, anchors]"
+        raise ValueError(f"{name} takes {usage}, got {args!r}")
     if args[0] not in ("nc", spec.nc):
-        raise ValueError(f"Detect's class count {args[0]!r} differs from the YAML's nc={spec.nc} (write 'nc')")
+        raise ValueError(f"{name}'s class count {args[0]!r} differs from the YAML's nc={spec.nc} (write 'nc')")
     if args[1] != "anchors" and not _is_anchor_table(args[1]):
-        raise ValueError("Detect's anchors must be 'anchors' or a list of (w, h) pixel rows (an anchor count "
+        raise ValueError(f"{name}'s anchors must be 'anchors' or a list of (w, h) pixel rows (an anchor count "
                          f"needs autoanchor, which is not supported), got {args[1]!r}")
     table = anchors if args[1] == "anchors" else torch.tensor(args[1], dtype=torch.float32).view(len(args[1]), -1, 2)
     if table.shape[0] != len(resolved):
@@ -461,8 +479,31 @@ def _make_block(name: str, args: list[Any], c_in: int, s_in: float, repeats: int
     level_strides = [strides[j] for j in resolved]
     if any(s < 1 or s != int(s) for s in level_strides):
         raise ValueError(f"detection levels at strides {level_strides}, which must be whole numbers")
-    return (Detect(nc, table, tuple(channels[j] for j in resolved), tuple(int(s) for s in level_strides)),
-            0, 0.0)
+    level_channels = tuple(channels[j] for j in resolved)
+    level_strides_int = tuple(int(s) for s in level_strides)
+    if name == "Segment":
+        return Segment(nc, table, level_channels, level_strides_int, *_segment_sizes(args, spec)), 0, 0.0
+    return Detect(nc, table, level_channels, level_strides_int), 0, 0.0
+
+
+def _head_masks(entry: Any) -> int:
+    """Mask coefficients per anchor of a head entry (0 for Detect or an entry not yet checked)."""
+    if not (isinstance(entry, list) and len(entry) == 4 and entry[2] == "Segment" and isinstance(entry[3], list)):
+        return 0
+    masks = entry[3][2] if len(entry[3]) > 2 else NUM_MASKS
+    return masks if _is_int_in(masks, 1, MAX_MASKS) else 0
+
+
+def _segment_sizes(args: list[Any], spec: ModelSpec) -> tuple[int, int]:
+    """(masks, prototype channels) of a Segment entry; the channels scaled by the width multiple as the
+    reference scales them (``make_divisible(npr * width_multiple, 8)``)."""
+    masks, protos = (list(args[2:]) + [NUM_MASKS, NUM_PROTOS][len(args) - 2:])[:2]
+    if not _is_int_in(masks, 1, MAX_MASKS):
+        raise ValueError(f"Segment's mask count must be an integer from 1 to {MAX_MASKS}, got {brief(masks)}")
+    if not _is_int_in(protos, 1, MAX_CHANNELS):
+        raise ValueError(f"Segment's prototype channels must be an integer from 1 to {MAX_CHANNELS}, "
+                         f"got {brief(protos)}")
+    return masks, min(math.ceil(protos * spec.width_multiple / 8) * 8, MAX_CHANNELS)
 
 
 def _check_conv_args(extra: list[Any]) -> None:

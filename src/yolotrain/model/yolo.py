@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -12,7 +13,17 @@ from torch import nn
 from ..detector import Task
 from .blocks import Conv
 from .detect import Detect
-from .spec import MAX_CLASSES, VERSIONS, ModelSpec, build_layers, builtin_spec, matching_version, read_model_yaml
+from .segment import Segment
+from .spec import (
+    MAX_CLASSES,
+    SEGMENT_SUFFIX,
+    VERSIONS,
+    ModelSpec,
+    build_layers,
+    builtin_spec,
+    matching_version,
+    read_model_yaml,
+)
 
 # Precision names of the floating types a model's parameters may have (as exports name theirs).
 PRECISIONS: dict[torch.dtype, str] = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -20,8 +31,12 @@ PRECISIONS: dict[torch.dtype, str] = {torch.float32: "fp32", torch.float16: "fp1
 DEFAULT_IMG_SIZE: dict[int, int] = {32: 640, 64: 1280}
 
 
+TASKS: tuple[Task, ...] = ("detect", "segment")
+
+
 def parse_version(version: str) -> str:
-    """Accept 'n' … 'x', 'n6' … 'x6' or 'yolov5n' … (any case); raise a ValueError naming the choices otherwise."""
+    """Accept 'n' … 'x', 'n6' … 'x6', 'n-seg' … 'x-seg' or 'yolov5n' … (any case); raise a ValueError naming
+    the choices otherwise."""
     key = str(version).lower().removeprefix("yolov5")
     if key not in VERSIONS:
         choices = ", ".join(repr(v) for v in VERSIONS)
@@ -41,12 +56,17 @@ def _anchor_tensor(anchors: Sequence[Sequence[float]] | torch.Tensor) -> torch.T
 
 
 class Yolov5(nn.Module):
-    """YOLOv5 detector.
+    """YOLOv5 detector, or instance segmenter with ``task="segment"``.
 
     ``version`` is a published size (``'n'`` … ``'x'``, P5: strides 8, 16, 32; ``'n6'`` … ``'x6'``, P6:
-    strides 8, 16, 32, 64) or a :class:`ModelSpec` (see :meth:`from_yaml`). In ``train()`` mode
-    ``model(imgs)`` returns one raw head map ``[B, 3, H/s, W/s, 5+nc]`` per level; in ``eval()`` mode
-    decoded boxes ``[B, N, 5+nc]``. Input sides must be multiples of the largest stride.
+    strides 8, 16, 32, 64; ``'n-seg'`` … ``'x-seg'``, the same as ``task="segment"``) or a
+    :class:`ModelSpec` (see :meth:`from_yaml`), whose head (Detect or Segment) gives the task. In
+    ``train()`` mode ``model(imgs)`` returns one raw head map ``[B, 3, H/s, W/s, 5+nc]`` per level; in
+    ``eval()`` mode decoded boxes ``[B, N, 5+nc]``. A segmentation model (``task == "segment"``) has
+    :attr:`num_masks` mask coefficients after the class scores (``5+nc+nm`` per anchor, raw in both
+    modes) and returns ``(maps, proto)`` in ``train()`` mode and ``(decoded, proto)`` in ``eval()`` mode,
+    ``proto`` being the prototype masks ``[B, nm, H/4, W/4]``. Input sides must be multiples of the
+    largest stride.
     ``self.model`` keeps the reference's layer indices, so a reference ``state_dict`` loads unchanged.
     ``version`` is ``'custom'`` for a spec that is not one of the published architectures;
     ``in_channels`` defaults to the spec's ``ch`` (3). It implements :class:`~yolotrain.detector.Detector`
@@ -61,15 +81,21 @@ class Yolov5(nn.Module):
 
     def __init__(self, version: str | ModelSpec = "s", num_classes: int = 80,
                  anchors: Sequence[Sequence[float]] | torch.Tensor | None = None, in_channels: int | None = None,
-                 names: Sequence[str] | None = None) -> None:
+                 names: Sequence[str] | None = None, task: Task | None = None) -> None:
         super().__init__()
         if not 1 <= int(num_classes) <= MAX_CLASSES:
             raise ValueError(f"num_classes must be from 1 to {MAX_CLASSES}, got {num_classes}")
+        if task is not None and task not in TASKS:
+            raise ValueError(f"unknown task {task!r}: choose one of {', '.join(map(repr, TASKS))}")
         if isinstance(version, ModelSpec):
             self.spec = version
             self.version = matching_version(version) or "custom"
         else:
             self.version = parse_version(version)
+            if task == "segment" and not self.version.endswith(SEGMENT_SUFFIX):
+                if self.version.endswith("6"):
+                    raise ValueError(f"no published segmentation model of the P6 layout yolov5{self.version}")
+                self.version += SEGMENT_SUFFIX
             self.spec = builtin_spec(self.version)
         self.num_classes = int(num_classes)
         self.names = [str(n) for n in names] if names is not None else [str(i) for i in range(self.num_classes)]
@@ -82,6 +108,10 @@ class Yolov5(nn.Module):
         self.layer_inputs = built.inputs
         self.saved_outputs = built.saved
         self.max_stride = int(max(max(built.strides), self.head.stride.max().item()))
+        self.task: Task = "segment" if isinstance(self.head, Segment) else "detect"
+        if task is not None and task != self.task:
+            raise ValueError(f"{self.spec.where()} has a {type(self.head).__name__} head, which makes a "
+                             f"{self.task} model, not a {task} one")
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, num_classes: int | None = None,
@@ -89,7 +119,8 @@ class Yolov5(nn.Module):
         """Build the architecture of a reference-format model YAML (``nc``, ``depth_multiple``,
         ``width_multiple``, ``anchors``, ``backbone``/``head``); ``num_classes`` overrides its ``nc``.
 
-        Blocks: Conv, C3, SPPF, SPP, Focus, Bottleneck, Concat, nn.Upsample, Detect. A bad entry raises
+        Blocks: Conv, C3, SPPF, SPP, Focus, Bottleneck, Concat, nn.Upsample, Detect or Segment (the
+        reference's ``models/segment/*.yaml``: a segmentation model). A bad entry raises
         a one-line ValueError naming ``file:line``.
         """
         spec = read_model_yaml(path)
@@ -99,6 +130,16 @@ class Yolov5(nn.Module):
     @property
     def head(self) -> Detect:
         return self.model[-1]
+
+    @property
+    def num_masks(self) -> int:
+        """Mask coefficients per anchor, one per prototype mask (0 for a detector)."""
+        return self.head.nm if isinstance(self.head, Segment) else 0
+
+    @property
+    def num_protos(self) -> int:
+        """Hidden channels of the prototype module (0 for a detector)."""
+        return self.head.npr if isinstance(self.head, Segment) else 0
 
     @property
     def stride(self) -> torch.Tensor:
@@ -121,8 +162,9 @@ class Yolov5(nn.Module):
         """The input size the published weights of this architecture were trained at (1280 for P6)."""
         return DEFAULT_IMG_SIZE.get(self.max_stride, 640)
 
-    def forward_maps(self, imgs: torch.Tensor) -> list[torch.Tensor]:
-        """Raw head maps whatever the mode (validation loss needs them in eval mode too)."""
+    def forward_maps(self, imgs: torch.Tensor) -> list[torch.Tensor] | tuple[list[torch.Tensor], torch.Tensor]:
+        """Raw head maps whatever the mode (validation loss needs them in eval mode too); with the
+        prototype masks, ``(maps, proto)``, for a segmentation model."""
         self._check_input(imgs)
         kept: dict[int, torch.Tensor] = {}
         x = imgs
@@ -136,9 +178,16 @@ class Yolov5(nn.Module):
                 kept[i] = x
         return x
 
-    def forward(self, imgs: torch.Tensor) -> list[torch.Tensor] | torch.Tensor:
-        maps = self.forward_maps(imgs)
-        return maps if self.training else self.head.decode(maps)
+    def forward(self, imgs: torch.Tensor) -> Any:
+        """Train mode: the raw maps (segmentation: ``(maps, proto)``); eval mode: the decoded predictions
+        (segmentation: ``(decoded, proto)``)."""
+        outputs = self.forward_maps(imgs)
+        if self.training:
+            return outputs
+        if self.task == "segment":
+            maps, proto = outputs
+            return self.head.decode(maps), proto
+        return self.head.decode(outputs)
 
     def _check_input(self, imgs: torch.Tensor) -> None:
         if imgs.ndim != 4 or imgs.shape[1] != self.in_channels:
@@ -147,6 +196,15 @@ class Yolov5(nn.Module):
         if h % self.max_stride or w % self.max_stride:
             raise ValueError(f"image sides must be multiples of {self.max_stride}, got {h}x{w} "
                              "(letterbox or resize first)")
+
+    def load_matching(self, state: dict[str, torch.Tensor]) -> list[str]:
+        """Copy every tensor of ``state`` whose name and shape this model has (the reference's transfer of
+        detection weights into a segmentation model, or into another class count); returns the names of
+        this model's tensors left as they were (a Segment head's convolutions and Proto, for instance)."""
+        own = self.state_dict()
+        matching = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        self.load_state_dict(matching, strict=False)
+        return [k for k in own if k not in matching]
 
     def fuse(self) -> Yolov5:
         """Fold every BatchNorm into its convolution (inference only); returns self in eval mode."""
@@ -157,4 +215,4 @@ class Yolov5(nn.Module):
         return self
 
     def extra_repr(self) -> str:
-        return f"version={self.version!r}, num_classes={self.num_classes}"
+        return f"version={self.version!r}, num_classes={self.num_classes}, task={self.task!r}"

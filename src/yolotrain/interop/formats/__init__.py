@@ -21,9 +21,11 @@ class ExportFormat:
     """One export format: its name (``--format``), file suffix, capabilities, writer and runtime.
 
     ``half``/``int8``/``nms``/``raw``: whether it can store fp16 or int8, build NMS inside, output the
-    raw head maps. ``dynamic``: whether its graph keeps a free batch axis and image size (the others
-    are fixed at batch 1 and the export's size). ``companions``: suffixes of the files written beside
-    the main one (OpenVINO's ``.bin``). ``exact_suffix``: whether ``--output`` must end in ``suffix``.
+    raw head maps. ``segment``: whether it carries a segmentation model's prototype masks (a second
+    output; its runtime then returns both). ``dynamic``: whether its graph keeps a free batch axis and
+    image size (the others are fixed at batch 1 and the export's size). ``companions``: suffixes of the
+    files written beside the main one (OpenVINO's ``.bin``). ``exact_suffix``: whether ``--output``
+    must end in ``suffix``.
     ``runtime``: (module in ``yolotrain.interop``, class) of the backend that runs the file, or
     ``not_runnable``: why it cannot run here. ``runs_code``: why loading such a file runs code it
     carries (it then needs ``trust_code``). ``unavailable``: a check returning why the format cannot
@@ -38,6 +40,7 @@ class ExportFormat:
     int8: bool = False
     nms: bool = False
     raw: bool = False
+    segment: bool = False
     dynamic: bool = False
     companions: tuple[str, ...] = ()
     exact_suffix: bool = False

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..export_graph import DECODED_OUTPUT, DETECTIONS_OUTPUT, ExportGraph, raw_output_names
+from ..export_graph import DECODED_OUTPUT, DETECTIONS_OUTPUT, PROTO_OUTPUT, ExportGraph, raw_output_names
 
 if TYPE_CHECKING:
     from ..calibration import CalibrationImages
@@ -63,7 +63,7 @@ def staged(out: Path, suffixes: Sequence[str] = ("",)) -> Iterator[Path]:
 
 
 def _dynamic_axes(raw: tuple[str, ...] | None, dynamic_batch: bool, dynamic_size: bool,
-                  nms: bool) -> dict[str, dict[int, str]]:
+                  nms: bool, segment: bool = False) -> dict[str, dict[int, str]]:
     batch = {0: "batch"} if dynamic_batch else {}
     axes = {"images": batch | ({2: "height", 3: "width"} if dynamic_size else {})}
     if raw:
@@ -73,6 +73,8 @@ def _dynamic_axes(raw: tuple[str, ...] | None, dynamic_batch: bool, dynamic_size
         axes.update({DETECTIONS_OUTPUT: batch})
     else:
         axes.update({DECODED_OUTPUT: batch | ({1: "predictions"} if dynamic_size else {})})
+    if segment:
+        axes.update({PROTO_OUTPUT: batch | ({2: "proto_height", 3: "proto_width"} if dynamic_size else {})})
     return {name: value for name, value in axes.items() if value}
 
 
@@ -90,6 +92,9 @@ def onnx_proto(job: ExportJob) -> Any:
     graph = job.graph
     raw_names = raw_output_names(graph.model) if graph.raw else None
     outputs = list(raw_names) if raw_names else [DETECTIONS_OUTPUT] if graph.nms else [DECODED_OUTPUT]
+    segment = graph.model.task == "segment"
+    if segment:
+        outputs.append(PROTO_OUTPUT)
     with tempfile.TemporaryDirectory(prefix="yolotrain-export-") as folder:
         traced = Path(folder) / "traced.onnx"
         with warnings.catch_warnings():
@@ -99,7 +104,7 @@ def onnx_proto(job: ExportJob) -> Any:
             torch.onnx.export(graph, (job.example,), str(traced), dynamo=False, opset_version=job.opset,
                               input_names=["images"], output_names=outputs, do_constant_folding=True,
                               dynamic_axes=_dynamic_axes(raw_names, job.dynamic_batch, job.dynamic_size,
-                                                         graph.nms is not None))
+                                                         graph.nms is not None, segment))
         proto = onnx.load(str(traced))
     return _simplify(proto) if job.simplify else proto
 

@@ -1,0 +1,128 @@
+"""The YOLOv5 segmentation loss: the detection loss of :mod:`yolotrain.loss` plus a mask term.
+
+Semantics follow the reference's ``utils/segment/loss.py`` ``ComputeLoss``: every prediction assigned to
+a target combines the prototypes with its mask coefficients; the BCE against the target's mask, kept
+inside the target's box, averaged over the mask and divided by the box's area, is averaged per image and
+summed over images and levels, with the box gain over the batch size. Here the matches of all images
+are combined in one batched product (no loop over images), and nothing is written in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .loss import LossConfig, Matches, TargetsLike, YoloLoss
+
+
+class SegmentLoss(YoloLoss):
+    """``criterion((maps, proto), targets, masks, pred_size=imgs.shape[2:4])`` → scalar loss.
+
+    ``masks`` holds the target masks at the prototypes' resolution or any other (resized to it, nearest):
+    with ``overlap`` one ``[B, h, w]`` map per image whose values are the 1-based row of the target within
+    its image's targets (0: background), else one ``[N, h, w]`` binary mask per target row. The total is
+    (box + seg + obj + cls) × batch size; ``self.components`` holds the four detached parts in that order.
+    """
+
+    component_names = ("box", "seg", "obj", "cls")
+
+    def __init__(self, model: torch.nn.Module, rect_training: bool = False, img_size: int | None = None,
+                 hyp: LossConfig | Mapping[str, float] | None = None, overlap: bool = True) -> None:
+        super().__init__(model, rect_training, img_size, hyp)
+        self.nm = self.head.nm
+        self.overlap = overlap
+        self.components = torch.zeros(4)
+
+    def __call__(self, outputs: tuple[Sequence[torch.Tensor], torch.Tensor], targets: TargetsLike,
+                 masks: torch.Tensor | None = None, pred_size: Sequence[int] | None = None) -> torch.Tensor:
+        if not (isinstance(outputs, (tuple, list)) and len(outputs) == 2 and isinstance(outputs[1], torch.Tensor)):
+            raise ValueError("expected (maps, proto) from a segmentation model in train() mode")
+        if masks is None:
+            raise ValueError("the segmentation loss needs the target masks")
+        maps, proto = outputs
+        maps, targets = self._prepare(maps, targets, pred_size)
+        proto = proto.float() if proto.dtype in (torch.float16, torch.bfloat16) else proto
+        lbox, lobj, lcls, matches = self._detection_losses(maps, targets, pred_size)
+        batch_size = maps[0].shape[0]
+        grids = [(p.shape[3], p.shape[2]) for p in maps]
+        lseg = self._mask_loss(matches, grids, proto, targets, masks) * self.box_gain / batch_size
+        self.components = torch.stack((lbox, lseg, lobj, lcls)).detach()
+        total = (lbox + lseg + lobj + lcls) * batch_size
+        if torch.is_grad_enabled():
+            self._check_diverged(total, [*maps, proto])
+        return total
+
+    def _mask_indices(self, targets: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """Per target row, its mask: the 1-based position among its image's rows (overlap masks, counted as
+        the reference counts them: rows taken in order, image by image) or the row itself."""
+        rows = torch.arange(targets.shape[0], device=targets.device)
+        if not self.overlap:
+            return rows
+        counts = torch.bincount(targets[:, 0].long(), minlength=batch_size)
+        starts = counts.cumsum(0) - counts
+        group = torch.repeat_interleave(torch.arange(batch_size, device=targets.device), counts)
+        return rows - starts[group] + 1
+
+    def _mask_loss(self, matches: list[Matches], grids: list[tuple[int, int]], proto: torch.Tensor,
+                   targets: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+        """The mask term before its gain: per level, the mean over each image's matches, summed over images
+        (``grids``: each level's map width and height)."""
+        batch_size, nm, mask_h, mask_w = proto.shape
+        masks = masks.to(proto.device)
+        if tuple(masks.shape[-2:]) != (mask_h, mask_w):
+            masks = F.interpolate(masks[None].float(), (mask_h, mask_w), mode="nearest")[0]
+        mask_index = self._mask_indices(targets, batch_size)
+        scale = torch.tensor([mask_w, mask_h, mask_w, mask_h], dtype=proto.dtype, device=proto.device)
+        flat_proto = proto.reshape(batch_size, nm, mask_h * mask_w)
+        total = proto.new_zeros(())
+        for (image, target_index, predictions), (nx, ny) in zip(matches, grids):
+            if not image.numel():
+                continue
+            # The normalised box as the reference recovers it from grid units (the same rounding).
+            grid_gain = torch.tensor([nx, ny, nx, ny], dtype=targets.dtype, device=targets.device)
+            xywhn = (targets[target_index, 2:6] * grid_gain / grid_gain).to(proto.dtype)
+            logits = _per_image_products(predictions[:, -nm:], image, flat_proto).view(-1, mask_h, mask_w)
+            if self.overlap:
+                target = (masks[image] == mask_index[target_index].view(-1, 1, 1)).to(proto.dtype)
+            else:
+                target = masks[mask_index[target_index]].to(proto.dtype)
+            loss = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
+            box = _xywh_to_xyxy(xywhn * scale)
+            area = xywhn[:, 2:].prod(1)
+            per_match = _inside_box(loss, box).mean(dim=(1, 2)) / area
+            # Averaged per image, summed over images: each match weighs 1 / (matches of its image).
+            per_image = torch.bincount(image, minlength=batch_size).to(proto.dtype)
+            total = total + (per_match / per_image[image]).sum()
+        return total
+
+
+def _per_image_products(coefficients: torch.Tensor, image: torch.Tensor, flat_proto: torch.Tensor) -> torch.Tensor:
+    """``coefficients[m] @ flat_proto[image[m]]`` for every match ``m`` (``[m, h*w]``), as one batched product:
+    the matches are packed per image into a padded ``[B, most, nm]`` table, so no prototype is copied."""
+    batch_size = flat_proto.shape[0]
+    counts = torch.bincount(image, minlength=batch_size)
+    order = torch.argsort(image, stable=True)
+    sorted_image = image[order]
+    starts = counts.cumsum(0) - counts
+    slot = torch.arange(image.numel(), device=image.device) - starts[sorted_image]
+    packed = coefficients.new_zeros(batch_size, int(counts.max()), coefficients.shape[1])
+    packed = packed.index_put((sorted_image, slot), coefficients[order])
+    products = torch.bmm(packed, flat_proto)[sorted_image, slot]
+    return products[torch.argsort(order)]
+
+
+def _xywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
+    xy, wh = boxes[:, :2], boxes[:, 2:]
+    return torch.cat((xy - wh / 2, xy + wh / 2), 1)
+
+
+def _inside_box(values: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """``values [n, h, w]`` with everything outside each row's box (``x1 <= col < x2``, ``y1 <= row < y2``)
+    set to zero, as the reference's ``crop_mask``."""
+    _, h, w = values.shape
+    x1, y1, x2, y2 = boxes[:, :, None].chunk(4, 1)
+    cols = torch.arange(w, device=values.device, dtype=boxes.dtype)[None, None, :]
+    rows = torch.arange(h, device=values.device, dtype=boxes.dtype)[None, :, None]
+    return values * ((cols >= x1) & (cols < x2) & (rows >= y1) & (rows < y2))
