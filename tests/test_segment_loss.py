@@ -112,3 +112,34 @@ def test_detection_outputs_or_missing_masks_are_one_line_errors():
         criterion(maps, torch.zeros(0, 6), torch.zeros(1, 16, 16))
     with pytest.raises(ValueError, match="^the segmentation loss needs the target masks$"):
         criterion((maps, proto), torch.zeros(0, 6))
+
+
+def test_the_doctor_finds_no_inplace_write_in_a_segmentation_step():
+    from yolotrain.doctor import check_step
+
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2, task="segment").train()
+    targets = sorted_targets(6, 2, 2, seed=1)
+    masks = target_masks(targets, 2, 16, 16, True, seed=1)
+    criterion = SegmentLoss(model)
+
+    def step():
+        criterion(model(torch.rand(2, 3, 64, 64)), targets, masks).backward()
+
+    assert check_step(step) == []
+
+
+def test_autocast_outputs_are_scored_in_float32():
+    """bfloat16 maps and prototypes (AMP) give the float32 loss of the same values, in float32."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2, task="segment").train()
+    targets = sorted_targets(6, 2, 2, seed=2)
+    masks = target_masks(targets, 2, 16, 16, True, seed=2)
+    with torch.no_grad():
+        maps, proto = model(torch.rand(2, 3, 64, 64))
+    low = ([m.bfloat16() for m in maps], proto.bfloat16())
+    exact = ([m.float() for m in low[0]], low[1].float())
+    criterion = SegmentLoss(model)
+    loss = criterion(low, targets, masks)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, criterion(exact, targets, masks))

@@ -11,8 +11,10 @@ import torch
 from safetensors.torch import load_file
 from test_train import run_cli
 
-from yolotrain import train
+from yolotrain import Yolov5, train
+from yolotrain.checkpoint import save_checkpoint
 from yolotrain.data import generate_shapes_dataset
+from yolotrain.engine import Trainer, resolve_config
 from yolotrain.interop import load_checkpoint
 
 TINY = {"img_size": 64, "batch_size": 4, "workers": 0, "device": "cpu", "autoanchor": False}
@@ -83,3 +85,20 @@ def test_segmentation_model_on_box_labels_is_one_line(coco_mini, tmp_path):
     assert run.returncode == 1
     assert run.stderr.startswith("yolotrain train: error: ") and len(run.stderr.strip().splitlines()) == 1
     assert "train split has no polygon labels" in run.stderr
+
+
+def test_detection_weights_start_a_segmentation_model(shapes, tmp_path, capsys):
+    """``--cfg yolov5n-seg.yaml --weights det``: the backbone, neck and anchors come from the detection
+    checkpoint; the Segment head's convolutions and Proto start fresh."""
+    torch.manual_seed(3)
+    detector = Yolov5("n", num_classes=2, names=["circle", "rectangle"])
+    save_checkpoint(tmp_path / "detector", detector)
+    trainer = Trainer(resolve_config(data=str(shapes), model="yolov5n-seg", pretrained=str(tmp_path / "detector"),
+                                     project=str(tmp_path / "runs"), epochs=1, **TINY))
+    trainer.setup()
+    ours, theirs = trainer.model.state_dict(), detector.state_dict()
+    assert trainer.model.task == "segment"
+    assert all(torch.equal(ours[k], v) for k, v in theirs.items() if not k.startswith("model.24.m."))
+    assert not torch.equal(ours["model.24.m.0.bias"][:7], theirs["model.24.m.0.bias"][:7])
+    assert f"Transferred {len(ours) - 6 - len([k for k in ours if '.proto.' in k])}/{len(ours)} tensors from" in \
+        capsys.readouterr().out

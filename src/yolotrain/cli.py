@@ -107,9 +107,8 @@ def train_settings(args: argparse.Namespace) -> dict[str, object]:
     if settings.get("model") == "":  # the reference's --weights '': no weights, train from scratch
         del settings["model"]
     if args.cfg:
-        if "model" in settings:
-            raise ValueError("--cfg with --weights (an architecture taking over some weights) is not supported: "
-                             "give --weights alone to fine-tune those weights, or --cfg alone to train from scratch")
+        if "model" in settings:  # the architecture takes over the tensors of the weights that fit it
+            settings["pretrained"] = settings.pop("model")
         settings["model"] = _architecture(args.cfg)
     return settings
 

@@ -46,6 +46,9 @@ class TrainConfig:
     model: str = setting("yolov5n", "yolov5n|s|m|l|x or n6..x6 (from scratch), a model YAML, or weights to "
                          "fine-tune (yolov5n.pt: the official COCO weights, downloaded once)",
                          flags=("--model", "--weights"))
+    pretrained: str | None = setting(None, "weights whose tensors of the same name and shape start --model's "
+                                     "architecture (--cfg yolov5n-seg.yaml --weights yolov5n.pt: a segmentation "
+                                     "model from detection weights)")
     epochs: int | None = setting(None, "epochs (100; 30 on shapes)", min=1)
     device: str | None = setting(None, "cpu, cuda, cuda:N, GPUs 0,1 (a process each) or mps (a GPU when present)")
     seed: int = setting(0, "seed of the weights, the shuffling and the augmentations", min=0)

@@ -223,6 +223,14 @@ class Trainer:
         if model.num_classes != len(self.names):  # weights trained on other classes
             model = _with_new_head(model, len(self.names))
         model.names = list(self.names)
+        pretrained = self.config.pretrained
+        if pretrained is not None and self.resume_from is None:
+            source = resolve_trainable(pretrained)
+            fresh = model.load_matching(source.state_dict())
+            if self.ctx.is_main:
+                total = len(model.state_dict())
+                self._log(f"Transferred {total - len(fresh)}/{total} tensors from {pretrained} into "
+                          f"yolov5{model.version}")
         return model
 
     def setup(self) -> None:
@@ -231,7 +239,7 @@ class Trainer:
         D.init_process_group(ctx, self.device)
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
         seed_everything(cfg.seed + ctx.rank)
-        if ctx.is_main and not (Path(cfg.model).suffix or Path(cfg.model).exists()):
+        if ctx.is_main and cfg.pretrained is None and not (Path(cfg.model).suffix or Path(cfg.model).exists()):
             self._log(f"Model {cfg.model}: random initial weights (training from scratch); "
                       f"--model {cfg.model}.pt starts from the official COCO weights")
         self._build_data()
@@ -280,6 +288,8 @@ class Trainer:
         model_file = [("--model", Path(cfg.model))] if Path(cfg.model).is_file() else []
         weights = weights_inputs(cfg.model) if model_file and Path(cfg.model).suffix not in (".yaml", ".yml") \
             else model_file
+        if cfg.pretrained is not None and Path(cfg.pretrained).exists():
+            weights += weights_inputs(cfg.pretrained)
         data = dataset_inputs([*self.train_set.im_files, *self.val_set.im_files], cfg.data.path)
         settings = [("settings file", path) for path in self.setting_files]
         refuse_overwriting_inputs([("--project/--name", self.save_dir)], weights + data + settings)
