@@ -14,7 +14,6 @@ from yolotrain.eval.masks import (
     masks_to_polygons,
     masks_to_rle,
     process_masks,
-    rasterize_polygons,
     scale_masks_to_original,
     split_overlap_mask,
     upsampled_masks,
@@ -87,20 +86,19 @@ def test_retina_masks_cut_the_letterbox_border_and_match_upsampled_then_scaled()
     assert (shifted != scaled).float().mean() > 2 * (native != scaled).float().mean()
 
 
-def test_overlap_masks_split_back_and_rasterise_as_the_reference(reference):
-    from yolov5.utils.segment.dataloaders import polygons2masks_overlap
+def test_overlap_masks_split_back_into_each_instance():
+    from yolotrain.data.segment import polygon_masks
 
     squares = [np.array([[x, y], [x + s, y], [x + s, y + s], [x, y + s]], np.float64)
                for x, y, s in ((10, 10, 60), (30, 30, 20), (70, 5, 40))]
-    overlap, order = rasterize_polygons(squares, (96, 128), ratio=4)
-    ref_overlap, ref_order = polygons2masks_overlap((96, 128), squares, downsample_ratio=4)
-    assert np.array_equal(overlap, ref_overlap) and np.array_equal(order, ref_order)
-    split = split_overlap_mask(torch.from_numpy(overlap.astype(np.int64)), 3)
-    assert split.shape == (3, 24, 32) and not (split.sum(0) > 1).any()
-    singles, _ = rasterize_polygons(squares, (96, 128), ratio=4, overlap=False)
-    # The small square sits on the large one: the large one's overlap mask has a hole where it is.
+    overlap, order = polygon_masks((96, 128), squares, 4, overlap=True)
     assert order.tolist() == [0, 2, 1]  # largest first
+    split = split_overlap_mask(torch.from_numpy(overlap[0].astype(np.int64)), 3)
+    assert split.shape == (3, 24, 32) and not (split.sum(0) > 1).any()
+    singles, _ = polygon_masks((96, 128), squares, 4, overlap=False)
+    # The small square sits on the large one: the large one's overlap mask has a hole where it is.
     assert singles[0].sum() > split[0].sum() and torch.equal(split[2], torch.from_numpy(singles[1] > 0))
+    assert torch.equal(split.any(0), torch.from_numpy(singles.any(0)))
 
 
 def test_polygons_trace_each_mask_and_empty_masks_give_none():

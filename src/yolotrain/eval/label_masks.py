@@ -1,10 +1,11 @@
 """The label masks of a validation batch, for data loaders whose batches carry none.
 
 A segmentation data loader yields ``(imgs, targets, paths, shapes, masks)`` with the masks of its
-labels; a detection loader over a YOLO-seg dataset yields boxes only. For those, :func:`batch_label_masks`
-reads each image's polygons from its label file and rasterises them in the batch's letterbox geometry,
-the way the segmentation loader does (overlap masks at 1/4 of the input, largest instance first),
-returned per label in the order of the batch's targets.
+labels; a detection loader over a YOLO-seg dataset (one a caller built for boxes) yields boxes only.
+For those, :func:`batch_label_masks` reads each image's polygons from its label file and rasterises
+them in the batch's letterbox geometry as the segmentation loader does
+(:func:`~yolotrain.data.segment.polygon_masks`: overlap masks at 1/4 of the input, largest instance
+first), returned per label in the order of the batch's targets.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..data.segment import polygon_masks
 from ..data.sources import img2label_path
-from .masks import rasterize_polygons, split_overlap_mask
+from .masks import split_overlap_mask
 
 # Downsampling of label masks against the network input: the prototypes' resolution.
 MASK_RATIO = 4
@@ -67,11 +69,8 @@ def batch_label_masks(dataset, first: int, count: int, input_hw: tuple[int, int]
         labels = dataset.labels[first + i]
         polygons = read_polygons(img2label_path(dataset.im_files[first + i]), labels)
         in_pixels = [p * resized[i] + pads[i] for p in polygons]
-        overlap, order = rasterize_polygons(in_pixels, input_hw, ratio, overlap=True)
-        if not len(polygons):
-            out.append(torch.zeros((0, input_hw[0] // ratio, input_hw[1] // ratio), dtype=torch.bool))
-            continue
-        by_area = split_overlap_mask(torch.from_numpy(overlap.astype(np.int64)), len(polygons))
+        overlap, order = polygon_masks(input_hw, in_pixels, ratio, overlap=True)
+        by_area = split_overlap_mask(torch.from_numpy(overlap[0].astype(np.int64)), len(polygons))
         masks = torch.empty_like(by_area)
         masks[torch.from_numpy(order)] = by_area
         out.append(masks)

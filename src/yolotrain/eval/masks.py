@@ -13,7 +13,7 @@ with hundreds of detections never holds them all at full size.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import cv2
 import numpy as np
@@ -144,29 +144,3 @@ def masks_to_rle(masks: torch.Tensor | np.ndarray) -> list[dict]:
     encoded = coco_mask.encode(np.asfortranarray(arrays.transpose(1, 2, 0).astype(np.uint8)))
     return [{"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")} for rle in encoded]
 
-
-def rasterize_polygons(polygons: Sequence[np.ndarray], input_hw: tuple[int, int], ratio: int = 4,
-                       overlap: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Label masks of an image at ``1/ratio`` of ``input_hw`` from polygons ``(k, 2)`` in input pixels.
-
-    Each polygon is filled at full resolution (vertices truncated to whole pixels) and resized
-    (bilinear) to the mask size, as the reference's data pipeline does. With ``overlap``: one
-    ``[h, w]`` mask where value k + 1 marks the k-th instance of the returned order (largest area first,
-    so smaller instances stay visible on top); else ``[n, h, w]`` in the given order.
-
-    Returns:
-        The masks and the order of the instances in them (indices into ``polygons``).
-    """
-    h, w = input_hw[0] // ratio, input_hw[1] // ratio
-    singles = np.zeros((len(polygons), h, w), np.uint8)
-    for i, polygon in enumerate(polygons):
-        full = np.zeros(input_hw, np.uint8)
-        cv2.fillPoly(full, [np.asarray(polygon).astype(np.int32).reshape(-1, 2)], color=1)
-        singles[i] = cv2.resize(full, (w, h))
-    if not overlap:
-        return singles, np.arange(len(polygons))
-    order = np.argsort(-singles.reshape(len(polygons), -1).sum(1), kind="stable")
-    combined = np.zeros((h, w), np.int32 if len(polygons) > 255 else np.uint8)
-    for k, i in enumerate(order):  # later (smaller) instances overwrite earlier ones
-        combined[singles[i] > 0] = k + 1
-    return combined, order

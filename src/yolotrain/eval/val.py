@@ -99,13 +99,15 @@ class ValConfig:
 
 
 def build_val_loader(data: str | os.PathLike, nc: int | None, img_size: int = 640, batch_size: int = 32,
-                     rect: bool = True, workers: int | None = None, stride: int = 32) -> DataLoader:
+                     rect: bool = True, workers: int | None = None, stride: int = 32,
+                     masks: bool = False) -> DataLoader:
     """The val split of a dataset folder or YAML as a non-augmented, ordered DataLoader (see
     :func:`yolotrain.data.loaders.build_loaders`): rectangular batches in the reference's order with
     ``rect``, shaped in multiples of ``stride`` (the model's largest: 64 for P6 models), else every
-    image letterboxed to ``img_size`` square."""
+    image letterboxed to ``img_size`` square; with ``masks``, batches of a segmentation dataset (its
+    polygons' overlap masks at 1/4 of the input, as training validates)."""
     config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=batch_size, workers=workers)
-    return build_loaders(config, num_classes=nc, splits=("val",), val_rect=rect, stride=stride).val
+    return build_loaders(config, num_classes=nc, splits=("val",), val_rect=rect, stride=stride, masks=masks).val
 
 
 def _check_ordered(loader: DataLoader) -> None:
@@ -236,7 +238,7 @@ def val(
         stride = max(model.max_stride, 32)
         size = model.default_img_size if img_size is None else img_size
         loader = build_val_loader(data, None if map_classes or single_cls else model.num_classes, size,
-                                  batch_size, rect, workers, stride=stride)
+                                  batch_size, rect, workers, stride=stride, masks=model.task == "segment")
     _check_ordered(loader)
     dataset = loader.dataset
     model_names = class_names(model.names, model.num_classes)
@@ -503,8 +505,8 @@ def _at_size(masks: torch.Tensor, size: torch.Size) -> torch.Tensor:
 def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path, segment: bool = False) -> list[float]:
     """Write COCO ground truth (with each label's polygon for a segmentation model) and detections,
     evaluate the boxes and return the 12 summary numbers."""
-    polygons = None
-    if segment:
+    polygons = getattr(dataset, "segments", None) if segment else None
+    if segment and polygons is None:  # a detection dataset: the polygons are read from its label files
         polygons = [read_polygons(img2label_path(f), labels) for f, labels in zip(dataset.im_files, dataset.labels)]
     gt = coco_ground_truth(dataset.im_files, dataset.labels, dataset.shapes, names, polygons)
     gt_path, pred_path = out_dir / "ground_truth.json", out_dir / "predictions.json"

@@ -154,7 +154,7 @@ def export_metadata(model: Yolov5, size: tuple[int, int], raw: bool, dynamic_bat
     return metadata
 
 
-def _check_segment(fmt: str, raw: bool, nms: bool) -> None:
+def _check_segment(fmt: str, raw: bool, nms: bool, int8: bool) -> None:
     """One-line errors for what a segmentation model cannot be exported as."""
     if not REGISTRY[fmt].segment:
         supported = sorted(name for name, spec in REGISTRY.items() if spec.segment)
@@ -163,6 +163,9 @@ def _check_segment(fmt: str, raw: bool, nms: bool) -> None:
     if raw or nms:
         raise ValueError(f"{'--raw' if raw else '--nms'} is for detection models: a segmentation model's export "
                          "gives its decoded predictions and prototype masks")
+    if int8:
+        raise ValueError("int8 export is for detection models: how int8 prototype masks score is not measured; "
+                         "export a segmentation model in fp32 or fp16 (--half)")
 
 
 def _load(weights_or_model: str | Path | Yolov5) -> Yolov5:
@@ -236,7 +239,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
         raise ValueError(f"{fmt} output must end in {spec.suffix}, got {out.name}")
     model = _load(weights_or_model)
     if model.task == "segment":
-        _check_segment(fmt, raw, nms)
+        _check_segment(fmt, raw, nms, int8)
     size = _image_size(model.default_img_size if img_size is None else img_size, model.max_stride)
     calibration_set = calibration_files(data, calibration_images) if int8 else []
     calibration = CalibrationImages(calibration_set, size) if int8 else None
