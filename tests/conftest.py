@@ -1,4 +1,5 @@
-"""Shared fixtures: the reference implementation (optional oracle) and the shared data folder."""
+"""Shared fixtures: the reference implementation (optional oracle), the shared data folder, a tiny generated
+dataset and an untrained model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
+from yolotrain import Yolov5
+from yolotrain.data import generate_shapes_dataset
 from yolotrain.data.sources import link_subset
 
 # The doctor corpus tests' shared assertions get pytest's detailed failure messages.
@@ -68,6 +72,20 @@ def coco_mini(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fixtures") / "coco_mini"
     shutil.copytree(Path(__file__).parent / "fixtures" / "data" / "coco_mini", root)
     return root / "data.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    """The YAML of a generated shapes dataset (8 training, 4 validation images of 64 px), one per test module."""
+    root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=4, img_size=64)
+    return root / "data.yaml"
+
+
+@pytest.fixture(scope="module")
+def model() -> Yolov5:
+    """An untrained yolov5n for two classes (weights of seed 0) in eval mode, one per test module."""
+    torch.manual_seed(0)
+    return Yolov5("n", num_classes=2).eval()
 
 
 @pytest.fixture(scope="session")

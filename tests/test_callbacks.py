@@ -11,19 +11,12 @@ import torch
 
 from yolotrain import predict, resolve_config, train
 from yolotrain.callbacks import HOOKS, CallbackError
-from yolotrain.data import generate_shapes_dataset
 from yolotrain.engine import Trainer, TrainResult
 from yolotrain.eval.predict import Predictor, Result
 from yolotrain.interop import load_checkpoint
 
 FAST = {"img_size": 64, "batch_size": 4, "workers": 0, "autoanchor": False}
 TRAIN_BATCH = ["on_train_batch_start", "optimizer_step", "on_before_zero_grad", "on_train_batch_end"]
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=4, img_size=64)
-    return root / "data.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ pytest.importorskip("onnxruntime")
 
 
 @pytest.fixture(scope="module")
-def model() -> Yolov5:
+def named_model() -> Yolov5:
+    """An untrained yolov5n for three named classes (ant, bee, cow) in eval mode: exports carry the names."""
     torch.manual_seed(0)
     detector = Yolov5("n", num_classes=3).eval()
     detector.names = ["ant", "bee", "cow"]
@@ -54,33 +55,33 @@ def fused(detector: Yolov5) -> Yolov5:
 
 @pytest.mark.parametrize(("dynamic_size", "raw", "run_size"), [(False, False, (128, 128)), (True, False, (96, 160)),
                                                                (True, True, (160, 64))])
-def test_onnx_export_runs_in_onnxruntime_like_torch(tmp_path, model, dynamic_size, raw, run_size):
-    path = export(model, "onnx", out=tmp_path / "m.onnx", img_size=128, dynamic_size=dynamic_size, raw=raw)
+def test_onnx_export_runs_in_onnxruntime_like_torch(tmp_path, named_model, dynamic_size, raw, run_size):
+    path = export(named_model, "onnx", out=tmp_path / "m.onnx", img_size=128, dynamic_size=dynamic_size, raw=raw)
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto)
     assert max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) >= 17
     meta = {p.key: p.value for p in proto.metadata_props}
     assert json.loads(meta["names"]) == ["ant", "bee", "cow"] and meta["nc"] == "3"
     assert json.loads(meta["stride"]) == [8, 16, 32] and json.loads(meta["img_size"]) == [128, 128]
-    assert model.model[0].bn.__class__ is torch.nn.BatchNorm2d  # the caller's model is not fused
+    assert named_model.model[0].bn.__class__ is torch.nn.BatchNorm2d  # the caller's model is not fused
 
     runner = OnnxModel(path)
     assert (runner.names, runner.num_classes, runner.stride.tolist()) == (["ant", "bee", "cow"], 3, [8, 16, 32])
     imgs = torch.rand(2, 3, *run_size)  # batch 2: the batch axis is dynamic
     actual = runner(imgs)
-    assert_matches(actual, model, imgs)
+    assert_matches(actual, named_model, imgs)
     # Negative control: a box error of 1e-4 relative (a 0.01% anchor or stride mistake) fails.
     with pytest.raises(AssertionError):
-        assert_matches(torch.cat((actual[..., :4] * (1 + 1e-4), actual[..., 4:]), -1), model, imgs)
+        assert_matches(torch.cat((actual[..., :4] * (1 + 1e-4), actual[..., 4:]), -1), named_model, imgs)
 
 
-def test_static_onnx_export_runs_batches_image_by_image_and_rejects_other_sizes(tmp_path, model):
-    path = export(model, "onnx", out=tmp_path / "s.onnx", img_size=(64, 96), dynamic_batch=False, simplify=False)
+def test_static_onnx_export_runs_batches_image_by_image_and_rejects_other_sizes(tmp_path, named_model):
+    path = export(named_model, "onnx", out=tmp_path / "s.onnx", img_size=(64, 96), dynamic_batch=False, simplify=False)
     runner = OnnxModel(path)
     imgs = torch.rand(3, 3, 64, 96)
     actual = runner(imgs)
     assert actual.shape == (3, 3 * (8 * 12 + 4 * 6 + 2 * 3), 8)
-    assert_matches(actual, model, imgs)
+    assert_matches(actual, named_model, imgs)
     with pytest.raises(ValueError, match=r"expects images of shape \[1, 3, 64, 96\]"):
         runner(torch.rand(1, 3, 96, 64))
 
@@ -102,24 +103,24 @@ def test_onnx_files_that_are_not_our_exports_get_one_line_errors(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
-def test_torchscript_export_matches_and_carries_metadata(tmp_path, model):
-    path = export(model, "torchscript", out=tmp_path / "m.torchscript", img_size=64)
+def test_torchscript_export_matches_and_carries_metadata(tmp_path, named_model):
+    path = export(named_model, "torchscript", out=tmp_path / "m.torchscript", img_size=64)
     files = {"config.json": ""}
     scripted = torch.jit.load(str(path), _extra_files=files)
     assert json.loads(json.loads(files["config.json"])["names"]) == ["ant", "bee", "cow"]
     imgs = torch.rand(2, 3, 64, 64)
     with torch.no_grad():
-        torch.testing.assert_close(scripted(imgs), fused(model)(imgs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(scripted(imgs), fused(named_model)(imgs), atol=1e-5, rtol=0)
 
 
-def test_raw_torchscript_export_is_decoded_by_its_runtime(tmp_path, model):
+def test_raw_torchscript_export_is_decoded_by_its_runtime(tmp_path, named_model):
     """Raw head maps out of the TorchScript graph, decoded by the runtime like the model's own output."""
-    runner = load_exported(export(model, "torchscript", out=tmp_path / "raw.torchscript", img_size=64, raw=True),
+    runner = load_exported(export(named_model, "torchscript", out=tmp_path / "raw.torchscript", img_size=64, raw=True),
                            trust_code=True)
     assert runner.raw and runner.input_shape == [1, 3, 64, 64]
     imgs = torch.rand(3, 3, 64, 64)
     with torch.no_grad():
-        torch.testing.assert_close(runner(imgs), fused(model)(imgs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(runner(imgs), fused(named_model)(imgs), atol=1e-4, rtol=0)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -128,8 +129,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def test_cli_exports_our_checkpoint_and_reports_errors_in_one_line(tmp_path, model, capsys):
-    save_checkpoint(tmp_path / "best", model)
+def test_cli_exports_our_checkpoint_and_reports_errors_in_one_line(tmp_path, named_model, capsys):
+    save_checkpoint(tmp_path / "best", named_model)
     assert run_export(parse(["--weights", str(tmp_path / "best.json"), "--img-size", "64", "96"])) == 0
     written = tmp_path / "best.onnx"
     assert capsys.readouterr().out.strip() == str(written)

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-from yolotrain import Yolov5
 from yolotrain.interop import export
 from yolotrain.interop.backends import BACKENDS, NOT_RUNNABLE, is_exported
 from yolotrain.interop.formats import REGISTRY, ExportFormat, ExportJob
@@ -21,12 +19,6 @@ def write_metadata(job: ExportJob) -> None:
     with staged(job.out) as path:
         path.write_text(json.dumps({**job.metadata, "example": list(job.example.shape),
                                     "job_dynamic_batch": job.dynamic_batch}))
-
-
-@pytest.fixture(scope="module")
-def model() -> Yolov5:
-    torch.manual_seed(0)
-    return Yolov5("n", num_classes=2).eval()
 
 
 def test_a_registered_format_is_exported_through_its_entry(model, tmp_path, monkeypatch):

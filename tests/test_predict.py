@@ -19,7 +19,8 @@ BUS_LIKE = "000000000009.jpg"  # a coco128 image with several clear objects
 
 
 @pytest.fixture(scope="module")
-def model():
+def pretrained_model():
+    """The official yolov5n weights (skips without the shared folder): detections worth comparing."""
     if not YOLOV5N_WEIGHTS.is_file():
         pytest.skip(f"weights not found at {YOLOV5N_WEIGHTS}")
     return load_model(YOLOV5N_WEIGHTS)
@@ -34,10 +35,10 @@ def images(coco128, tmp_path) -> Path:
     return folder
 
 
-def test_single_image_results_are_tensors_in_original_pixels(model, images, tmp_path):
+def test_single_image_results_are_tensors_in_original_pixels(pretrained_model, images, tmp_path):
     path = images / BUS_LIKE
     h, w = cv2.imread(str(path)).shape[:2]
-    (result,) = predict(model, path, img_size=320, save_dir=tmp_path / "out", save_txt=True)
+    (result,) = predict(pretrained_model, path, img_size=320, save_dir=tmp_path / "out", save_txt=True)
     n = len(result.scores)
     assert n > 0 and result.boxes.shape == (n, 4) and result.classes.dtype == torch.long
     assert result.orig_shape == (h, w)
@@ -52,39 +53,39 @@ def test_single_image_results_are_tensors_in_original_pixels(model, images, tmp_
     assert len(run) == 1 and len(run[0]["detections"]) == n
 
 
-def test_folder_glob_list_and_filters(model, images):
-    folder = predict(model, images, img_size=256)
-    globbed = predict(model, str(images / "*.jpg"), img_size=256)
-    listed = predict(model, sorted(images.glob("*.jpg")), img_size=256)
+def test_folder_glob_list_and_filters(pretrained_model, images):
+    folder = predict(pretrained_model, images, img_size=256)
+    globbed = predict(pretrained_model, str(images / "*.jpg"), img_size=256)
+    listed = predict(pretrained_model, sorted(images.glob("*.jpg")), img_size=256)
     assert [r.path for r in folder] == [r.path for r in globbed] == [r.path for r in listed]
     assert len(folder) == 3
     for a, b in zip(folder, listed):
         torch.testing.assert_close(a.boxes, b.boxes)
-    only_people = predict(model, images, img_size=256, classes=[0], max_det=2)
+    only_people = predict(pretrained_model, images, img_size=256, classes=[0], max_det=2)
     assert all((r.classes == 0).all() and len(r.scores) <= 2 for r in only_people)
 
 
-def test_unreadable_files_are_skipped_with_one_counted_warning(model, images):
+def test_unreadable_files_are_skipped_with_one_counted_warning(pretrained_model, images):
     (images / "broken.jpg").write_bytes(b"not an image")
     (images / "empty.png").write_bytes(b"")
     with pytest.warns(SourceWarning, match=r"skipped 2 unreadable source file\(s\):.*broken.jpg"):
-        results = predict(model, images, img_size=256)
+        results = predict(pretrained_model, images, img_size=256)
     assert len(results) == 3
 
 
-def test_missing_source_raises(model, tmp_path):
+def test_missing_source_raises(pretrained_model, tmp_path):
     with pytest.raises(FileNotFoundError, match="source not found"):
-        predict(model, tmp_path / "nope.jpg")
+        predict(pretrained_model, tmp_path / "nope.jpg")
 
 
-def test_video_frames_and_annotated_output(model, coco128, tmp_path):
+def test_video_frames_and_annotated_output(pretrained_model, coco128, tmp_path):
     frame = cv2.resize(cv2.imread(str(coco128 / "images" / "train2017" / BUS_LIKE)), (320, 240))
     video = tmp_path / "clip.avi"
     writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10, (320, 240))
     for shift in range(4):
         writer.write(np.roll(frame, shift * 4, axis=1))
     writer.release()
-    results = predict(model, video, img_size=320, save_dir=tmp_path / "out", save_txt=True)
+    results = predict(pretrained_model, video, img_size=320, save_dir=tmp_path / "out", save_txt=True)
     assert [r.frame for r in results] == [0, 1, 2, 3]
     assert all(r.orig_shape == (240, 320) for r in results)
     assert sum(len(r.scores) for r in results) > 0
@@ -106,7 +107,7 @@ def test_cli_predict(images, tmp_path, capsys):
     assert "3 images/frames" in capsys.readouterr().out
 
 
-def test_matches_reference_detect_path(reference, model, images):
+def test_matches_reference_detect_path(reference, pretrained_model, images):
     """Same letterbox, NMS and mapping to the original image as the reference's detect.py."""
     from yolov5.utils.augmentations import letterbox
     from yolov5.utils.general import non_max_suppression, scale_boxes
@@ -123,7 +124,7 @@ def test_matches_reference_detect_path(reference, model, images):
         with torch.no_grad():
             det = non_max_suppression(ref_model(x)[0], 0.25, 0.45, max_det=1000)[0]
         det[:, :4] = scale_boxes(x.shape[2:], det[:, :4], im0.shape)
-        (ours,) = predict(model, path, img_size=320)
+        (ours,) = predict(pretrained_model, path, img_size=320)
         assert len(ours.scores) == len(det)
         torch.testing.assert_close(ours.scores, det[:, 4], atol=1e-4, rtol=0)
         # The reference un-pads by the unrounded half padding (x.5) while the pixels sit at the rounded

@@ -14,7 +14,6 @@ import torch
 
 from yolotrain import YoloLoss, Yolov5, train
 from yolotrain.checkpoint import read_checkpoint
-from yolotrain.data import generate_shapes_dataset
 from yolotrain.engine.config import resolve_config
 from yolotrain.engine.optim import build_optimizer
 from yolotrain.engine.trainer import Trainer
@@ -23,12 +22,6 @@ from yolotrain.settings import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = dict(img_size=64, batch_size=4, workers=0, plots=False, autoanchor=False, tensorboard=False, epochs=1)
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=4, img_size=64)
-    return root / "data.yaml"
 
 
 def conv_weights(model: torch.nn.Module) -> list[torch.Tensor]:

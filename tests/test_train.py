@@ -19,16 +19,9 @@ from conftest import YOLOV5N_WEIGHTS
 from safetensors.torch import load_file
 
 from yolotrain import YoloLoss, train
-from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import load_checkpoint, load_model
 
 TINY = ["--img", "64", "--batch", "4", "--workers", "0"]
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=4, img_size=64)
-    return root / "data.yaml"
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:

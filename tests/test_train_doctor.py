@@ -11,7 +11,8 @@ from yolotrain.engine import TrainConfig, Trainer, TrainingError, resolve_config
 
 
 @pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> str:
+def single_batch_data(tmp_path_factory) -> str:
+    """Four training images: one batch of ``tiny_config`` (the shared ``tiny_data`` has two)."""
     root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=4, n_val=2, img_size=64)
     return str(root / "data.yaml")
 
@@ -31,9 +32,9 @@ def sloppy_loss(model, rect_training):
     return criterion
 
 
-def test_inplace_failure_in_a_custom_loss_prints_the_doctor_report(tiny_data, tmp_path, capsys):
+def test_inplace_failure_in_a_custom_loss_prints_the_doctor_report(single_batch_data, tmp_path, capsys):
     with pytest.raises(TrainingError, match="modified in place"):
-        Trainer(tiny_config(tiny_data, tmp_path), loss=sloppy_loss).fit()
+        Trainer(tiny_config(single_batch_data, tmp_path), loss=sloppy_loss).fit()
     report = capsys.readouterr().err
     source = Path(__file__).read_text().splitlines()
     saved_line = next(i for i, line in enumerate(source, 1) if "objectness = F.binary" in line)
@@ -43,8 +44,8 @@ def test_inplace_failure_in_a_custom_loss_prints_the_doctor_report(tiny_data, tm
     assert "saved by" in report and "modified by" in report and "fix" in report
 
 
-def test_first_step_under_the_doctor_is_clean(tiny_data, tmp_path, capsys):
-    result = Trainer(tiny_config(tiny_data, tmp_path, doctor=True)).fit()
+def test_first_step_under_the_doctor_is_clean(single_batch_data, tmp_path, capsys):
+    result = Trainer(tiny_config(single_batch_data, tmp_path, doctor=True)).fit()
     assert (result.last.parent / "last.json").is_file()
     assert "modified by" not in capsys.readouterr().err
 
@@ -58,9 +59,9 @@ def leaf_writing_loss(model, rect_training):
     return criterion
 
 
-def test_a_leaf_write_in_a_custom_loss_under_the_doctor_is_its_report_and_one_line(tiny_data, tmp_path, capsys):
+def test_a_leaf_write_in_a_custom_loss_under_the_doctor_is_its_report_and_one_line(single_batch_data, tmp_path, capsys):
     with pytest.raises(TrainingError) as info:
-        Trainer(tiny_config(tiny_data, tmp_path, doctor=True), loss=leaf_writing_loss).fit()
+        Trainer(tiny_config(single_batch_data, tmp_path, doctor=True), loss=leaf_writing_loss).fit()
     message = str(info.value)
     assert message.startswith("backward failed: a leaf Variable that requires grad is being used in an in-place "
                               "operation") and message.endswith("(the report above names the lines and the fix)")

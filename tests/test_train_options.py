@@ -15,18 +15,11 @@ import torch
 
 from yolotrain import YoloLoss, train
 from yolotrain.checkpoint import read_checkpoint
-from yolotrain.data import generate_shapes_dataset
 from yolotrain.data.dataset import DetectionDataset
 from yolotrain.data.loaders import DataConfig, build_loaders
 from yolotrain.data.verify import DataWarning
 
 QUICK = dict(img_size=64, batch_size=4, workers=0, plots=False, autoanchor=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=4, img_size=64)
-    return root / "data.yaml"
 
 
 def results(run: Path) -> list[dict[str, str]]:

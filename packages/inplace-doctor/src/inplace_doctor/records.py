@@ -39,6 +39,21 @@ class OpInfo:
         self.foreach = self.name.startswith("aten::_foreach_") and writes != ()
 
 
+# Operator facts are derived once per overload; the cache is cleared if a program keeps registering new ops.
+MAX_CACHED_OPS = 8192
+OPS: dict[Any, OpInfo] = {}  # the dispatch modes read it first (one dict lookup per operator)
+
+
+def op_info(func: Any) -> OpInfo:
+    """The facts of ``func``, derived and cached on its first call."""
+    info = OPS.get(func)
+    if info is None:
+        if len(OPS) >= MAX_CACHED_OPS:
+            OPS.clear()
+        info = OPS[func] = OpInfo(func)
+    return info
+
+
 class SaveInfo:
     """Where and by which operator a tensor was saved; shared by records and findings."""
 
