@@ -115,8 +115,8 @@ def render(frames: int = 150, seed: int = 0) -> tuple[list[np.ndarray], list[Gro
             box = np.array([c[0] - pan - w / 2, c[1] - h / 2, c[0] - pan + w / 2, c[1] + h / 2])
             _draw(im, shape, box)
             mask = np.zeros((HEIGHT, WIDTH), bool)
-            x1, y1 = max(int(round(box[0])), 0), max(int(round(box[1])), 0)
-            x2, y2 = min(int(round(box[2])), WIDTH), min(int(round(box[3])), HEIGHT)
+            x1, x2 = np.clip(np.round(box[[0, 2]]), 0, WIDTH).astype(int)
+            y1, y2 = np.clip(np.round(box[[1, 3]]), 0, HEIGHT).astype(int)
             mask[y1:y2, x1:x2] = True
             for earlier in masks:  # what this object covers of those behind it
                 if earlier is not None:

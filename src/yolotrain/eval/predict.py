@@ -13,7 +13,7 @@ import re
 import sys
 import warnings
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import cv2
@@ -88,6 +88,8 @@ class Result:
 
     ``boxes`` ``[n, 4]`` x1, y1, x2, y2 (float), ``scores`` ``[n]``, ``classes`` ``[n]`` (long), sorted
     by score; ``names`` maps class ids to names; ``frame`` is the frame index for videos and streams.
+    ``image`` is the BGR image or frame predicted on, on the results of ``predict(stream=True)`` only
+    (a list of results would hold every frame of a video).
     """
 
     path: str
@@ -97,6 +99,7 @@ class Result:
     names: list[str]
     orig_shape: tuple[int, int]
     frame: int | None = None
+    image: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         """JSON-ready form: one entry per detection with its box, score, class id and name."""
@@ -212,7 +215,7 @@ class Predictor:
                                           max_det=self.max_det)[0]
         h0, w0 = image.shape[:2]
         boxes = scale_boxes_to_original(det[:, :4], gain, pad, (h0, w0))
-        return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame)
+        return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame, image)
 
 
 def _frames(path: Path, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray, float]]:
@@ -416,7 +419,7 @@ def predict(
         _close_readers(live)
         raise
     results = _predict_all(predictor, outputs, items, live, vid_stride, hooks)
-    return results if stream else list(results)
+    return results if stream else [replace(result, image=None) for result in results]
 
 
 def _close_readers(live: dict[int, LatestFrameReader]) -> None:
@@ -452,7 +455,7 @@ def _with_hook(predicted: Generator[Result, None, list[str]], results: list[Resu
             result = next(predicted)
         except StopIteration as done:
             return done.value
-        results.append(result)
+        results.append(replace(result, image=None))
         hooks.run("on_predict_image_end", result)
         yield result
 
