@@ -143,6 +143,13 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
     sub.choices["predict"].set_defaults(run=run_predict)
 
 
+def _track_parser(sub: argparse._SubParsersAction) -> None:
+    from .track.run import add_track_arguments, run_track
+
+    add_track_arguments(sub.add_parser("track", help="follow objects through videos and streams (ByteTrack, BoT-SORT)"))
+    sub.choices["track"].set_defaults(run=run_track)
+
+
 def _export_parser(sub: argparse._SubParsersAction) -> None:
     from .interop.export import add_export_arguments, run_export
 
@@ -169,7 +176,7 @@ def _run_data_check(args: argparse.Namespace) -> int:
 
 
 PARSERS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _train_parser, _val_parser, _predict_parser, _export_parser, _data_parser)
+    _train_parser, _val_parser, _predict_parser, _track_parser, _export_parser, _data_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
