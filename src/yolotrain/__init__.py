@@ -10,7 +10,8 @@ from .interop import resolve_trainable as load
 from .loss import YOLO_LOSS, DivergenceError, YoloLoss
 from .model import Yolov5
 from .settings import ConfigError
+from .track.run import track  # the function: the package's names import as `from yolotrain.track import ...`
 
 __all__ = ["YOLO_LOSS", "ConfigError", "Detector", "DivergenceError", "TrainConfig", "YoloLoss", "Yolov5", "export",
-           "get_loaders", "load", "predict", "resolve_config", "resolve_model", "train", "val"]
+           "get_loaders", "load", "predict", "resolve_config", "resolve_model", "track", "train", "val"]
 __version__ = "0.1.0"
