@@ -215,6 +215,16 @@ def test_each_video_and_frame_folder_is_its_own_sequence(tiny_weights, tmp_path)
     assert (tmp_path / "run" / "mot" / "seq.txt").is_file() and len(list((tmp_path / "run" / "seq").glob("*.jpg"))) == 6
 
 
+def test_frames_without_confirmed_tracks_show_no_boxes(tiny_weights, tmp_path):
+    """A difference from ultralytics on purpose: where no track is confirmed it passes on the frame's raw
+    detections (without ids); every box of a result here has an id."""
+    images = render(3)[0]
+    detected = predict(tiny_weights, images, **LOW_CONF)
+    tracked = track(tiny_weights, images, "bytetrack", **LOW_CONF)  # every score is under new_track_thresh
+    assert all(len(r.boxes) == 6 for r in detected)
+    assert all(len(r.boxes) == len(r.ids) == 0 for r in tracked)
+
+
 def test_predict_stream_results_carry_their_image_and_lists_do_not(tiny_weights, tmp_path):
     clip = shapes_clip(tmp_path / "data", frames=2)
     streamed = list(predict(tiny_weights, clip / "shapes.mp4", stream=True, **LOW_CONF))
