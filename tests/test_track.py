@@ -233,6 +233,26 @@ def test_predict_stream_results_carry_their_image_and_lists_do_not(tiny_weights,
     assert all(r.image is None for r in listed)
 
 
+# The moving-shapes video
+
+
+def test_shapes_video_has_crossing_hidden_and_returning_objects(tmp_path):
+    images, rows = render(60)
+    again_images, again_rows = render(60)
+    assert rows == again_rows and all(np.array_equal(a, b) for a, b in zip(images, again_images))
+    frames = {i: [r[0] for r in rows if r[1] == i] for i in range(1, 6)}
+    gaps = {i: int(np.diff(f).max()) for i, f in frames.items()}
+    assert gaps[1] > 1 and gaps[2] == 1  # 1 and 2 cross, 2 in front: 1 is hidden for a few frames
+    assert gaps[3] > 5 and gaps[4] > 5  # 3 leaves the frame and comes back; 4 is hidden behind 5 and shows again
+    folder = generate_shapes_video(tmp_path, frames=60)
+    assert generate_shapes_video(tmp_path, frames=60) == folder  # reused
+    gt = (folder / "shapes" / "gt" / "gt.txt").read_text().splitlines()
+    assert len(gt) == len(rows) and "seqLength=60" in (folder / "shapes" / "seqinfo.ini").read_text()
+    cap = cv2.VideoCapture(str(folder / "shapes.mp4"))
+    assert int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) == 60
+    cap.release()
+
+
 # Scoring
 
 

@@ -62,11 +62,13 @@ def sequence_of(result: Result) -> str:
 
 def sequence_name(key: str, result: Result, position: int) -> str:
     """File stem of a sequence: a video's stem, ``cameraN``/``streamN`` for live sources, a frame folder's
-    name (its parent's for a MOTChallenge ``img1`` folder)."""
+    name (its parent's for a MOTChallenge ``img1`` folder), ``images`` for in-memory images."""
     if result.frame is not None:
         if is_stream(key):
             return f"camera{key}" if key.isdigit() else f"stream{position}"
         return Path(key).stem
+    if key in ("", "."):  # in-memory images
+        return "images"
     folder = Path(key).resolve()
     return (folder.parent.name if folder.name == "img1" else folder.name) or "images"
 
