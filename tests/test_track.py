@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
@@ -102,6 +104,38 @@ def test_ids_boxes_and_matches_equal_ultralytics_frame_by_frame(ultralytics_trac
     # (clutter among them) started, confirmed or dropped unconfirmed all along (ids are numbered as started).
     refound = [i for i, frames in seen.items() if np.diff(frames).max(initial=1) > 1]
     assert len(refound) >= 3 and len(seen) >= 5 and max(seen) >= 15
+
+
+@st.composite
+def detection_sequences(draw) -> list[np.ndarray]:
+    """A few objects drifting with noise, sometimes missed or weak, over up to 15 frames."""
+    n_objects = draw(st.integers(1, 5))
+    starts = draw(st.lists(st.tuples(st.floats(0, 200), st.floats(0, 200), st.floats(8, 60), st.floats(8, 60)),
+                           min_size=n_objects, max_size=n_objects))
+    speeds = draw(st.lists(st.tuples(st.floats(-8, 8), st.floats(-8, 8)), min_size=n_objects, max_size=n_objects))
+    frames = []
+    for f in range(draw(st.integers(2, 15))):
+        rows = []
+        for (x, y, w, h), (vx, vy) in zip(starts, speeds):
+            if draw(st.booleans()) and draw(st.booleans()):  # missed a quarter of the time
+                continue
+            score = draw(st.sampled_from([0.05, 0.15, 0.3, 0.6, 0.9]))
+            rows.append([x + vx * f, y + vy * f, x + vx * f + w, y + vy * f + h, score, 0])
+        frames.append(np.array(rows, np.float32).reshape(-1, 6))
+    return frames
+
+
+@settings(max_examples=40, deadline=None)
+@given(sequence=detection_sequences(), name=st.sampled_from(["bytetrack", "botsort"]))
+def test_generated_sequences_get_ultralytics_ids(ultralytics_trackers, sequence, name):
+    config = TrackerConfig(tracker_type=name, track_buffer=3)  # a short buffer: tracks dropped within the sequence
+    ours = make_tracker(config)
+    theirs = getattr(ultralytics_trackers, name)(SimpleNamespace(**vars(config), model="auto"))
+    for dets in sequence:  # no image: BoT-SORT without camera motion
+        expected = theirs.update(ultralytics_trackers.Boxes(dets, (256, 320)), None).reshape(-1, 8)
+        got = ours.update(dets[:, :4], dets[:, 4], dets[:, 5])
+        assert got.ids.tolist() == expected[:, 4].astype(int).tolist()
+        assert got.det_index.tolist() == expected[:, 7].astype(int).tolist()
 
 
 def test_camera_motion_equals_ultralytics_sparse_flow(ultralytics_trackers):

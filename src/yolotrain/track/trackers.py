@@ -57,7 +57,7 @@ class Track:
     frame: int = 0  # the last frame it was matched in
 
     def take(self, det: Track, frame: int) -> None:
-        """Take over a matched detection's score, class and index (the state is updated by the tracker)."""
+        """Take over a matched detection's score, class and index (the tracker updates its Kalman state)."""
         self.score, self.cls, self.det_index, self.frame = det.score, det.cls, det.det_index, frame
         self.state, self.activated = TrackState.TRACKED, True
 
