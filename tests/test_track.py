@@ -334,6 +334,7 @@ def test_eval_without_ground_truth_for_the_sequence_is_one_line(tiny_weights, tm
 # A live stream
 
 
+@pytest.mark.slow  # a second process importing torch, then a second of stream
 def test_ctrl_c_stops_a_tracked_stream_and_saves_results(tiny_weights, tmp_path):
     from test_predict_options import MjpegServer
 
