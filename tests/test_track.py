@@ -206,7 +206,7 @@ def test_bad_tracker_files_get_one_line(tmp_path, tiny_weights, capsys, text, me
 # Outputs
 
 
-def shapes_clip(root: Path, frames: int = 12) -> Path:
+def shapes_clip(root: Path, frames: int = 6) -> Path:
     """A short moving-shapes video with its ground truth: the folder."""
     return generate_shapes_video(root, frames=frames)
 
@@ -216,10 +216,10 @@ def test_track_saves_mot_json_video_labels_and_crops(tiny_weights, tmp_path):
     out = tmp_path / "run"
     results = track(tiny_weights, clip / "shapes.mp4", LOW_TRACKER, save_dir=out, save_txt=True, save_crop=True,
                     **LOW_CONF)
-    assert len(results) == 12 and sum(len(r.ids) for r in results) > 0
+    assert len(results) == 6 and sum(len(r.ids) for r in results) > 0
     mot = [line.split(",") for line in (out / "mot" / "shapes.txt").read_text().splitlines()]
     saved = json.loads((out / "shapes.json").read_text())["frames"]
-    assert len(saved) == 12 and len(mot) == sum(len(f["tracks"]) for f in saved)
+    assert len(saved) == 6 and len(mot) == sum(len(f["tracks"]) for f in saved)
     for r, frame in zip(results, saved):
         assert r.ids.dtype == torch.long and len(r.ids) == len(r.boxes) == len(r.scores)
         assert [t["id"] for t in frame["tracks"]] == r.ids.tolist() and frame["mot_frame"] == r.frame + 1
@@ -232,7 +232,7 @@ def test_track_saves_mot_json_video_labels_and_crops(tiny_weights, tmp_path):
     ids = {i for r in results for i in r.ids.tolist()}
     assert {int(p.name) for p in (out / "crops" / "shapes").iterdir()} == ids
     cap = cv2.VideoCapture(str(out / "shapes.mp4"))
-    assert int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) == 12
+    assert int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) == 6
     cap.release()
 
 
