@@ -203,6 +203,17 @@ def test_bad_tracker_files_get_one_line(tmp_path, tiny_weights, capsys, text, me
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("tracker, message", [
+    ("sort", "--tracker sort: expected bytetrack, botsort or a tracker YAML file"),
+    ("missing.yaml", "tracker file not found: missing.yaml"),
+])
+def test_unknown_tracker_is_one_line(tiny_weights, tmp_path, capsys, tracker, message):
+    code = main(["track", "--weights", str(tiny_weights), "--source", str(tmp_path), "--tracker", tracker,
+                 "--project", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err == [f"yolotrain track: error: {message}"]
+
+
 # Outputs
 
 
