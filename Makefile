@@ -10,7 +10,7 @@ LITERT_STAMP := $(LITERT_VENV)/.installed
 
 .PHONY: demo test test-slow gpu-check clean
 
-MAIN_PACKAGES := -e ".[test,parity,export,deploy]"
+MAIN_PACKAGES := -e ".[test,parity,export,deploy,track]"
 LITERT_PACKAGES := -e ".[tflite,export]" "pytest>=8"
 
 # $(call make_venv,FOLDER,PACKAGES): a virtual environment with the doctor's distribution, then PACKAGES.

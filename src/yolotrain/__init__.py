@@ -10,8 +10,9 @@ from .interop import resolve_trainable as load
 from .loss import YOLO_LOSS, DivergenceError, YoloLoss
 from .model import Yolov5
 from .settings import ConfigError
+from .track.run import track  # the function: the package's names import as `from yolotrain.track import ...`
 from .tuning import tune
 
 __all__ = ["YOLO_LOSS", "ConfigError", "Detector", "DivergenceError", "TrainConfig", "YoloLoss", "Yolov5", "export",
-           "get_loaders", "load", "predict", "resolve_config", "resolve_model", "train", "tune", "val"]
+           "get_loaders", "load", "predict", "resolve_config", "resolve_model", "track", "train", "tune", "val"]
 __version__ = "0.1.0"

@@ -30,6 +30,7 @@ from .messages import shorten
 from .model import parse_version
 from .runs import RunInUseError
 from .settings import add_arguments, add_refused, check_refused
+from .track.run import add_track_arguments, run_track
 from .tuning import TuneError
 from .tuning.evolve import evolve
 from .tuning.study import add_tune_arguments
@@ -157,6 +158,11 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
     sub.choices["predict"].set_defaults(run=run_predict)
 
 
+def _track_parser(sub: argparse._SubParsersAction) -> None:
+    add_track_arguments(sub.add_parser("track", help="follow objects through videos and streams (ByteTrack, BoT-SORT)"))
+    sub.choices["track"].set_defaults(run=run_track)
+
+
 def _export_parser(sub: argparse._SubParsersAction) -> None:
     add_export_arguments(sub.add_parser(
         "export", help="export weights to ONNX, OpenVINO, LiteRT, Core ML, TensorRT or TorchScript"))
@@ -196,7 +202,7 @@ def _run_data_shapes(args: argparse.Namespace) -> int:
 
 
 PARSERS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _train_parser, _tune_parser, _val_parser, _predict_parser, _export_parser, _data_parser)
+    _train_parser, _tune_parser, _val_parser, _predict_parser, _track_parser, _export_parser, _data_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ import re
 import sys
 import warnings
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import cv2
@@ -96,6 +96,8 @@ class Result:
     A segmentation model's results also carry each detection's ``masks`` (bool ``[n, h, w]`` of the
     original image) and ``polygons`` (its outline, ``(k, 2)`` float32 x, y pixels; ``(0, 2)`` for an
     empty mask); both are None for a detector.
+    ``image`` is the BGR image or frame predicted on, on the results of ``predict(stream=True)`` only
+    (a list of results would hold every frame of a video).
     """
 
     path: str
@@ -107,6 +109,7 @@ class Result:
     frame: int | None = None
     masks: np.ndarray | None = None
     polygons: list[np.ndarray] | None = None
+    image: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         """JSON-ready form: one entry per detection with its box, score, class id and name (and, for a
@@ -242,7 +245,7 @@ class Predictor:
             masks = self._masks(proto[0], det, boxes, x.shape[2:], gain, pad, (h0, w0))
             polygons = masks_to_polygons(masks)
         return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame,
-                      masks, polygons)
+                      masks, polygons, image)
 
     def _masks(self, proto: torch.Tensor, det: torch.Tensor, boxes: torch.Tensor, input_hw: tuple[int, int],
                gain: tuple[float, float], pad: tuple[float, float], original_hw: tuple[int, int]) -> np.ndarray:
@@ -473,7 +476,7 @@ def predict(
         _close_readers(live)
         raise
     results = _predict_all(predictor, outputs, items, live, vid_stride, hooks)
-    return results if stream else list(results)
+    return results if stream else [replace(result, image=None) for result in results]
 
 
 def _close_readers(live: dict[int, LatestFrameReader]) -> None:
@@ -509,7 +512,7 @@ def _with_hook(predicted: Generator[Result, None, list[str]], results: list[Resu
             result = next(predicted)
         except StopIteration as done:
             return done.value
-        results.append(result)
+        results.append(replace(result, image=None))
         hooks.run("on_predict_image_end", result)
         yield result
 
