@@ -40,7 +40,9 @@ CLI_FAST = ["--epochs", "1", "--img", "32", "--batch", "4", "--workers", "0", "-
 
 
 @pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
+def tune_data(tmp_path_factory) -> Path:
+    """A smaller shapes dataset than conftest's tiny_data (4 training, 2 validation images of 32 px): every
+    trial or generation trains on it."""
     root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=4, n_val=2, img_size=32)
     return root / "data.yaml"
 
@@ -105,33 +107,33 @@ def test_evolve_files_match_the_reference_print_mutation(reference, tmp_path):
     assert yaml.safe_load(ours) == pytest.approx(yaml.safe_load(theirs))
 
 
-def test_a_folder_of_another_evolution_is_refused(tiny_data, tmp_path):
+def test_a_folder_of_another_evolution_is_refused(tune_data, tmp_path):
     project = tmp_path / "runs"
     save_dir = project / "exp"
     save_dir.mkdir(parents=True)
-    (save_dir / "config.yaml").write_text(yaml.safe_dump(resolve_config(data=str(tiny_data), **FAST).to_dict()))
+    (save_dir / "config.yaml").write_text(yaml.safe_dump(resolve_config(data=str(tune_data), **FAST).to_dict()))
     append_row(save_dir / "evolve.csv", [0.1] * 7, dict.fromkeys(HYP_KEYS, 0.5))
     with pytest.raises(ConfigError, match=r"holds an evolution of other settings \(.*epochs.*\): give another --name"):
-        evolve(2, data=str(tiny_data), project=str(project), **{**FAST, "epochs": 2})
+        evolve(2, data=str(tune_data), project=str(project), **{**FAST, "epochs": 2})
 
 
-def test_an_interrupted_generation_is_trained_again_and_counted_once(tiny_data, tmp_path):
+def test_an_interrupted_generation_is_trained_again_and_counted_once(tune_data, tmp_path):
     project = tmp_path / "runs"
     save_dir = project / "exp"
     save_dir.mkdir(parents=True)
-    (save_dir / "config.yaml").write_text(yaml.safe_dump(resolve_config(data=str(tiny_data), **FAST).to_dict()))
+    (save_dir / "config.yaml").write_text(yaml.safe_dump(resolve_config(data=str(tune_data), **FAST).to_dict()))
     first = dict.fromkeys(HYP_KEYS, 0.5) | {"lr0": 0.01, "momentum": 0.9, "anchor_t": 4.0, "warmup_epochs": 0.0}
     append_row(save_dir / "evolve.csv", [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7], first)
     leftover = save_dir / "generations" / "gen1"  # a generation killed before its row was written
     leftover.mkdir(parents=True)
     (leftover / "partial").write_text("")
-    result = evolve(2, data=str(tiny_data), project=str(project), **FAST)
+    result = evolve(2, data=str(tune_data), project=str(project), **FAST)
     rows = read_rows(save_dir / "evolve.csv")
     assert result.generations == 2 and rows.shape == (2, len(RESULT_COLUMNS) + len(HYP_KEYS))
     assert rows[0, :7].tolist() == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
     assert not (leftover / "partial").exists() and (leftover / "results.csv").is_file()
     assert (save_dir / "evolve.png").is_file() and result.best_generation == int(np.argmax(fitness(rows)))
-    assert evolve(2, data=str(tiny_data), project=str(project), **FAST).generations == 2  # nothing left to do
+    assert evolve(2, data=str(tune_data), project=str(project), **FAST).generations == 2  # nothing left to do
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -141,8 +143,8 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_evolve_three_generations_writes_the_reference_files(tiny_data, tmp_path, reference):
-    done = run_cli("train", "--evolve", "3", "--data", str(tiny_data), *CLI_FAST, cwd=tmp_path)
+def test_evolve_three_generations_writes_the_reference_files(tune_data, tmp_path, reference):
+    done = run_cli("train", "--evolve", "3", "--data", str(tune_data), *CLI_FAST, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     save_dir = tmp_path / "runs" / "evolve" / "exp"
     lines = (save_dir / "evolve.csv").read_text().splitlines()
@@ -151,7 +153,7 @@ def test_evolve_three_generations_writes_the_reference_files(tiny_data, tmp_path
     best = save_dir / "hyp_evolve.yaml"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        config = resolve_config(hyp=best, data=str(tiny_data))
+        config = resolve_config(hyp=best, data=str(tune_data))
     assert sorted(str(w.message).split("'")[1] for w in caught if w.category is IgnoredSettingWarning) == \
         ["copy_paste", "iou_t"]
     values = yaml.safe_load(best.read_text())
@@ -163,8 +165,8 @@ def test_evolve_three_generations_writes_the_reference_files(tiny_data, tmp_path
 
 
 @pytest.mark.slow
-def test_evolve_killed_in_generation_two_ends_with_three_rows(tiny_data, tmp_path):
-    args = [sys.executable, "-m", "yolotrain", "train", "--evolve", "3", "--data", str(tiny_data), *CLI_FAST]
+def test_evolve_killed_in_generation_two_ends_with_three_rows(tune_data, tmp_path):
+    args = [sys.executable, "-m", "yolotrain", "train", "--evolve", "3", "--data", str(tune_data), *CLI_FAST]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     save_dir = tmp_path / "runs" / "evolve" / "exp"
     process = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -179,7 +181,7 @@ def test_evolve_killed_in_generation_two_ends_with_three_rows(tiny_data, tmp_pat
         process.kill()
     assert len(read_rows(save_dir / "evolve.csv")) == 1
     first = (save_dir / "evolve.csv").read_text().splitlines()[1]
-    done = run_cli("train", "--evolve", "3", "--data", str(tiny_data), *CLI_FAST, cwd=tmp_path)
+    done = run_cli("train", "--evolve", "3", "--data", str(tune_data), *CLI_FAST, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = (save_dir / "evolve.csv").read_text().splitlines()
     assert len(lines) == 4 and lines[1] == first

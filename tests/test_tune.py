@@ -32,7 +32,9 @@ SMALL_SPACE = {"lr0": [0.001, 0.02], "mosaic": [0.0, 1.0]}
 
 
 @pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
+def tune_data(tmp_path_factory) -> Path:
+    """A smaller shapes dataset than conftest's tiny_data (4 training, 2 validation images of 32 px): every
+    trial or generation trains on it."""
     root = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=4, n_val=2, img_size=32)
     return root / "data.yaml"
 
@@ -124,8 +126,8 @@ def test_the_command_line_reports_an_empty_space_in_one_line(tmp_path, monkeypat
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_trial_behind_the_pruner_is_stopped_and_reported_pruned(tiny_data, tmp_path, capsys):
-    result = tune(data=str(tiny_data), project=str(tmp_path), trials=1, space=SMALL_SPACE,
+def test_a_trial_behind_the_pruner_is_stopped_and_reported_pruned(tune_data, tmp_path, capsys):
+    result = tune(data=str(tune_data), project=str(tmp_path), trials=1, space=SMALL_SPACE,
                   pruner=optuna.pruners.ThresholdPruner(lower=2.0), **{**FAST, "epochs": 2})
     assert result.trials["PRUNED"] == 1 and result.best_trial is None
     out = capsys.readouterr().out
@@ -135,7 +137,7 @@ def test_a_trial_behind_the_pruner_is_stopped_and_reported_pruned(tiny_data, tmp
     assert len((tmp_path / "exp" / "trials" / "trial0" / "results.csv").read_text().splitlines()) == 2  # 1 epoch
 
 
-def test_a_trial_left_running_by_a_dead_process_is_failed_and_retried(tiny_data, tmp_path):
+def test_a_trial_left_running_by_a_dead_process_is_failed_and_retried(tune_data, tmp_path):
     folder = tmp_path / "exp"
     folder.mkdir()
     study = optuna.create_study(study_name="exp", storage=f"sqlite:///{folder / 'study.db'}", direction="maximize")
@@ -145,24 +147,24 @@ def test_a_trial_left_running_by_a_dead_process_is_failed_and_retried(tiny_data,
                         "mosaic": optuna.distributions.FloatDistribution(0.0, 1.0)})
     orphan.set_user_attr("host", socket.gethostname())
     orphan.set_user_attr("pid", dead.pid)
-    result = tune(data=str(tiny_data), project=str(tmp_path), trials=1, space=SMALL_SPACE, **FAST)
+    result = tune(data=str(tune_data), project=str(tmp_path), trials=1, space=SMALL_SPACE, **FAST)
     trials = load_study(folder).get_trials()
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"]
     assert trials[1].params == trials[0].params and trials[1].system_attrs["failed_trial"] == 0
     assert result.best_trial == 1 and (folder / "best_hyp.yaml").is_file()
     best = yaml.safe_load((folder / "best_hyp.yaml").read_text())
-    config = resolve_config(hyp=folder / "best_hyp.yaml", data=str(tiny_data))  # loads as a --hyp file
+    config = resolve_config(hyp=folder / "best_hyp.yaml", data=str(tune_data))  # loads as a --hyp file
     assert config.optim.lr0 == pytest.approx(trials[1].params["lr0"]) == pytest.approx(best["lr0"])
     assert (folder / "optimization_history.png").is_file()
 
 
-def test_a_study_of_other_settings_is_refused(tiny_data, tmp_path):
+def test_a_study_of_other_settings_is_refused(tune_data, tmp_path):
     folder = tmp_path / "exp"
     folder.mkdir()
     study = optuna.create_study(study_name="exp", storage=f"sqlite:///{folder / 'study.db'}")
     study.set_user_attr("yolotrain", {"settings": {}, "space": []})
     with pytest.raises(TuneError, match="study 'exp' in sqlite:.* was started with other settings: give another"):
-        tune(data=str(tiny_data), project=str(tmp_path), trials=1, space=SMALL_SPACE, **FAST)
+        tune(data=str(tune_data), project=str(tmp_path), trials=1, space=SMALL_SPACE, **FAST)
 
 
 def tune_command(data: Path, trials: int, *extra: str) -> list[str]:
@@ -177,9 +179,9 @@ def space_file(folder: Path) -> str:
 
 
 @pytest.mark.slow
-def test_two_processes_share_one_study_without_running_a_trial_twice(tiny_data, tmp_path):
+def test_two_processes_share_one_study_without_running_a_trial_twice(tune_data, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = tune_command(tiny_data, 4, "--space", space_file(tmp_path), "--pruner", "none")
+    command = tune_command(tune_data, 4, "--space", space_file(tmp_path), "--pruner", "none")
     processes = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=900)[0] for p in processes]
@@ -197,9 +199,9 @@ def test_two_processes_share_one_study_without_running_a_trial_twice(tiny_data, 
 
 
 @pytest.mark.slow
-def test_a_killed_tune_continues_where_it_stood(tiny_data, tmp_path):
+def test_a_killed_tune_continues_where_it_stood(tune_data, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = tune_command(tiny_data, 3, "--space", space_file(tmp_path), "--sampler", "genetic")
+    command = tune_command(tune_data, 3, "--space", space_file(tmp_path), "--sampler", "genetic")
     folder = tmp_path / "runs" / "exp"
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

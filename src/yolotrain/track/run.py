@@ -171,8 +171,8 @@ def _tracked(tracker: ByteTracker, result: Result, sequence: str, position: int)
     index = torch.from_numpy(tracks.det_index)
     mot_frame = result.frame + 1 if result.frame is not None else position
     return TrackResult(result.path, torch.from_numpy(tracks.boxes), result.scores[index], result.classes[index],
-                       result.names, result.orig_shape, result.frame, None, torch.from_numpy(tracks.ids),
-                       sequence, mot_frame)
+                       result.names, result.orig_shape, result.frame, ids=torch.from_numpy(tracks.ids),
+                       sequence=sequence, mot_frame=mot_frame)
 
 
 def _fps(key: str, live: bool) -> float:
