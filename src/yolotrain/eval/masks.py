@@ -40,13 +40,6 @@ def _inside_boxes(boxes: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, to
     return ((rows >= y1) & (rows < y2))[:, :, None], ((cols >= x1) & (cols < x2))[:, None, :]
 
 
-def crop_to_boxes(masks: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-    """``masks [n, h, w]`` zeroed outside ``boxes [n, 4]`` (xyxy in the masks' pixels): pixel index x is
-    inside when ``x1 <= x < x2`` (likewise y)."""
-    rows, cols = _inside_boxes(boxes, *masks.shape[1:])
-    return masks * (rows & cols)
-
-
 def process_masks(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torch.Tensor,
                   input_hw: tuple[int, int]) -> torch.Tensor:
     """Binary masks ``[n, h, w]`` (bool) at the prototype resolution, cropped to ``boxes`` (xyxy in the
