@@ -114,6 +114,10 @@ def forge(cache: Path, **arrays: np.ndarray) -> None:
     ({"labels": np.array([[0, 0.5, 0.5, 3.0, 0.2]] * 3, np.float32)}, "boxes outside the image"),
     ({"files": np.array(["/etc/hostname"] * 3)}, "files that are not the split's"),
     ({"counts": np.array([5, 0, 0])}, "label counts disagree with the labels"),
+    ({"polygon_sizes": np.array([2, 0, 0]), "points": np.zeros((2, 2), np.float32)},
+     "polygon sizes disagree with the polygons"),
+    ({"polygon_sizes": np.array([3, 0, 0]), "points": np.array([[0.1, 0.1], [2.0, 0.5], [0.3, 0.3]], np.float32)},
+     "polygon points outside the image"),
 ])
 def test_a_forged_label_cache_is_not_trusted(tmp_path, forgery, why):
     files = small_split(tmp_path)

@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from yolotrain.eval.masks import (
-    crop_to_boxes,
     mask_iou,
     masks_in_original,
     masks_to_polygons,
@@ -44,13 +43,15 @@ def test_prototype_masks_are_the_references(reference, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(*[st.floats(-5, 40, allow_nan=False)] * 4), min_size=1, max_size=5))
+@given(st.lists(st.tuples(*[st.floats(-20, 140, allow_nan=False)] * 4), min_size=1, max_size=5))
 def test_crop_keeps_pixel_indices_inside_each_box(reference, boxes):
-    from yolov5.utils.segment.general import crop_mask
+    """Any boxes, inverted, partly or wholly outside included: the reference's crop, pixel for pixel."""
+    from yolov5.utils.segment.general import process_mask
 
-    masks = torch.rand(len(boxes), 24, 32)
+    proto, coefficients, _, size = random_case(5, n=len(boxes))
     b = torch.tensor(boxes)
-    assert torch.equal(crop_to_boxes(masks, b), crop_mask(masks, b))
+    assert torch.equal(process_masks(proto, coefficients, b, size), process_mask(proto, coefficients, b.clone(),
+                                                                                 size).bool())
 
 
 def test_mask_iou_is_the_references_and_symmetric(reference):

@@ -136,3 +136,4 @@ def test_mask_coefficients_travel_with_their_boxes_as_in_the_reference(reference
         # the model's own: the row of the box each detection came from.
         source = (xywh_to_xyxy(image[:, :4])[None] == a[:, None, :4]).all(2).float().argmax(1)
         torch.testing.assert_close(a[:, 6:], image[source, 5 + nc:])
+    assert non_max_suppression(torch.zeros(1, 0, 5 + nc + nm), num_extra=nm)[0].shape == (0, 6 + nm)

@@ -200,16 +200,25 @@ def test_checkpoint_round_trip_keeps_the_segmentation_model(tmp_path):
 
 def test_detection_weights_are_taken_over_by_a_segmentation_model():
     """As the reference's ``--cfg yolov5n-seg.yaml --weights yolov5n.pt``: every tensor of the same name and
-    shape (backbone, neck, anchors); the head convolutions (other outputs) and Proto start fresh."""
+    shape (backbone, neck, anchors), and here also the head's box, objectness and class outputs; the mask
+    coefficients and Proto start fresh, so the boxes and scores are the detector's."""
     torch.manual_seed(0)
-    detector = Yolov5("n", num_classes=80)
-    segmenter = Yolov5("n", num_classes=80, task="segment")
+    detector = Yolov5("n", num_classes=3).eval()
+    segmenter = Yolov5("n", num_classes=3, task="segment")
+    before = segmenter.state_dict()["model.24.m.0.weight"].clone()
     fresh = segmenter.load_matching(detector.state_dict())
-    assert sorted({k.rsplit(".", 1)[0].split(".")[2] for k in fresh}) == ["m", "proto"]
-    assert all(k.startswith("model.24.") for k in fresh)
+    assert fresh and all(".proto." in k for k in fresh)
     for key, value in detector.state_dict().items():
-        if key not in fresh:
+        if not key.startswith("model.24.m."):
             assert torch.equal(segmenter.state_dict()[key], value), key
+    coefficients = segmenter.state_dict()["model.24.m.0.weight"].view(3, 40, -1)[:, 8:]
+    assert torch.equal(coefficients, before.view(3, 40, -1)[:, 8:])
+    imgs = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(segmenter.eval()(imgs)[0][..., :8], detector(imgs))
+    # Another class count: only the tensors of the same shape.
+    other = Yolov5("n", num_classes=2, task="segment")
+    assert {k.split(".")[2] for k in other.load_matching(detector.state_dict())} == {"m", "proto"}
 
 
 @pytest.mark.slow

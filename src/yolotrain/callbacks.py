@@ -28,7 +28,8 @@ HOOKS: dict[str, str] = {
     "on_val_start": "(loader) validation begins over this DataLoader",
     "on_val_batch_start": "(batch, imgs, targets) batch index, the batch on the device",
     "on_val_image_end": "(path, detections) one image: detections xyxy conf class in original pixels",
-    "on_val_batch_end": "(batch, imgs, targets, detections) detections per image, in batch pixels",
+    "on_val_batch_end": "(batch, imgs, targets, detections) detections per image, in batch pixels (a segmentation "
+                        "model's with its mask coefficients after the class)",
     "on_val_end": "(metrics) the Metrics being returned",
     "on_fit_epoch_end": "(trainer, epoch, row, fitness) the epoch's results.csv row (dict) and fitness",
     "on_model_save": "(trainer, last, epoch, final, best_fitness, fitness) after weights/last was saved",

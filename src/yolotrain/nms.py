@@ -73,20 +73,18 @@ class NMSConfig:
 VAL_NMS = NMSConfig(conf=0.001, iou=0.6, max_det=300)
 
 
-def _candidates(x: torch.Tensor, conf: float, multi_label: bool, num_extra: int) -> torch.Tensor:
-    """Rows of one image ``[n, 5+nc+num_extra]`` (objectness already above ``conf``) → ``[m, 6+num_extra]``
-    (xyxy, score, class, extra columns) whose score = objectness × class probability exceeds ``conf``."""
+def _candidates(x: torch.Tensor, conf: float, multi_label: bool, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of one image ``[n, 5+nc(+extra)]`` (objectness already above ``conf``) → ``[m, 6]`` (xyxy, score,
+    class) whose score = objectness × class probability exceeds ``conf``, and the row each came from."""
     boxes = xywh_to_xyxy(x[:, :4])
-    first_extra = x.shape[1] - num_extra
-    scores = x[:, 5:first_extra] * x[:, 4:5]
-    extra = x[:, first_extra:]
+    scores = x[:, 5:5 + num_classes] * x[:, 4:5]
     if multi_label:
         # Every (box, class) pair above the threshold is its own candidate.
         box_i, cls_j = (scores > conf).nonzero(as_tuple=True)
-        return torch.cat((boxes[box_i], scores[box_i, cls_j, None], cls_j[:, None].to(x.dtype), extra[box_i]), 1)
+        return torch.cat((boxes[box_i], scores[box_i, cls_j, None], cls_j[:, None].to(x.dtype)), 1), box_i
     best, cls_j = scores.max(1, keepdim=True)
-    keep = best.view(-1) > conf
-    return torch.cat((boxes, best, cls_j.to(x.dtype), extra), 1)[keep]
+    keep = (best.view(-1) > conf).nonzero().view(-1)
+    return torch.cat((boxes[keep], best[keep], cls_j[keep].to(x.dtype)), 1), keep
 
 
 def non_max_suppression(
@@ -128,17 +126,24 @@ def non_max_suppression(
     class_filter = None if classes is None else torch.as_tensor(list(classes), device=prediction.device)
     keep_obj = prediction[..., 4] > conf
     output = []
+    num_classes = prediction.shape[2] - 5 - num_extra
     for x, keep in zip(prediction, keep_obj):
-        det = _candidates(x[keep], conf, multi_label, num_extra)
+        x = x[keep]
+        det, source = _candidates(x, conf, multi_label, num_classes)
         if class_filter is not None:
-            det = det[torch.isin(det[:, 5].long(), class_filter)]
-        det = det[det[:, 4].argsort(descending=True)[:max_nms]]
+            wanted = torch.isin(det[:, 5].long(), class_filter)
+            det, source = det[wanted], source[wanted]
+        order = det[:, 4].argsort(descending=True)[:max_nms]
+        det, source = det[order], source[order]
         # Class-aware NMS in one call: shifting each class's boxes by class × MAX_WH keeps classes from
         # overlapping. This is the reference's exact arithmetic (float32 rounding of the shifted
         # coordinates included), so kept boxes agree with it one for one.
         offsets = det[:, 5:6] * (0 if agnostic else MAX_WH)
-        kept = nms(det[:, :4] + offsets, det[:, 4], iou)
-        output.append(det[kept[:max_det]])
+        kept = nms(det[:, :4] + offsets, det[:, 4], iou)[:max_det]
+        det = det[kept]
+        if num_extra:  # the extra columns of the kept detections only, taken from the rows they came from
+            det = torch.cat((det, x[source[kept], 5 + num_classes:]), 1)
+        output.append(det)
     return output
 
 

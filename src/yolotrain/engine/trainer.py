@@ -25,6 +25,7 @@ from ..data.loaders import build_loaders, run_class_names
 from ..data.shapes import generate_shapes_dataset
 from ..data.sources import resolve_source
 from ..devices import select_device
+from ..interop.hub import SHA256
 from ..interop.resolve import resolve_trainable, weights_inputs
 from ..loss import YoloLoss
 from ..model import Yolov5, parse_version
@@ -239,8 +240,11 @@ class Trainer:
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
         seed_everything(cfg.seed + ctx.rank)
         if ctx.is_main and cfg.pretrained is None and not (Path(cfg.model).suffix or Path(cfg.model).exists()):
-            self._log(f"Model {cfg.model}: random initial weights (training from scratch); "
-                      f"--model {cfg.model}.pt starts from the official COCO weights")
+            name = f"yolov5{parse_version(cfg.model)}"
+            start = (f"--model {name}.pt starts from the official COCO weights" if f"{name}.pt" in SHA256 else
+                     f"--cfg {name}.yaml --weights {name.removesuffix('-seg')}.pt starts from the detection "
+                     "weights")
+            self._log(f"Model {cfg.model}: random initial weights (training from scratch); {start}")
         self._build_data()
         cfg = self.config  # AutoBatch may have chosen the batch
         model = self.model.to(self.device)

@@ -31,15 +31,13 @@ def mask_probabilities(proto: torch.Tensor, coefficients: torch.Tensor) -> torch
     return (coefficients.float() @ proto.float().reshape(nm, -1)).sigmoid().reshape(-1, h, w)
 
 
-def crop_to_boxes(masks: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-    """``masks [n, h, w]`` zeroed outside ``boxes [n, 4]`` (xyxy in the masks' pixels): pixel index x is
-    inside when ``x1 <= x < x2`` (likewise y)."""
-    _, h, w = masks.shape
-    x1, y1, x2, y2 = boxes[:, :, None, None].to(masks.dtype).unbind(1)
-    cols = torch.arange(w, device=masks.device, dtype=masks.dtype)
-    rows = torch.arange(h, device=masks.device, dtype=masks.dtype)[:, None]
-    inside = (cols >= x1) & (cols < x2) & (rows >= y1) & (rows < y2)
-    return masks * inside
+def _inside_boxes(boxes: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per box, which pixel rows ``[n, h, 1]`` and columns ``[n, 1, w]`` (bool) it covers: index x is inside
+    when ``x1 <= x < x2`` (likewise y). Their ``&`` is the box; kept apart, they cost no full-size pass."""
+    x1, y1, x2, y2 = boxes[:, :4, None].float().unbind(1)
+    cols = torch.arange(w, device=boxes.device, dtype=torch.float32)
+    rows = torch.arange(h, device=boxes.device, dtype=torch.float32)
+    return ((rows >= y1) & (rows < y2))[:, :, None], ((cols >= x1) & (cols < x2))[:, None, :]
 
 
 def process_masks(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torch.Tensor,
@@ -48,7 +46,14 @@ def process_masks(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torch.
     ``input_hw`` network-input pixels): what validation compares with the labels' masks."""
     _, h, w = proto.shape
     scale = boxes.new_tensor((w / input_hw[1], h / input_hw[0], w / input_hw[1], h / input_hw[0]))
-    return crop_to_boxes(mask_probabilities(proto, coefficients), boxes[:, :4] * scale) > 0.5
+    return _binary_in_boxes(mask_probabilities(proto, coefficients), boxes[:, :4] * scale)
+
+
+def _binary_in_boxes(probabilities: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """``probabilities [n, h, w] > 0.5`` inside ``boxes`` (the masks' pixels), False outside: the crop and
+    the threshold in bool arithmetic, the same pixels as cropping the probabilities first."""
+    rows, cols = _inside_boxes(boxes, *probabilities.shape[1:])
+    return (probabilities > 0.5) & rows & cols
 
 
 def upsampled_masks(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torch.Tensor,
@@ -58,7 +63,7 @@ def upsampled_masks(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torc
     for start in range(0, coefficients.shape[0], chunk):
         probs = mask_probabilities(proto, coefficients[start:start + chunk])
         probs = F.interpolate(probs[None], input_hw, mode="bilinear", align_corners=False)[0]
-        yield crop_to_boxes(probs, boxes[start:start + chunk, :4]) > 0.5
+        yield _binary_in_boxes(probs, boxes[start:start + chunk, :4])
 
 
 def masks_in_original(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torch.Tensor,
@@ -79,7 +84,7 @@ def masks_in_original(proto: torch.Tensor, coefficients: torch.Tensor, boxes: to
     for start in range(0, coefficients.shape[0], chunk):
         probs = mask_probabilities(content, coefficients[start:start + chunk])
         probs = F.interpolate(probs[None], original_hw, mode="bilinear", align_corners=False)[0]
-        yield crop_to_boxes(probs, boxes[start:start + chunk, :4]) > 0.5
+        yield _binary_in_boxes(probs, boxes[start:start + chunk, :4])
 
 
 def scale_masks_to_original(masks: torch.Tensor, pad: tuple[float, float], resized_wh: tuple[float, float],

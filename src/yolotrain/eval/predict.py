@@ -66,7 +66,8 @@ class PredictConfig:
     half: bool = setting(False, "half-precision inference: float16 on CUDA, bfloat16 on the CPU")
     save: bool = setting(True, "save annotated images and videos (--nosave: only what the other --save "
                          "options ask for and predictions.json)", off_flags=("--nosave",))
-    save_txt: bool = setting(False, "also write YOLO-format labels/*.txt (each row ends with its score)")
+    save_txt: bool = setting(False, "also write YOLO-format labels/*.txt (each row ends with its score; "
+                             "segmentation models: polygon rows)")
     save_crop: bool = setting(False, "save each detection as crops/CLASS/STEM.jpg")
     hide_labels: bool = setting(False, "draw boxes without class labels")
     hide_conf: bool = setting(False, "draw labels without scores")

@@ -80,12 +80,13 @@ class ValConfig:
     device: str | None = setting(None, "cpu, cuda, 0 ... (default: GPU if available)")
     workers: int | None = setting(None, "loader processes", min=0)
     half: bool = setting(False, "half-precision inference: float16 on CUDA, bfloat16 on the CPU")
-    save_json: bool = setting(False, "COCO json + pycocotools evaluation")
+    save_json: bool = setting(False, "COCO json + pycocotools evaluation (segmentation models: masks as RLE, segm too)")
     plots: bool = setting(True, "confusion matrix and P/R/F1/PR curves (--no-plots: skip them)")
     map_classes: bool = setting(False, "score a model with other classes on the data's classes, matched by name")
     task: Literal["val", "speed"] = setting("val", "speed: time pre-process, inference and NMS per image; "
                                             "nothing is written")
-    save_txt: bool = setting(False, "write labels/STEM.txt (class cx cy w h) per image")
+    save_txt: bool = setting(False, "write labels/STEM.txt (class cx cy w h; segmentation: class x1 y1 x2 y2 ...) "
+                             "per image")
     save_conf: bool = setting(False, "with --save-txt, add each detection's confidence")
     single_cls: bool = setting(False, "treat every class as one (data and predictions)")
     trust_code: bool = setting(False, TRUST_HELP, flags=("--trust-model-code",))
@@ -182,6 +183,12 @@ def val(
 ) -> Metrics | ClassifyMetrics:
     """Evaluate a detector on a labelled split (a classifier: top-1/top-5 accuracy, see :mod:`.classify`).
 
+    A segmentation model (``task == "segment"``) is scored on its boxes and its masks: the returned
+    box :class:`Metrics` hold the mask ones in ``masks`` and the table prints both. Masks are compared
+    at the prototypes' resolution (1/4 of the input) with the labels' polygons drawn there as overlap
+    masks, as the reference's training-time validation does; a data loader's batches may carry those
+    masks (``(imgs, targets, paths, shapes, masks)``), else they are read from the label files.
+
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy, never modified) or
             a weights path (our checkpoint, an official YOLOv5 ``.pt``, or an export: ``.onnx``, OpenVINO
@@ -196,7 +203,8 @@ def val(
             components are in ``metrics.loss``. It must accept rectangular batches when ``rect``.
         save_dir: folder for plots and ``predictions.json``; nothing is written without it.
         save_json: write COCO-format detections and ground truth and print the 12 COCO numbers
-            (needs ``pycocotools``).
+            (needs ``pycocotools``); for a segmentation model each detection's mask as an RLE of the
+            original image, the labels' polygons, and the 12 ``segm`` numbers too (``metrics.masks.coco``).
         plots: with ``save_dir``, draw the confusion matrix and P/R/F1/PR curves as PNGs.
         verbose: print the results table and speeds.
         half: half-precision inference: float16 on CUDA, bfloat16 on the CPU (see
@@ -209,7 +217,8 @@ def val(
             the reference benchmarks them (square letterbox, conf 0.25, IoU 0.45, nothing written:
             ``save_dir`` and the options that write files are ignored).
         save_txt: write ``labels/STEM.txt`` under ``save_dir`` for every image: one ``class cx cy w h``
-            row per detection, normalised to the original image (an empty file when there is none).
+            row per detection, normalised to the original image (an empty file when there is none); for
+            a segmentation model ``class x1 y1 x2 y2 ...``, its mask's outline.
         save_conf: with ``save_txt``, append each detection's confidence to its row.
         single_cls: treat every class as one, in the labels and the predictions (the model's class
             count need not match the data's); the results are reported under one class.

@@ -200,11 +200,32 @@ class Yolov5(nn.Module):
     def load_matching(self, state: dict[str, torch.Tensor]) -> list[str]:
         """Copy every tensor of ``state`` whose name and shape this model has (the reference's transfer of
         detection weights into a segmentation model, or into another class count); returns the names of
-        this model's tensors left as they were (a Segment head's convolutions and Proto, for instance)."""
+        this model's tensors left as they were (Proto, for instance).
+
+        Unlike the reference, a Segment head also takes a Detect head's box, objectness and class outputs
+        of the same classes (its mask coefficients start fresh), so a segmentation model made from
+        detection weights detects as well as they do from its first step."""
         own = self.state_dict()
         matching = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        matching.update(self._detect_rows(state, own))
         self.load_state_dict(matching, strict=False)
         return [k for k in own if k not in matching]
+
+    def _detect_rows(self, state: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The Segment head's convolutions with each anchor's first ``5 + nc`` outputs from a Detect head's."""
+        if self.task != "segment":
+            return {}
+        head, prefix = self.head, f"model.{len(self.model) - 1}.m."
+        rows = {}
+        for key, value in own.items():
+            source = state.get(key)
+            if not key.startswith(prefix) or source is None or source.shape[1:] != value.shape[1:] \
+                    or source.shape[0] != head.na * (head.no - head.nm):
+                continue
+            per_anchor = value.view(head.na, head.no, *value.shape[1:])
+            detected = source.view(head.na, head.no - head.nm, *value.shape[1:]).to(value.dtype)
+            rows[key] = torch.cat((detected, per_anchor[:, detected.shape[1]:]), 1).view_as(value)
+        return rows
 
     def fuse(self) -> Yolov5:
         """Fold every BatchNorm into its convolution (inference only); returns self in eval mode."""
