@@ -89,8 +89,9 @@ class TrainConfig:
 
     @property
     def task(self) -> str:
-        """``classify`` for a classifier name or a folder of class folders (the model follows the data, as the
-        reference's ``classify/train.py`` cuts ``--model yolov5s.pt``), else the model's own task."""
+        """The recipe this run takes: ``classify`` for a classifier name or a folder of class folders (a detector
+        given one is cut into a classifier, as the reference's ``classify/train.py`` cuts ``--model yolov5s.pt``),
+        else ``detect`` (detection and segmentation share one recipe; the trainer follows the model there)."""
         data = self.data.path
         if is_classifier_name(self.model) or (data is not None and is_classify_folder(data)):
             return "classify"
