@@ -37,6 +37,10 @@ PLACEHOLDER_MODULES: tuple[str, ...] = (
     "yolov5.models",        # the PyPI ``yolov5`` package
     "ultralytics",          # YOLOv8+ (recognised only to name it in an error)
     "torch.nn.modules",
+    # The inference transforms classify/train.py attaches to a classifier (never called here).
+    "torchvision.transforms",
+    "yolov5.utils.augmentations",
+    "utils.augmentations",
     "numpy.core.multiarray",  # numpy scalars/arrays in training entries (e.g. ``best_fitness``)
     "numpy._core.multiarray",
 )
