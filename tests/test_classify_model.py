@@ -116,7 +116,8 @@ def test_an_official_cls_checkpoint_loads_through_the_restricted_unpickler(refer
     theirs.transforms = classify_transforms(224)  # as classify/train.py attaches them: inert placeholders here
     path = tmp_path / "yolov5n-cls.pt"
     torch.save({"epoch": 5, "best_fitness": 0.5, "model": copy.deepcopy(theirs).half(), "ema": None, "updates": 10,
-                "optimizer": None, "opt": {"imgsz": 224}, "date": "2024-01-01"}, path)
+                "optimizer": None, "opt": {"imgsz": 224, "save_dir": Path("runs/train-cls/exp")}, "date": "2024-01-01"},
+               path)
     ours = load_model(path)
     assert isinstance(ours, Classifier)
     assert (ours.arch, ours.cutoff, ours.names, ours.dtype) == ("yolov5n-cls", 10, ["cat", "dog", "emu"], torch.float32)

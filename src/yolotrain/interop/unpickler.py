@@ -44,7 +44,8 @@ PLACEHOLDER_MODULES: tuple[str, ...] = (
     "numpy.core.multiarray",  # numpy scalars/arrays in training entries (e.g. ``best_fitness``)
     "numpy._core.multiarray",
 )
-PLACEHOLDER_NAMES: frozenset[str] = frozenset({"numpy.dtype", "numpy.ndarray", "argparse.Namespace"})
+PLACEHOLDER_NAMES: frozenset[str] = frozenset({"numpy.dtype", "numpy.ndarray", "argparse.Namespace",
+                                               "pathlib.PosixPath", "pathlib.WindowsPath"})  # the paths of a run's opt
 
 # First pickle of a file written by torch.save(..., _use_new_zipfile_serialization=False).
 LEGACY_TORCH_MAGIC = 0x1950A86A20F9469CFC6C
