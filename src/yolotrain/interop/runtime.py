@@ -151,7 +151,7 @@ class ExportedModel(abc.ABC):
 
     @property
     def default_img_size(self) -> int:
-        if self.task == "classify":  # exported at its training size, the size it is evaluated at by default
+        if self.task == "classify":  # the size it was exported at, also with a free image size
             return self.img_size[0]
         return self.img_size[0] if not self.dynamic_size else DEFAULT_IMG_SIZE.get(self.max_stride, 640)
 
