@@ -111,9 +111,13 @@ def test_an_official_cls_checkpoint_loads_through_the_restricted_unpickler(refer
     """The layout of the reference's classify/train.py: the EMA model in fp16 under 'model', no 'ema'."""
     theirs = reference_classifier(reference, "n", 3, seed=1)
     theirs.names = {0: "cat", 1: "dog", 2: "emu"}
+    from yolov5.utils.augmentations import classify_transforms
+
+    theirs.transforms = classify_transforms(224)  # as classify/train.py attaches them: inert placeholders here
     path = tmp_path / "yolov5n-cls.pt"
     torch.save({"epoch": 5, "best_fitness": 0.5, "model": copy.deepcopy(theirs).half(), "ema": None, "updates": 10,
-                "optimizer": None, "opt": {"imgsz": 224}, "date": "2024-01-01"}, path)
+                "optimizer": None, "opt": {"imgsz": 224, "save_dir": Path("runs/train-cls/exp")}, "date": "2024-01-01"},
+               path)
     ours = load_model(path)
     assert isinstance(ours, Classifier)
     assert (ours.arch, ours.cutoff, ours.names, ours.dtype) == ("yolov5n-cls", 10, ["cat", "dog", "emu"], torch.float32)

@@ -27,9 +27,10 @@ def test_defaults_depend_on_the_data():
     assert resolve_config(optimizer="SGD").optim.lr0 == 0.01
     assert resolve_config(data="x.yaml", optimizer="Adam").optim.lr0 == 0.001
     # Resolved means complete: only the weights to start from (None: the model's own), the device (None: a
-    # GPU when present), the W&B entity (None: the account's own) and the data (None: shapes) stay open.
+    # GPU when present), the W&B entity (None: the account's own), the data (None: shapes) and a classifier's
+    # dropout (None: as built) stay open.
     unset = [path for path, _, _ in leaves(TrainConfig) if functools.reduce(getattr, path.split("."), shapes) is None]
-    assert unset == ["pretrained", "device", "entity", "data.path"]
+    assert unset == ["pretrained", "device", "entity", "data.path", "classify.dropout"]
 
 
 def test_layers_files_then_keywords(tmp_path):

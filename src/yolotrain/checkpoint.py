@@ -4,7 +4,8 @@
 - ``NAME.state.pt``: optimizer / scheduler / RNG state; must load with ``torch.load(weights_only=True)``.
 - ``NAME.json``: architecture (version, nc, anchors, strides, in_channels; for a model built from a
   model YAML that is not a published architecture, ``version`` is ``custom`` and ``cfg`` holds the
-  whole layer list in the reference's model-YAML form), class names, whatever
+  whole layer list in the reference's model-YAML form; a classifier's: ``task: classify``, ``arch``, ``cutoff``,
+  nc, in_channels), class names, whatever
   metadata the caller passes (image size, train args, epoch, metrics ...), the format version and
   the SHA-256 of the other files.
 
@@ -29,7 +30,7 @@ import os
 import signal
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,9 @@ def _tensors_of(source: nn.Module | Mapping[str, torch.Tensor], prefix: str) -> 
 
 
 def _architecture(model: nn.Module) -> dict[str, Any]:
+    if getattr(model, "task", None) == "classify":  # a Classifier: rebuilt by name, cut and class count
+        return {"task": "classify", "arch": model.arch, "cutoff": model.cutoff, "nc": int(model.num_classes),
+                "in_channels": int(model.in_channels)}
     head = model.head
     strides = [float(s) for s in head.stride.tolist()]
     anchors = (head.anchors.detach().cpu().double() * head.stride.cpu().double().view(-1, 1, 1)).tolist()
@@ -119,7 +123,8 @@ def _architecture(model: nn.Module) -> dict[str, Any]:
 
 
 def _checkpoint_names(model: nn.Module, metadata: Mapping[str, Any]) -> list[str]:
-    return class_names(metadata.get("names", getattr(model, "names", None)), int(model.head.nc))
+    nc = model.num_classes if getattr(model, "task", None) == "classify" else model.head.nc
+    return class_names(metadata.get("names", getattr(model, "names", None)), int(nc))
 
 
 def save_checkpoint(path_stem: str | Path, model: nn.Module, ema: nn.Module | Mapping[str, torch.Tensor] | None = None,
@@ -342,14 +347,17 @@ def validate_metadata(metadata: Any, json_path: Path) -> None:
     if version > FORMAT_VERSION:
         raise CheckpointError(f"{json_path}: format version {version} is newer than this yolotrain reads "
                               f"({FORMAT_VERSION}); upgrade yolotrain")
-    if not isinstance(metadata.get("version"), str) or not 0 < len(metadata["version"]) <= 16:
-        raise bad("version", "must be a model size such as 'n' or 's'")
     nc = metadata.get("nc")
     if not _is_int(nc) or not 1 <= nc <= MAX_CLASSES:
         raise bad("nc", f"must be an integer from 1 to {MAX_CLASSES}, got {str(nc)[:40]}")
     names = metadata.get("names")
     if not isinstance(names, list) or len(names) != nc or not all(isinstance(n, str) for n in names):
         raise bad("names", f"must be a list of {nc} class names")
+    if metadata.get("task") == "classify":
+        _validate_classifier(metadata, bad)
+        return
+    if not isinstance(metadata.get("version"), str) or not 0 < len(metadata["version"]) <= 16:
+        raise bad("version", "must be a model size such as 'n' or 's'")
     anchors = metadata.get("anchors")
     if not (isinstance(anchors, list) and 1 <= len(anchors) <= 8 and all(
             isinstance(level, list) and 1 <= len(level) <= 16 and all(
@@ -371,6 +379,19 @@ def validate_metadata(metadata: Any, json_path: Path) -> None:
             check_spec(ModelSpec.from_mapping(metadata["cfg"], "cfg"), nc, in_channels)
         except (TypeError, ValueError) as exc:
             raise bad("cfg", f"is not a valid architecture ({shorten(str(exc), 300)})") from None
+
+
+def _validate_classifier(metadata: dict[str, Any], bad: Callable[[str, str], CheckpointError]) -> None:
+    """The architecture fields of a classifier's checkpoint: its name and where a YOLOv5 backbone was cut."""
+    arch = metadata.get("arch")
+    if not isinstance(arch, str) or not 0 < len(arch) <= 64:
+        raise bad("arch", "must be a classifier name such as 'yolov5s-cls' or 'resnet18'")
+    cutoff = metadata.get("cutoff")
+    if not (cutoff is None or (_is_int(cutoff) and 2 <= cutoff <= 64)):
+        raise bad("cutoff", f"must be null or an integer from 2 to 64, got {str(cutoff)[:40]}")
+    for field in ("epoch", "img_size", "ema_updates", "in_channels"):
+        if field in metadata and not _is_int(metadata[field]):
+            raise bad(field, f"must be an integer, got {str(metadata[field])[:40]}")
 
 
 def read_checkpoint(path: str | Path) -> CheckpointContents:

@@ -37,7 +37,7 @@ class AugmentConfig:
     mosaic: float = setting(1.0, "probability of a 4-image mosaic", min=0, max=1)
     mixup: float = setting(0.0, "probability of mixing two mosaics", min=0, max=1)
     copy_paste: float = setting(0.0, "segmentation: share of a mosaic's objects pasted again, flipped left-right, "
-                                "where they cover under 30% of any other", min=0, max=1)
+                                "where they cover under 30 per cent of any other", min=0, max=1)
     close_mosaic: int = setting(0, "turn mosaic off for the last N epochs", min=0)
 
     @classmethod

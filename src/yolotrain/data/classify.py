@@ -253,6 +253,11 @@ class ClassifyDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    @property
+    def im_files(self) -> list[Path]:
+        """The image files in sample order (the detection datasets' name for them)."""
+        return self.files
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
@@ -282,6 +287,21 @@ class ClassifyDataset(Dataset):
     def collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         imgs, labels = zip(*batch)
         return torch.stack(imgs), torch.tensor(labels, dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class SampleIndex:
+    """The verified samples of a split in the form a checkpoint's dataset record hashes
+    (:func:`~yolotrain.data.fingerprint.labels_digest`): files, each one's class as a label row, no sizes."""
+
+    files: list[Path]
+    labels: list[np.ndarray]
+    shapes: np.ndarray
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> SampleIndex:
+        return cls([path for path, _ in samples], [np.array([label], dtype=np.float32) for _, label in samples],
+                   np.zeros((len(samples), 2), dtype=np.int64))
 
 
 @dataclass

@@ -9,7 +9,8 @@ code that reads it::
     ├── loss:    LossConfig          loss.py           box/obj/cls gains, anchor threshold
     ├── optim:   OptimConfig         engine/optim.py   optimiser, lr schedule, warm-up, accumulation
     ├── ema:     EMAConfig           engine/ema.py     decay and its ramp
-    └── eval:    EvalConfig          eval/val.py       per-epoch validation, NMS settings, plots
+    ├── eval:    EvalConfig          eval/val.py       per-epoch validation, NMS settings, plots
+    └── classify: ClassifyConfig     model/classify.py the Classify head's cut and dropout (classifiers)
 
 :func:`resolve_config` turns what the user gave (a saved ``config.yaml``, a flat hyper-parameter
 YAML, command-line options, keyword arguments) into a complete, validated tree, filling the settings
@@ -29,10 +30,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..data.augment import AugmentConfig
+from ..data.classify import is_classify_folder
 from ..data.loaders import DataConfig, default_workers
 from ..eval.val import EvalConfig
 from ..loss import LossConfig
 from ..model import parse_version
+from ..model.classify import ClassifyConfig, is_classifier_name
 from ..settings import ConfigError, flat_names, from_mapping, merge, nest, setting, to_dict, validate
 from ..yamlio import YamlError, read_yaml
 from .ema import EMAConfig
@@ -82,6 +85,17 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    classify: ClassifyConfig = field(default_factory=ClassifyConfig)
+
+    @property
+    def task(self) -> str:
+        """The recipe this run takes: ``classify`` for a classifier name or a folder of class folders (a detector
+        given one is cut into a classifier, as the reference's ``classify/train.py`` cuts ``--model yolov5s.pt``),
+        else ``detect`` (detection and segmentation share one recipe; the trainer follows the model there)."""
+        data = self.data.path
+        if is_classifier_name(self.model) or (data is not None and is_classify_folder(data)):
+            return "classify"
+        return "detect"
 
     def to_dict(self) -> dict[str, Any]:
         """The nested plain-value form saved in checkpoints and ``config.yaml``."""
@@ -105,6 +119,14 @@ P6_IMG_SIZE = 1280
 # The reference's defaults for real datasets (lr0 follows the optimiser: DEFAULT_LR0).
 DATASET_DEFAULTS = {"data.img_size": 640, "epochs": 100, "data.batch_size": 16, "optim.optimizer": "SGD",
                     "optim.nominal_batch": 64}
+
+# The reference's classify/train.py recipe: Adam at 1e-3, decay 5e-5, momentum 0.9, no accumulation
+# (nominal batch = batch) and no warm-up, label smoothing 0.1, 224 px, 10 epochs of batch 64. The settings
+# that have a detection default take these only when not given.
+CLASSIFY_DEFAULTS = {"data.img_size": 224, "epochs": 10, "data.batch_size": 64, "optim.optimizer": "Adam",
+                     "optim.lr0": 0.001}
+CLASSIFY_RECIPE = {"optim.momentum": 0.9, "optim.weight_decay": 5e-5, "optim.warmup_epochs": 0.0,
+                   "loss.label_smoothing": 0.1}
 
 
 # Keys of the reference's hyper-parameter files that yolotrain accepts but does not use, and why.
@@ -186,6 +208,10 @@ def resolve_config(config: TrainConfig | Mapping[str, Any] | str | os.PathLike |
     layered = merge(layered, nest(TrainConfig, settings))
     explicit_optimizer = _get(layered, "optim.optimizer") is not None
     resolved = from_mapping(TrainConfig, layered)
+    if resolved.task == "classify":
+        recipe = {path: value for path, value in CLASSIFY_RECIPE.items() if _get(layered, path) is None}
+        resolved = from_mapping(TrainConfig, merge(resolved.to_dict(), nest(TrainConfig, {
+            path.rpartition(".")[2]: value for path, value in recipe.items()})))
     return _fill_from_data(resolved, explicit_optimizer)
 
 
@@ -206,7 +232,8 @@ def _is_p6(model: str) -> bool:
 
 
 def _fill_from_data(config: TrainConfig, explicit_optimizer: bool) -> TrainConfig:
-    defaults = dict(SHAPES_DEFAULTS if config.data.path is None else DATASET_DEFAULTS)
+    defaults = dict(CLASSIFY_DEFAULTS if config.task == "classify" else
+                    SHAPES_DEFAULTS if config.data.path is None else DATASET_DEFAULTS)
     if explicit_optimizer:
         defaults.pop("optim.lr0", None)  # a learning rate tuned for the default optimiser does not carry over
     tree = config.to_dict()
@@ -221,6 +248,8 @@ def _fill_from_data(config: TrainConfig, explicit_optimizer: bool) -> TrainConfi
             node = node[parent]
         if node[leaf] is None:
             node[leaf] = value
+    if tree["optim"]["nominal_batch"] is None and config.task == "classify":
+        tree["optim"]["nominal_batch"] = tree["data"]["batch_size"]  # the reference accumulates no batches
     if tree["optim"]["lr0"] is None:
         tree["optim"]["lr0"] = DEFAULT_LR0[tree["optim"]["optimizer"]]
     if tree["data"]["workers"] is None:

@@ -40,6 +40,9 @@ TAGS = {
     # A segmentation run's (the reference's segment/train.py tags).
     "train_seg": "train/seg_loss", "val_seg": "val/seg_loss", "mask_precision": "metrics/precision(M)",
     "mask_recall": "metrics/recall(M)", "mask_mAP50": "metrics/mAP_0.5(M)", "mask_mAP50-95": "metrics/mAP_0.5:0.95(M)",
+    # A classifier's (the reference's classify/train.py tags).
+    "train_loss": "train/loss", "val_loss": "val/loss", "top1": "metrics/accuracy_top1",
+    "top5": "metrics/accuracy_top5",
 }
 MOSAIC_TILE = 320  # pixels per side of each image in the validation mosaic
 MOSAIC_COLUMNS = 4

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from ..atomic import write_atomic
 from ..checkpoint import read_metadata, save_checkpoint
 from ..data.dataset import ImageReadError
+from ..eval.classify import ClassifyMetrics
 from ..eval.predict import predict
 from ..eval.val import val
 from . import distributed as D
@@ -32,6 +33,8 @@ RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "val_box", "val_ob
 # Those of a segmentation model: box and mask results, the four parts of its loss.
 SEGMENT_RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "mask_precision", "mask_recall",
                           "mask_mAP50", "mask_mAP50-95", "val_box", "val_seg", "val_obj", "val_cls")
+# Those of a classifier: accuracies and the validation loss (the reference's classify/train.py columns).
+CLASSIFY_RESULT_METRICS = ("top1", "top5", "val_loss")
 
 
 def run_epochs(trainer: Trainer) -> TrainResult:
@@ -47,7 +50,8 @@ def run_epochs(trainer: Trainer) -> TrainResult:
         if trainer.resume_from is None:
             write_atomic(trainer.save_dir / "config.yaml",
                          lambda temp: temp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False)))
-        trainer._log(f"Training yolov5{trainer.model.version} on {trainer.data_root}: "
+        model_name = trainer.model.arch if trainer.model.task == "classify" else f"yolov5{trainer.model.version}"
+        trainer._log(f"Training {model_name} on {trainer.data_root}: "
                      f"{len(trainer.train_set)} train / {len(trainer.val_set)} val images, {cfg.epochs} epochs, "
                      f"batch {cfg.data.batch_size} on {ctx.world_size} process(es), {trainer.device}; "
                      f"results in {trainer.save_dir}")
@@ -125,21 +129,14 @@ def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[st
                      save_dir=trainer.save_dir if final and plots else None, plots=final and plots,
                      half=trainer.amp_dtype is not None,  # as the reference: half-precision val under AMP
                      callbacks=trainer.callbacks)
-        metrics = {"precision": result.mp, "recall": result.mr, "mAP50": result.map50, "mAP50-95": result.map}
-        if result.masks is not None:
-            masks = result.masks
-            metrics.update({"mask_precision": masks.mp, "mask_recall": masks.mr, "mask_mAP50": masks.map50,
-                            "mask_mAP50-95": masks.map})
-        metrics.update({f"val_{k}": v for k, v in (result.loss or {}).items()})
+        metrics = _classify_metrics(result) if isinstance(result, ClassifyMetrics) else _detect_metrics(result)
         score = result.fitness()
         if not final:
-            mask = (f"  mask mAP50 {result.masks.map50:.3f}  mAP50-95 {result.masks.map:.3f}"
-                    if result.masks is not None else "")
-            trainer._log(f"{'':>12}val: P {result.mp:.3f}  R {result.mr:.3f}  mAP50 {result.map50:.3f}  "
-                         f"mAP50-95 {result.map:.3f}{mask}")
+            trainer._log(f"{'':>12}val: {_val_summary(result)}")
         if final and plots:
             _draw_val_predictions(trainer)
-    columns = SEGMENT_RESULT_METRICS if trainer.model.task == "segment" else RESULT_METRICS
+    columns = {"segment": SEGMENT_RESULT_METRICS, "classify": CLASSIFY_RESULT_METRICS}.get(trainer.model.task,
+                                                                                          RESULT_METRICS)
     row = {"epoch": epoch + 1, **{f"train_{n}": v for n, v in zip(trainer.step.component_names, train_loss.tolist())},
            **{k: metrics.get(k, "") for k in columns},
            **{f"lr{j}": lr for j, lr in enumerate(trainer.epoch_lrs)}}
@@ -154,6 +151,31 @@ def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[st
     trainer._fire("on_model_save", trainer, trainer.save_dir / "weights" / "last", epoch, final,
                   state.best_fitness, score)
     return metrics
+
+
+def _detect_metrics(result: Any) -> dict[str, float]:
+    """The results.csv values of a detector's (or segmentation model's) validation."""
+    metrics = {"precision": result.mp, "recall": result.mr, "mAP50": result.map50, "mAP50-95": result.map}
+    if result.masks is not None:
+        masks = result.masks
+        metrics.update({"mask_precision": masks.mp, "mask_recall": masks.mr, "mask_mAP50": masks.map50,
+                        "mask_mAP50-95": masks.map})
+    metrics.update({f"val_{k}": v for k, v in (result.loss or {}).items()})
+    return metrics
+
+
+def _classify_metrics(result: ClassifyMetrics) -> dict[str, float]:
+    """The results.csv values of a classifier's validation."""
+    return {"top1": result.top1, "top5": result.top5, "val_loss": result.loss}
+
+
+def _val_summary(result: Any) -> str:
+    """The validation line printed after each epoch but the last (which prints the full table)."""
+    if isinstance(result, ClassifyMetrics):
+        return f"top1 {result.top1:.3f}  top5 {result.top5:.3f}  loss {result.loss:.4f}"
+    mask = (f"  mask mAP50 {result.masks.map50:.3f}  mAP50-95 {result.masks.map:.3f}"
+            if result.masks is not None else "")
+    return f"P {result.mp:.3f}  R {result.mr:.3f}  mAP50 {result.map50:.3f}  mAP50-95 {result.map:.3f}{mask}"
 
 
 def _draw_val_predictions(trainer: Trainer, count: int = 8) -> None:

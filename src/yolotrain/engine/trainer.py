@@ -19,6 +19,8 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ..callbacks import Callback, CallbackError, Callbacks, CallbackSpec, as_callbacks
+from ..classify_loss import ClassifyLoss
+from ..data.classify import ClassifyAugment, SampleIndex, build_classify_loaders, is_classify_folder
 from ..data.dataset import ImageReadError
 from ..data.fingerprint import dataset_record
 from ..data.loaders import build_loaders, run_class_names
@@ -30,6 +32,7 @@ from ..interop.resolve import resolve_trainable, weights_inputs
 from ..loss import YoloLoss
 from ..model import Yolov5, parse_version
 from ..model.anchors import check_anchors
+from ..model.classify import Classifier, classifier_from, is_classifier_name, parse_cls_name, set_dropout
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from ..runs import RunLock, next_run_dir
 from ..segment_loss import SegmentLoss
@@ -94,7 +97,7 @@ class Trainer:
         cfg = self.config
         if cfg.data.batch_size % self.ctx.world_size:
             raise ValueError(f"batch {cfg.data.batch_size} is not divisible by {self.ctx.world_size} processes")
-        if not (Path(cfg.model).suffix or Path(cfg.model).exists()):
+        if not (Path(cfg.model).suffix or Path(cfg.model).exists() or is_classifier_name(cfg.model)):
             parse_version(cfg.model)  # an unknown model name fails now, not after the data scan
         require_loggers(cfg.loggers)  # a missing package too
         self.callbacks = Callbacks()
@@ -104,7 +107,7 @@ class Trainer:
         self.save_dir: Path | None = None
         # The data (built by _build_data).
         self.names: list[str] = []
-        self.model: Yolov5 | None = None  # the plain module: its weights are the ones saved
+        self.model: Yolov5 | Classifier | None = None  # the plain module: its weights are the ones saved
         self.train_loader: DataLoader | None = None
         self.train_set: Any = None
         self.train_sampler: Any = None
@@ -164,6 +167,9 @@ class Trainer:
     # ----------------------------------------------------------------------------------- data
     def _build_data(self) -> None:
         cfg = self.config
+        if cfg.task == "classify":
+            self._build_classify_data()
+            return
         root = cfg.data.path
         if root is None:
             root = str(generate_shapes_dataset())
@@ -199,6 +205,48 @@ class Trainer:
             check_resumed_data(self.resume_from, self.dataset_record, self.data_root, self.names, cfg.data,
                                self.accept_changed_data)
 
+    def _build_classify_data(self) -> None:
+        """A classifier's data: the class folders of an ImageNet-style folder, the reference's transforms."""
+        cfg = self.config
+        root = cfg.data.path
+        if root is None or not is_classify_folder(root):
+            raise ConfigError(f"{cfg.model} is a classifier: --data must be a folder of class folders "
+                              f"(train/<class>/*.jpg, val/<class>/*.jpg), got {root or 'none'}")
+        if cfg.data.autobatch:
+            raise ConfigError("--autobatch sizes detection batches; give a classifier's --batch-size")
+        loaders = build_classify_loaders(root, cfg.data.img_size, cfg.data.batch_size,
+                                         augment=ClassifyAugment(fliplr=cfg.augment.fliplr, flipud=cfg.augment.flipud),
+                                         workers=cfg.data.workers, cache=cfg.data.cache, seed=cfg.seed,
+                                         rank=self.ctx.rank, world_size=self.ctx.world_size)
+        self.names = loaders.names
+        self.model = self._build_classifier()
+        self.train_loader, self.val_loader = loaders.train, loaders.val
+        self.train_set, self.val_set = loaders.train.dataset, loaders.val.dataset
+        self.train_sampler = loaders.train.batch_sampler
+        self.data_root = loaders.root
+        self.dataset_record = dataset_record(root, self.names, {"train": SampleIndex.of(loaders.train_samples),
+                                                                "val": SampleIndex.of(loaders.val_samples)})
+        if self.resume_from is not None:
+            check_resumed_data(self.resume_from, self.dataset_record, self.data_root, self.names, cfg.data,
+                               self.accept_changed_data)
+
+    def _build_classifier(self) -> Classifier:
+        """The classifier the reference's classify/train.py trains: a published -cls or torchvision name, a
+        classifier's weights with their head resized, or a detector cut at ``cutoff`` with a Classify head."""
+        cfg = self.config
+        if cfg.pretrained is not None:
+            raise ConfigError("--pretrained starts a detection or segmentation architecture; a classifier takes "
+                              "the weights as --model (yolov5s.pt is cut into a classifier)")
+        cutoff = cfg.classify.cutoff
+        if parse_cls_name(cfg.model) and not Path(cfg.model).exists():
+            model = Classifier.from_name(cfg.model, len(self.names), self.names, cutoff)
+        else:
+            model = classifier_from(resolve_trainable(cfg.model, names=self.names), len(self.names), self.names,
+                                    cutoff)
+        if cfg.classify.dropout is not None:
+            set_dropout(model, cfg.classify.dropout)
+        return model.train()
+
     def _log_detection_of_polygons(self, has_polygons: bool) -> None:
         """A detection model on YOLO-seg labels trains their boxes; copy-paste needs the polygons' masks."""
         if has_polygons:
@@ -220,6 +268,9 @@ class Trainer:
     # ---------------------------------------------------------------------------------- model
     def _build_model(self) -> Yolov5:
         model = resolve_trainable(self.config.model, names=self.names)
+        if isinstance(model, Classifier):
+            raise ConfigError(f"{self.config.model} is a classifier: --data must be a folder of class folders "
+                              f"(train/<class>/*.jpg, val/<class>/*.jpg), got {self.config.data.path or 'none'}")
         if model.num_classes != len(self.names):  # weights trained on other classes
             model = _with_new_head(model, len(self.names))
         model.names = list(self.names)
@@ -240,17 +291,20 @@ class Trainer:
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
         seed_everything(cfg.seed + ctx.rank)
         if ctx.is_main and cfg.pretrained is None and not (Path(cfg.model).suffix or Path(cfg.model).exists()):
-            name = f"yolov5{parse_version(cfg.model)}"
-            start = (f"--model {name}.pt starts from the official COCO weights" if f"{name}.pt" in SHA256 else
-                     f"--cfg {name}.yaml --weights {name.removesuffix('-seg')}.pt starts from the detection "
-                     "weights")
+            if cfg.task == "classify":
+                start = "--model yolov5s.pt starts one from the official COCO weights, cut as the reference cuts it"
+            else:
+                name = f"yolov5{parse_version(cfg.model)}"
+                start = (f"--model {name}.pt starts from the official COCO weights" if f"{name}.pt" in SHA256 else
+                         f"--cfg {name}.yaml --weights {name.removesuffix('-seg')}.pt starts from the detection "
+                         "weights")
             self._log(f"Model {cfg.model}: random initial weights (training from scratch); {start}")
         self._build_data()
         cfg = self.config  # AutoBatch may have chosen the batch
         model = self.model.to(self.device)
         if cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        if cfg.autoanchor and self.resume_from is None:
+        if cfg.autoanchor and self.resume_from is None and model.task != "classify":
             self._check_anchors(model)
         freeze_layers(model, self.config.freeze, self._log if ctx.is_main else None)
         if cfg.sync_bn and ctx.enabled:
@@ -273,11 +327,16 @@ class Trainer:
         scaler = grad_scaler(self.device, self.amp_dtype, self._log if ctx.is_main else None)
         self.state = TrainState(model, ema, optimizer, scheduler, scaler, accumulate)
         img_size = cfg.data.img_size
-        loss = partial(SegmentLoss, overlap=cfg.data.overlap_mask) if model.task == "segment" else YoloLoss
-        self.criterion = (self.loss_factory(model, cfg.data.rect) if self.loss_factory is not None
-                          else loss(model, rect_training=cfg.data.rect, img_size=img_size, hyp=cfg.loss))
-        self.val_criterion = (loss(ema.module, rect_training=True, img_size=img_size, hyp=cfg.loss)
-                              if ema is not None else None)
+        if model.task == "classify":
+            self.criterion = (self.loss_factory(model, False) if self.loss_factory is not None
+                              else ClassifyLoss(cfg.loss.label_smoothing))
+            self.val_criterion = ClassifyLoss(cfg.loss.label_smoothing) if ema is not None else None
+        else:
+            loss = partial(SegmentLoss, overlap=cfg.data.overlap_mask) if model.task == "segment" else YoloLoss
+            self.criterion = (self.loss_factory(model, cfg.data.rect) if self.loss_factory is not None
+                              else loss(model, rect_training=cfg.data.rect, img_size=img_size, hyp=cfg.loss))
+            self.val_criterion = (loss(ema.module, rect_training=True, img_size=img_size, hyp=cfg.loss)
+                                  if ema is not None else None)
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
                          else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
         self.step = TrainStep(cfg, ctx, self.device, self.amp_dtype, self.state, self.forward, self.criterion,

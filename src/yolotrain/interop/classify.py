@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import state_mismatch
+from ..checkpoint import CheckpointError, state_mismatch
 from ..model import Yolov5
-from ..model.classify import Classifier
+from ..model.classify import DEFAULT_CUTOFF, Classifier
 from ..names import class_names
 from .official import STEM_WEIGHT, STEM_WIDTHS, UnsupportedCheckpointError, module_state_dict
 from .unpickler import PickledObject
@@ -96,3 +96,24 @@ def _names(names: Any, nc: int) -> list[str]:
         return class_names(names, nc)
     except ValueError:
         return class_names(None, nc)
+
+
+def checkpoint_classifier(meta: Mapping[str, Any], state: Mapping[str, torch.Tensor], source: str) -> Classifier:
+    """The :class:`Classifier` of one of our checkpoints (metadata validated by :mod:`yolotrain.checkpoint`):
+    rebuilt by its ``arch`` name, ``cutoff`` and class count, holding ``state`` in its saved dtype (eval mode).
+
+    Raises:
+        CheckpointError: an architecture this library cannot rebuild by name, or tensors that do not fit it.
+    """
+    arch, nc = meta["arch"], meta["nc"]
+    try:
+        model = Classifier.from_name(arch, nc, meta.get("names"), meta.get("cutoff") or DEFAULT_CUTOFF)
+    except ValueError as exc:
+        raise CheckpointError(f"{source}: bad architecture entry ({exc})") from None
+    mismatch = state_mismatch(model.state_dict(), state)
+    if mismatch:
+        raise CheckpointError(f"{source}: does not match its tensors ({arch} nc={nc}: {mismatch})")
+    dtype = next(v.dtype for v in state.values() if v.is_floating_point())
+    model = model.to(dtype)
+    model.load_state_dict(state, strict=True)
+    return model.eval()

@@ -46,6 +46,7 @@ from torch import nn
 from ..boxes import MAX_IMG_SIZE
 from ..checkpoint import CheckpointError
 from ..model import Yolov5
+from ..model.classify import Classifier
 from ..nms import NMSConfig, check_nms_limits
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from ..settings import add_arguments, from_mapping, setting
@@ -135,9 +136,15 @@ def _image_size(img_size: int | Sequence[int], stride: int = 32) -> tuple[int, i
     return size
 
 
-def export_metadata(model: Yolov5, size: tuple[int, int], raw: bool, dynamic_batch: bool,
+def export_metadata(model: Yolov5 | Classifier, size: tuple[int, int], raw: bool, dynamic_batch: bool,
                     dynamic_size: bool, precision: str = "fp32", nms: dict | None = None) -> dict[str, str]:
     """String metadata stored with an export (read back by :class:`~yolotrain.interop.runtime.ExportedModel`)."""
+    if model.task == "classify":  # logits [B, nc]: no strides or anchors to record
+        return {"producer": "yolotrain", "model": model.arch, "task": "classify", "nc": str(model.num_classes),
+                "names": json.dumps(list(model.names)), "stride": json.dumps([model.max_stride]),
+                "img_size": json.dumps(list(size)), "raw": json.dumps(False),
+                "dynamic_batch": json.dumps(dynamic_batch), "dynamic_size": json.dumps(dynamic_size),
+                "precision": precision}
     head = model.head
     anchors = (head.anchors * head.stride.view(-1, 1, 1)).tolist()
     names = list(getattr(model, "names", None) or [str(i) for i in range(head.nc)])
@@ -168,9 +175,20 @@ def _check_segment(fmt: str, raw: bool, nms: bool, int8: bool) -> None:
                          "export a segmentation model in fp32 or fp16 (--half)")
 
 
-def _load(weights_or_model: str | Path | Yolov5) -> Yolov5:
-    if isinstance(weights_or_model, nn.Module) and not isinstance(weights_or_model, Yolov5):
-        raise ValueError(f"only Yolov5 detectors can be exported, got {type(weights_or_model).__name__}")
+def _check_classify(fmt: str, half: bool, int8: bool, raw: bool, nms: bool) -> None:
+    """One-line errors for what a classifier cannot be exported as."""
+    if not REGISTRY[fmt].classify:
+        supported = sorted(name for name, spec in REGISTRY.items() if spec.classify)
+        raise ValueError(f"classifiers export to {', '.join(supported)}, not {fmt}")
+    asked = [flag for flag, on in (("--half", half), ("--int8", int8), ("--raw", raw), ("--nms", nms)) if on]
+    if asked:
+        raise ValueError(f"{asked[0]} is for detection models: a classifier's export gives float32 logits")
+
+
+def _load(weights_or_model: str | Path | Yolov5 | Classifier) -> Yolov5 | Classifier:
+    if isinstance(weights_or_model, nn.Module) and not isinstance(weights_or_model, (Yolov5, Classifier)):
+        raise ValueError(f"only Yolov5 detectors and classifiers can be exported, got "
+                         f"{type(weights_or_model).__name__}")
     model = resolve_trainable(weights_or_model)
     if model is weights_or_model:
         # A copy: fusing replaces the BatchNorms, which must not happen to the caller's (maybe training) model.
@@ -240,6 +258,8 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     model = _load(weights_or_model)
     if model.task == "segment":
         _check_segment(fmt, raw, nms, int8)
+    if model.task == "classify":
+        _check_classify(fmt, half, int8, raw, nms)
     size = _image_size(model.default_img_size if img_size is None else img_size, model.max_stride)
     calibration_set = calibration_files(data, calibration_images) if int8 else []
     calibration = CalibrationImages(calibration_set, size) if int8 else None

@@ -1,6 +1,7 @@
 """The module every export traces: the fused detector with its output chosen (decoded predictions, the raw
 head maps, or final detections with NMS inside, built from ONNX's ``NonMaxSuppression``); a segmentation
-model's decoded predictions come with its prototype masks as a second output."""
+model's decoded predictions come with its prototype masks as a second output; a classifier's graph gives its
+logits."""
 
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ class ExportGraph(nn.Module):
         self.nms = nms
 
     def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self.model.task == "classify":  # a classifier's logits [B, nc]
+            return self.model(images)
         maps = self.model.forward_maps(images)
         if self.model.task == "segment":  # (exporting checks that neither raw maps nor NMS were asked for)
             maps, proto = maps

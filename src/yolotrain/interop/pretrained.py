@@ -15,7 +15,7 @@ from ..model import ModelSpec, Yolov5
 from ..model.classify import Classifier
 from ..names import class_names
 from .backends import is_exported
-from .classify import read_classifier
+from .classify import checkpoint_classifier, read_classifier
 from .hub import resolve_weights
 from .official import PROTO_WEIGHT, DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
 from .unpickler import read_torch_file
@@ -58,6 +58,8 @@ def load_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[Yolov5, 
     meta = contents.metadata
     _, json_path, _ = checkpoint_paths(path)
     state = contents.ema_state if use_ema and contents.ema_state is not None else contents.model_state
+    if meta.get("task") == "classify":
+        return checkpoint_classifier(meta, state, str(json_path)), meta
     if not isinstance(meta, Mapping) or any(key not in meta for key in ("version", "nc", "anchors")):
         raise CheckpointError(f"{json_path}: bad architecture entry (needs version, nc and anchors)")
     spec = None

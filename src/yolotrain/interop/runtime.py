@@ -36,7 +36,8 @@ class ExportedModel(abc.ABC):
     exports with NMS inside instead answer :meth:`detections`. ``names``, ``stride``, ``num_classes``,
     ``img_size``, ``precision`` and ``end_to_end`` come from the file's metadata. An export of a
     segmentation model (``task`` ``"segment"``, ``num_masks`` coefficients) returns
-    ``(decoded [B, N, 5+nc+nm], proto [B, nm, H/4, W/4])``, as the PyTorch model does.
+    ``(decoded [B, N, 5+nc+nm], proto [B, nm, H/4, W/4])``, as the PyTorch model does; one of a classifier
+    (``task`` ``"classify"``) its logits ``[B, nc]``.
     """
 
     format_name = "exported"
@@ -62,7 +63,7 @@ class ExportedModel(abc.ABC):
         self.nms_settings: dict | None = fields["nms"]
         self.task: Task = fields["task"]
         self.num_masks: int = fields["nm"]
-        self.anchors_per_level = len(fields["anchors"][0])
+        self.anchors_per_level = len(fields["anchors"][0]) if fields["anchors"] else 0
         # Fixed axes are ints, free ones None (the runtimes name or mark them differently).
         self.input_shape = [s if isinstance(s, int) and s > 0 else None for s in input_shape]
         if None not in self.input_shape[2:4] and tuple(self.input_shape[2:4]) != self.img_size:
@@ -98,7 +99,9 @@ class ExportedModel(abc.ABC):
         def differs(got: int | None, expected: int | None) -> bool:
             return got is not None and expected is not None and got != expected
 
-        if self.end_to_end:
+        if self.task == "classify":
+            expected = [None, self.num_classes]
+        elif self.end_to_end:
             expected = [None, self.nms_settings["max_det"], 6]
         elif self.raw:
             if len(shapes) != len(strides):
@@ -121,8 +124,9 @@ class ExportedModel(abc.ABC):
             shapes = shapes[:1]
         if len(shapes) != 1:
             return f"one output expected, it has {len(shapes)}"
-        if len(shapes[0]) != 3 or any(differs(g, e) for g, e in zip(shapes[0], expected)):
+        if len(shapes[0]) != len(expected) or any(differs(g, e) for g, e in zip(shapes[0], expected)):
             what = (f"nms max_det {self.nms_settings['max_det']}" if self.end_to_end else
+                    f"nc {self.num_classes} of a classifier" if self.task == "classify" else
                     f"strides {strides}, {na} anchors per level and nc {self.num_classes}"
                     + (f" (nm {self.num_masks})" if self.num_masks else ""))
             return f"{what} mean an output of {_shape(expected)}, it gives {_shape(shapes[0])}"
@@ -147,6 +151,8 @@ class ExportedModel(abc.ABC):
 
     @property
     def default_img_size(self) -> int:
+        if self.task == "classify":  # the size it was exported at, also with a free image size
+            return self.img_size[0]
         return self.img_size[0] if not self.dynamic_size else DEFAULT_IMG_SIZE.get(self.max_stride, 640)
 
     @abc.abstractmethod
@@ -187,6 +193,8 @@ class ExportedModel(abc.ABC):
         if self.end_to_end:
             raise ValueError(f"{self.path.name} has NMS inside: it returns detections, not raw predictions")
         outputs = self._forward(imgs)
+        if self.task == "classify":
+            return outputs[0].to(imgs.device)
         if self.task == "segment":
             return outputs[0].to(imgs.device), outputs[1].to(imgs.device)
         decoded = self._decoder.decode(outputs) if self._decoder is not None else outputs[0]
@@ -251,10 +259,13 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
                   f"a list of {nc} class names")
     stride = field("stride", lambda v: isinstance(v, list) and 1 <= len(v) <= 8
                    and all(_is_int(s) and 1 <= s <= 1024 for s in v), "a list of 1 to 8 strides (whole numbers)")
-    anchors = field("anchors", lambda v: isinstance(v, list) and len(v) == len(stride) and all(
-        isinstance(level, list) and 1 <= len(level) <= 16 and len(level) == len(v[0]) and all(
-            isinstance(a, list) and len(a) == 2 and all(_is_number(x) and x > 0 for x in a) for a in level)
-        for level in v), f"{len(stride)} levels (one per stride) of equally many (w, h) pairs")
+    task = field("task", lambda v: v in ("detect", "segment", "classify"), '"detect", "segment" or "classify"',
+                 "detect")
+    anchors = [] if task == "classify" else field(  # a classifier has none
+        "anchors", lambda v: isinstance(v, list) and len(v) == len(stride) and all(
+            isinstance(level, list) and 1 <= len(level) <= 16 and len(level) == len(v[0]) and all(
+                isinstance(a, list) and len(a) == 2 and all(_is_number(x) and x > 0 for x in a) for a in level)
+            for level in v), f"{len(stride)} levels (one per stride) of equally many (w, h) pairs")
     img_size = field("img_size", lambda v: isinstance(v, list) and len(v) == 2 and all(_is_int(s) and s > 0 for s in v),
                      "[height, width]")
     raw = field("raw", lambda v: isinstance(v, bool), "true or false")
@@ -262,11 +273,11 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
     nms = field("nms", lambda v: v is None or (isinstance(v, dict) and _is_int(v.get("max_det")) and 1 <= v["max_det"]
                 and all(_is_number(v.get(k)) for k in ("conf", "iou")) and isinstance(v.get("multi_label"), bool)),
                 "the NMS settings (conf, iou, max_det, multi_label)", None)
-    task = field("task", lambda v: v in ("detect", "segment"), '"detect" or "segment"', "detect")
-    nm = field("nm", lambda v: _is_int(v) and (v == 0) == (task == "detect") and 0 <= v <= 1024,
+    nm = field("nm", lambda v: _is_int(v) and (v == 0) == (task != "segment") and 0 <= v <= 1024,
                "the number of mask coefficients (from 1 to 1024 for a segmentation model)", 0)
-    if task == "segment" and (raw or nms is not None):
-        raise CheckpointError(f"{path}: yolotrain metadata of a segmentation model with "
+    if task in ("segment", "classify") and (raw or nms is not None):
+        kind = "segmentation" if task == "segment" else "classification"
+        raise CheckpointError(f"{path}: yolotrain metadata of a {kind} model with "
                               f"{'raw outputs' if raw else 'NMS inside'}, which its exports never have")
     return {"nc": nc, "names": names, "stride": stride, "anchors": anchors, "img_size": img_size, "raw": raw,
             "precision": precision, "nms": nms, "task": task, "nm": nm}

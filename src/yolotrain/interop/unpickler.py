@@ -37,10 +37,15 @@ PLACEHOLDER_MODULES: tuple[str, ...] = (
     "yolov5.models",        # the PyPI ``yolov5`` package
     "ultralytics",          # YOLOv8+ (recognised only to name it in an error)
     "torch.nn.modules",
+    # The inference transforms classify/train.py attaches to a classifier (never called here).
+    "torchvision.transforms",
+    "yolov5.utils.augmentations",
+    "utils.augmentations",
     "numpy.core.multiarray",  # numpy scalars/arrays in training entries (e.g. ``best_fitness``)
     "numpy._core.multiarray",
 )
-PLACEHOLDER_NAMES: frozenset[str] = frozenset({"numpy.dtype", "numpy.ndarray", "argparse.Namespace"})
+PLACEHOLDER_NAMES: frozenset[str] = frozenset({"numpy.dtype", "numpy.ndarray", "argparse.Namespace",
+                                               "pathlib.PosixPath", "pathlib.WindowsPath"})  # the paths of a run's opt
 
 # First pickle of a file written by torch.save(..., _use_new_zipfile_serialization=False).
 LEGACY_TORCH_MAGIC = 0x1950A86A20F9469CFC6C

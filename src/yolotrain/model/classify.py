@@ -10,11 +10,13 @@ reference ``ClassificationModel`` state dict loads unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..detector import Task
+from ..settings import setting
 from .blocks import Conv
 from .spec import MAX_CLASSES
 from .yolo import PRECISIONS, Yolov5, parse_version
@@ -29,6 +31,23 @@ CLASSIFY_IMG_SIZE = 224
 TORCHVISION_PREFIXES = ("resnet", "resnext", "wide_resnet", "efficientnet", "mobilenet", "regnet", "convnext",
                         "densenet", "shufflenet", "squeezenet", "mnasnet", "vgg", "alexnet", "googlenet")
 CLS_SUFFIX = "-cls"
+
+
+@dataclass(frozen=True)
+class ClassifyConfig:
+    """How a classifier is made from the model a run names (the reference's ``classify/train.py`` options)."""
+
+    cutoff: int = setting(DEFAULT_CUTOFF, "layer of a YOLOv5 detector replaced by the Classify head (10: after "
+                          "SPPF)", min=2)
+    dropout: float | None = setting(None, "dropout probability of every Dropout layer of the classifier "
+                                    "(unset: as built)", min=0, max=1)
+
+
+def set_dropout(model: nn.Module, probability: float) -> None:
+    """Every ``nn.Dropout`` of ``model`` drops with ``probability`` (the reference's ``--dropout``)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = probability
 
 
 class Classify(nn.Module):
@@ -138,6 +157,12 @@ def torchvision_layers(name: str, num_classes: int) -> nn.Module:
     model = torchvision.models.get_model(name, weights=None)
     resize_head(model, num_classes)
     return model
+
+
+def is_classifier_name(name: str) -> bool:
+    """Whether ``name`` is a classifier architecture by name (``yolov5n-cls``, ``resnet18`` ...), not a file."""
+    return "/" not in str(name) and not str(name).endswith(".pt") and bool(
+        parse_cls_name(name) or is_torchvision_name(str(name)))
 
 
 def parse_cls_name(name: str) -> str | None:

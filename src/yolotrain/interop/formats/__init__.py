@@ -22,7 +22,8 @@ class ExportFormat:
 
     ``half``/``int8``/``nms``/``raw``: whether it can store fp16 or int8, build NMS inside, output the
     raw head maps. ``segment``: whether it carries a segmentation model's prototype masks (a second
-    output; its runtime then returns both). ``dynamic``: whether its graph keeps a free batch axis and
+    output; its runtime then returns both). ``classify``: whether it carries a classifier (logits ``[B, nc]``,
+    float32). ``dynamic``: whether its graph keeps a free batch axis and
     image size (the others are fixed at batch 1 and the export's size). ``companions``: suffixes of the
     files written beside the main one (OpenVINO's ``.bin``). ``exact_suffix``: whether ``--output``
     must end in ``suffix``.
@@ -41,6 +42,7 @@ class ExportFormat:
     nms: bool = False
     raw: bool = False
     segment: bool = False
+    classify: bool = False
     dynamic: bool = False
     companions: tuple[str, ...] = ()
     exact_suffix: bool = False

@@ -63,7 +63,7 @@ def staged(out: Path, suffixes: Sequence[str] = ("",)) -> Iterator[Path]:
 
 
 def _dynamic_axes(raw: tuple[str, ...] | None, dynamic_batch: bool, dynamic_size: bool,
-                  nms: bool, segment: bool = False) -> dict[str, dict[int, str]]:
+                  nms: bool, segment: bool = False, classify: bool = False) -> dict[str, dict[int, str]]:
     batch = {0: "batch"} if dynamic_batch else {}
     axes = {"images": batch | ({2: "height", 3: "width"} if dynamic_size else {})}
     if raw:
@@ -71,8 +71,8 @@ def _dynamic_axes(raw: tuple[str, ...] | None, dynamic_batch: bool, dynamic_size
                      for level, name in enumerate(raw)})
     elif nms:
         axes.update({DETECTIONS_OUTPUT: batch})
-    else:
-        axes.update({DECODED_OUTPUT: batch | ({1: "predictions"} if dynamic_size else {})})
+    else:  # (a classifier's logits [B, nc] have no axis that follows the image size)
+        axes.update({DECODED_OUTPUT: batch | ({1: "predictions"} if dynamic_size and not classify else {})})
     if segment:
         axes.update({PROTO_OUTPUT: batch | ({2: "proto_height", 3: "proto_width"} if dynamic_size else {})})
     return {name: value for name, value in axes.items() if value}
@@ -104,7 +104,8 @@ def onnx_proto(job: ExportJob) -> Any:
             torch.onnx.export(graph, (job.example,), str(traced), dynamo=False, opset_version=job.opset,
                               input_names=["images"], output_names=outputs, do_constant_folding=True,
                               dynamic_axes=_dynamic_axes(raw_names, job.dynamic_batch, job.dynamic_size,
-                                                         graph.nms is not None, segment))
+                                                         graph.nms is not None, segment,
+                                                         graph.model.task == "classify"))
         proto = onnx.load(str(traced))
     return _simplify(proto) if job.simplify else proto
 

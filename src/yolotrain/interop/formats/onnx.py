@@ -78,5 +78,5 @@ def _onnx_int8(proto: Any, out: Path, calibration: Any) -> None:
 
 
 FORMAT = ExportFormat(name="onnx", suffix=".onnx", title="ONNX", write=write, half=True, int8=True, nms=True,
-                      raw=True, segment=True, dynamic=True, runtime=("onnx_backend", "OnnxModel"),
+                      raw=True, segment=True, classify=True, dynamic=True, runtime=("onnx_backend", "OnnxModel"),
                       extra=EXPORT_PACKAGES_HINT)

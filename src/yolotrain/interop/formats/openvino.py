@@ -54,5 +54,5 @@ def _openvino_int8(model: Any, calibration: Any) -> Any:
 
 
 FORMAT = ExportFormat(name="openvino", suffix=".xml", title="OpenVINO", write=write, half=True, int8=True,
-                      nms=True, segment=True, dynamic=True, companions=(".bin",), exact_suffix=True,
+                      nms=True, segment=True, classify=True, dynamic=True, companions=(".bin",), exact_suffix=True,
                       runtime=("openvino_backend", "OpenVinoModel"), extra=EXTRA)

@@ -23,6 +23,6 @@ def write(job: ExportJob) -> None:
 
 
 FORMAT = ExportFormat(name="torchscript", suffix=".torchscript", title="TorchScript", write=write, raw=True,
-                      segment=True, runtime=("torchscript_backend", "TorchScriptModel"),
+                      segment=True, classify=True, runtime=("torchscript_backend", "TorchScriptModel"),
                       runs_code="a TorchScript file is a program that runs its own code when loaded and called "
                                 "(it can create and write files)")

@@ -1,0 +1,93 @@
+"""Classifier exports: ONNX, OpenVINO and TorchScript give the PyTorch model's logits ``[B, nc]``, their runtimes
+report ``task == "classify"``, ``val`` on them scores as PyTorch does, and the rest is refused in one line."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from yolotrain import val
+from yolotrain.checkpoint import CheckpointError
+from yolotrain.data.classify import write_shape_crops
+from yolotrain.interop import export, load_exported
+from yolotrain.model.classify import Classifier
+
+pytest.importorskip("onnxruntime", reason="needs the export extra: pip install 'yolotrain[export]'")
+
+SIZE = 64
+OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript"}
+FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript"]
+
+
+@pytest.fixture(scope="module")
+def classifier() -> Classifier:
+    """A classifier with non-trivial BatchNorm statistics, so its logits differ from image to image."""
+    torch.manual_seed(0)
+    model = Classifier.from_name("yolov5n-cls", 2, ["circle", "rectangle"])
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean = torch.randn_like(module.running_mean) * 0.1
+            module.running_var = torch.rand_like(module.running_var) + 0.5
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def crops(tmp_path_factory) -> Path:
+    return write_shape_crops(tmp_path_factory.mktemp("crops") / "shapes-cls", n_train=1, n_val=6)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_exports_give_the_logits_and_accuracy_of_torch(classifier, crops, tmp_path, fmt):
+    out = tmp_path / f"cls{SUFFIX[fmt]}"
+    export(classifier, fmt, out=out, img_size=SIZE, dynamic_size=fmt != "torchscript")
+    runner = load_exported(out, trust_code=True)
+    assert (runner.task, runner.num_classes, runner.names, runner.default_img_size) == \
+        ("classify", 2, ["circle", "rectangle"], SIZE)
+    sizes = [(SIZE, SIZE), (96, 128)] if runner.dynamic_size else [(SIZE, SIZE)]
+    for h, w in sizes:
+        imgs = torch.randn(3, 3, h, w, generator=torch.Generator().manual_seed(h))
+        with torch.inference_mode():
+            expected = copy.deepcopy(classifier).fuse()(imgs)
+        logits = runner(imgs)
+        assert logits.shape == expected.shape == (3, 2)
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    ours = val(classifier, str(crops), img_size=SIZE, verbose=False, plots=False)
+    theirs = val(str(out), str(crops), img_size=SIZE, verbose=False, plots=False, trust_code=True)
+    assert (theirs.top1, theirs.top5) == (ours.top1, ours.top5)
+    assert theirs.confusion.tolist() == ours.confusion.tolist()
+
+
+@pytest.mark.parametrize(("fmt", "options", "message"), [
+    ("tflite", {}, "classifiers export to onnx, openvino, torchscript, not tflite"),
+    ("onnx", {"half": True}, "--half is for detection models: a classifier's export gives float32 logits"),
+    ("onnx", {"raw": True}, "--raw is for detection models"),
+    ("torchscript", {"raw": True, "nms": False}, "--raw is for detection models"),
+    ("onnx", {"nms": True}, "--nms is for detection models"),
+])
+def test_what_a_classifier_cannot_be_exported_as_is_one_line(classifier, tmp_path, fmt, options, message):
+    with pytest.raises(ValueError, match=message) as error:
+        export(classifier, fmt, out=tmp_path / "x.out", img_size=SIZE, **options)
+    assert "\n" not in str(error.value) and not list(tmp_path.iterdir())
+
+
+def test_classifier_metadata_that_contradicts_the_logits_is_one_line(classifier, tmp_path):
+    import onnx
+
+    path = tmp_path / "cls.onnx"
+    export(classifier, "onnx", out=path, img_size=SIZE, simplify=False)
+    proto = onnx.load(str(path))
+    for entry in proto.metadata_props:
+        if entry.key == "nc":
+            entry.value = "3"
+        elif entry.key == "names":
+            entry.value = '["a", "b", "c"]'
+    onnx.save(proto, str(path))
+    with pytest.raises(CheckpointError, match="nc 3 of a classifier") as error:
+        load_exported(path)
+    assert "\n" not in str(error.value)
