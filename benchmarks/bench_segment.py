@@ -13,9 +13,10 @@ on ``coco128-seg``, batch 16, overlap masks at 1/4:
   peak RSS of the main process; each side's best round;
 - **val**: ``val`` of the same network (our model, and the reference's ``SegmentationModel`` holding its
   weights) on the same images, loader construction included, box and mask metrics, each pass in a process
-  of its own (so that its peak RSS is its own); passes alternate and each side's fastest is reported.
+  of its own (so that its peak RSS is its own; both processes import both packages and build the network
+  alike); passes alternate and each side's fastest is reported.
 
-    python benchmarks/bench_segment.py                  # a few minutes on 2 cores
+    python benchmarks/bench_segment.py                  # about 6 minutes on 2 cores
     python benchmarks/bench_segment.py --smoke --out /tmp/segment.json   # tiny: checks the script runs
 
 Writes ``benchmarks/results/segment.json``.
