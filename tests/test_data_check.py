@@ -41,3 +41,32 @@ def test_check_reports_bad_files(tmp_path, monkeypatch, capsys):
     assert "4 corrupt skipped" in out and "lab_columns.txt:2" in out
     assert result.train.corrupt == 4
     assert np.asarray(cv2.imread(str(result.preview))).size > 0
+
+
+def test_check_preview_of_polygon_labels_shows_their_masks(tmp_path, monkeypatch):
+    """A YOLO-seg dataset's preview is its segmentation training samples with their target masks blended in
+    (at the image's size, each object's pixels in its class colour) under the boxes."""
+    from yolotrain.data.augment import AugmentConfig
+    from yolotrain.data.check import draw_sample, object_masks
+    from yolotrain.data.loaders import DataConfig, build_loaders
+    from yolotrain.data.shapes import generate_shapes_dataset
+
+    monkeypatch.setenv("YOLOTRAIN_CACHE", str(tmp_path / "cache"))
+    data = generate_shapes_dataset(tmp_path / "shapes", n_train=4, n_val=2, img_size=128) / "data.yaml"
+    result = check_dataset(data, tmp_path / "out", img_size=128)
+    config = DataConfig(path=str(data), img_size=128, batch_size=1, workers=0, cache_mb=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataWarning)
+        dataset = build_loaders(config, AugmentConfig(), seed=0, splits=("train",), masks=True).train.dataset
+    preview = cv2.imread(str(result.preview))
+    visible_pixels = 0
+    for i in range(4):  # the preview's 2 x 2 tiles
+        img, labels, _, _, masks = dataset[i]
+        shown, bare = draw_sample(img, labels, dataset.names, masks), draw_sample(img, labels, dataset.names)
+        assert np.array_equal(preview[i // 2 * 128:(i // 2 + 1) * 128, i % 2 * 128:(i % 2 + 1) * 128], shown)
+        tinted = (shown != bare).any(-1)
+        covered = object_masks(masks, len(labels), (128, 128), overlap=True).any(0)
+        visible = covered & ~(bare != cv2.cvtColor(img, cv2.COLOR_RGB2BGR)).any(-1)  # not under box lines, names
+        assert tinted.sum() >= 0.9 * visible.sum() and not (tinted & ~covered).any()
+        visible_pixels += visible.sum()
+    assert visible_pixels > 500

@@ -1,7 +1,9 @@
-"""Multi-process training under torchrun (CPU, gloo): a restarted group, two nodes, the join timeout."""
+"""Multi-process training under torchrun (CPU, gloo): a restarted group, two nodes, the join timeout, a
+segmentation model."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -114,6 +116,20 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_uninterrupted(sixteen_
     plain_weights, resumed_weights = model_weights(tmp_path / "runs" / "plain"), model_weights(run_dir)
     assert plain_weights.keys() == resumed_weights.keys()
     assert all(torch.equal(plain_weights[k], resumed_weights[k]) for k in plain_weights)
+
+
+@pytest.mark.slow
+def test_two_processes_train_a_segmentation_model_and_score_its_masks(sixteen_images, tmp_path):
+    """A segmentation model (the shapes dataset has polygons) trains under torchrun with two workers: the
+    masks of each process's share reach the segmentation loss, and rank 0's final validation writes the
+    mask columns of results.csv."""
+    finish(torchrun("--standalone", "--nproc_per_node", "2", "-m", "yolotrain", "train", "--data", str(sixteen_images),
+                    "--model", "yolov5n-seg", "--img", "64", "--batch", "4", "--epochs", "1", "--workers", "1",
+                    "--project", "runs", "--name", "seg", cwd=tmp_path, log="seg.log"), tmp_path, "seg.log")
+    (row,) = csv.DictReader((tmp_path / "runs" / "seg" / "results.csv").open())
+    assert float(row["train_seg"]) > 0 and float(row["val_seg"]) > 0
+    assert all(row[f"mask_{name}"] != "" for name in ("precision", "recall", "mAP50", "mAP50-95"))
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["seg"]  # one run, written by rank 0
 
 
 def test_mps_is_chosen_where_available_and_refused_in_one_line_elsewhere(monkeypatch):

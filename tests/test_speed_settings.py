@@ -147,6 +147,22 @@ def test_the_eval_benchmark_runs(tmp_path):
     assert latency["ours_over_reference"] == pytest.approx(latency["ours"] / latency["reference"])
 
 
+@pytest.mark.slow
+@needs_shared
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "datasets" / "coco128-seg").is_dir(), reason="needs coco128-seg")
+def test_the_segmentation_benchmark_runs(tmp_path):
+    run_benchmark("bench_segment.py", tmp_path, "--out", str(tmp_path / "segment.json"))
+    result = json.loads((tmp_path / "segment.json").read_text())
+    step, val = result["step"], result["val"]
+    assert step["speedup"] == pytest.approx(step["reference_ms"] / step["ours_ms"])
+    assert val["speedup"] == pytest.approx(val["ours_images_per_s"] / val["reference_images_per_s"])
+    assert all(val["peak_rss_gb"][side] > 0 for side in ("ours", "reference"))
+    # The same network on the same images scores alike on both sides (parity, not speed).
+    (ours,), (reference,) = val["passes"]["ours"], val["passes"]["reference"]
+    assert abs(ours["box_map"] - reference["box_map"]) < 0.01
+    assert abs(ours["mask_map"] - reference["mask_map"]) < 0.01
+
+
 @needs_shared
 def test_the_training_benchmark_runs(tmp_path):
     run_benchmark("bench_train.py", tmp_path, "--out", str(tmp_path))

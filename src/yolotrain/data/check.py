@@ -1,5 +1,5 @@
-"""Dataset check: verification summary, a preview of augmented training samples with their boxes,
-and label statistics (class counts, box sizes)."""
+"""Dataset check: verification summary, a preview of augmented training samples with their boxes (and
+masks, for polygon labels), and label statistics (class counts, box sizes)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..boxes import xywh_to_xyxy
-from ..draw import draw_detections
+from ..draw import draw_detections, draw_masks
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from .augment import AugmentConfig
 from .dataset import DetectionDataset
@@ -35,16 +35,33 @@ class CheckResult:
     stats: Path
 
 
-def draw_sample(img_rgb: np.ndarray, labels: np.ndarray, names: list[str]) -> np.ndarray:
-    """A BGR copy of a dataset sample with its labels (class + normalised cx, cy, w, h) drawn and named."""
+def draw_sample(img_rgb: np.ndarray, labels: np.ndarray, names: list[str],
+                masks: np.ndarray | None = None, overlap: bool = True) -> np.ndarray:
+    """A BGR copy of a dataset sample with its labels (class + normalised cx, cy, w, h) drawn and named, and
+    a segmentation sample's target masks (``overlap``: a ``[1, h, w]`` numbered map, else ``[n, h, w]``)
+    blended in their class colours."""
     h, w = img_rgb.shape[:2]
+    image = cv2.cvtColor(img_rgb, cv2.COLOR_RGB2BGR)
+    if masks is not None:
+        image = draw_masks(image, object_masks(masks, len(labels), (h, w), overlap), labels[:, 0])
     boxes = xywh_to_xyxy(torch.from_numpy(labels[:, 1:5]).double()) * torch.tensor([w, h, w, h])
-    return draw_detections(cv2.cvtColor(img_rgb, cv2.COLOR_RGB2BGR), boxes, labels[:, 0], names)
+    return draw_detections(image, boxes, labels[:, 0], names)
+
+
+def object_masks(masks: np.ndarray, n: int, shape: tuple[int, int], overlap: bool) -> np.ndarray:
+    """Bool ``[n, h, w]`` masks at the image's ``shape`` (h, w) from a sample's target masks at 1/mask_ratio;
+    row ``k`` of an overlap map is the pixels numbered ``k + 1``, as the loss reads them."""
+    per_object = masks[0] == np.arange(1, n + 1)[:, None, None] if overlap else masks.astype(bool)
+    resized = [cv2.resize(m.astype(np.uint8), shape[::-1], interpolation=cv2.INTER_NEAREST) for m in per_object]
+    return np.stack(resized).astype(bool) if n else np.zeros((0, *shape), bool)
 
 
 def save_preview(dataset: DetectionDataset, path: Path, n: int = 4) -> Path:
-    """Write a grid of the first ``n`` (augmented) samples of ``dataset`` with boxes and names."""
-    tiles = [draw_sample(*dataset[i % len(dataset)], dataset.names) for i in range(n)]
+    """Write a grid of the first ``n`` (augmented) samples of ``dataset`` with boxes and names (and masks,
+    for a :class:`~yolotrain.data.segment.SegmentationDataset`)."""
+    samples = [dataset[i % len(dataset)] for i in range(n)]
+    overlap = getattr(dataset, "overlap", True)
+    tiles = [draw_sample(s[0], s[1], dataset.names, s[4] if len(s) == 5 else None, overlap) for s in samples]
     size = dataset.img_size
     tiles = [cv2.resize(t, (size, size)) if t.shape[:2] != (size, size) else t for t in tiles]
     cols = int(np.ceil(np.sqrt(n)))
@@ -82,8 +99,8 @@ def check_dataset(
     seed: int = 0,
 ) -> CheckResult:
     """Verify a dataset (folder or YAML), print the summary of each split, and write
-    ``mosaic_preview.png`` (augmented training samples with boxes and class names) and
-    ``label_stats.png`` (class counts, box w/h distribution) into ``out_dir``.
+    ``mosaic_preview.png`` (augmented training samples with boxes and class names, and masks for polygon
+    labels) and ``label_stats.png`` (class counts, box w/h distribution) into ``out_dir``.
 
     ``num_classes`` defaults to the number of class names in the dataset; without names, class ids
     are not range-checked.
@@ -99,7 +116,13 @@ def check_dataset(
     print(train.report.summary("train"))
     if val is not train:
         print(val.report.summary("val"))
-    preview = save_preview(loaders.train.dataset, out / "mosaic_preview.png")
+    preview_set = loaders.train.dataset
+    if train.has_polygons:  # a YOLO-seg dataset: the preview shows the masks its training draws
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DataWarning)
+            preview_set = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed, splits=("train",),
+                                        masks=True).train.dataset
+    preview = save_preview(preview_set, out / "mosaic_preview.png")
     stats = save_label_stats(train.labels, loaders.names, out / "label_stats.png")
     print(f"wrote {preview} and {stats}")
     return CheckResult(train.report, val.report, preview, stats)
