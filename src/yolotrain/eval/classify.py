@@ -194,13 +194,15 @@ def _clock(device: torch.device) -> Callable[[], float]:
 @dataclass
 class ClassifyResult:
     """Class probabilities of one image or video frame: ``probs`` ``[nc]`` (softmax), ``top5`` the indices of
-    the five most probable classes (fewer with fewer classes), best first."""
+    the five most probable classes (fewer with fewer classes), best first. ``image`` is the BGR image or
+    frame classified, on the results of ``predict(stream=True)`` only, as for detections."""
 
     path: str
     probs: torch.Tensor
     names: list[str]
     orig_shape: tuple[int, int]
     frame: int | None = None
+    image: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def top5(self) -> list[int]:
@@ -261,4 +263,4 @@ class ClassifyPredictor:
         x = eval_transform(image, self.img_size)[None].to(self.device, self.dtype)
         with torch.inference_mode():
             probs = self.model(x).float().softmax(1)[0].cpu()
-        return ClassifyResult(path, probs, self.names, tuple(image.shape[:2]), frame)
+        return ClassifyResult(path, probs, self.names, tuple(image.shape[:2]), frame, image)
