@@ -19,6 +19,7 @@ from yolotrain.checkpoint import save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.doctor import check_step, lint_paths
 from yolotrain.engine import resolve_config
+from yolotrain.engine.build import build_data
 from yolotrain.engine.trainer import Trainer
 from yolotrain.eval import val
 from yolotrain.eval.predict import Predictor, predict
@@ -53,11 +54,11 @@ def test_training_a_p6_model_writes_a_loadable_checkpoint(shapes, tmp_path):
 
 def test_p6_image_size_defaults_and_checks(shapes, tmp_path):
     trainer = Trainer(resolve_config(data=str(shapes), model="yolov5n6", workers=0, project=str(tmp_path)))
-    trainer._build_data()  # builds the model, then sizes the batches for it
+    build_data(trainer)  # builds the model, then sizes the batches for it
     assert trainer.config.data.img_size == 1280 and trainer.val_set.stride == 64
     assert resolve_config(model="yolov5n6").data.img_size == 192  # the shapes size rounded up to stride 64
     with pytest.raises(ValueError, match="image size must be a multiple of 64 .* got 96"):
-        Trainer(resolve_config(data=str(shapes), model="yolov5n6", img_size=96, workers=0))._build_data()
+        build_data(Trainer(resolve_config(data=str(shapes), model="yolov5n6", img_size=96, workers=0)))
     assert Predictor(Yolov5("n6", num_classes=2)).img_size == 1280
     assert Predictor(Yolov5("n", num_classes=2)).img_size == 640
     with pytest.raises(ValueError, match="img_size must be a positive multiple of 64, got 160"):

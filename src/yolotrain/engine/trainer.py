@@ -1,7 +1,7 @@
 """The trainer: one :class:`TrainConfig` run on one process or many (torchrun), the reference YOLOv5
-recipe. It builds the data, model, optimiser and step (``setup``), then runs the epoch loop
-(:mod:`.loop`) over the step (:mod:`.step`) with the state that is saved and resumed (:mod:`.state`);
-where a resumed run goes on from is decided in :mod:`.resume`."""
+recipe. It builds the data and model of its task (:mod:`.build`), the optimiser and step (``setup``),
+then runs the epoch loop (:mod:`.loop`) over the step (:mod:`.step`) with the state that is saved and
+resumed (:mod:`.state`); where a resumed run goes on from is decided in :mod:`.resume`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +18,17 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ..callbacks import Callback, CallbackError, Callbacks, CallbackSpec, as_callbacks
-from ..classify_loss import ClassifyLoss
-from ..data.classify import ClassifyAugment, SampleIndex, build_classify_loaders, is_classify_folder
 from ..data.dataset import ImageReadError
-from ..data.fingerprint import dataset_record
-from ..data.loaders import build_loaders, run_class_names
-from ..data.shapes import generate_shapes_dataset
-from ..data.sources import resolve_source
 from ..devices import select_device
-from ..interop.hub import SHA256
-from ..interop.resolve import resolve_trainable, weights_inputs
+from ..interop.resolve import weights_inputs
 from ..loss import YoloLoss
 from ..model import Yolov5, parse_version
-from ..model.anchors import check_anchors
-from ..model.classify import Classifier, classifier_from, is_classifier_name, parse_cls_name, set_dropout
+from ..model.classify import Classifier, is_classifier_name
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from ..runs import RunLock, next_run_dir
-from ..segment_loss import SegmentLoss
 from ..settings import ConfigError, flat_names, from_mapping
 from . import distributed as D
-from .autobatch import autobatch
+from .build import build_data, check_anchors_of, criteria, from_scratch_hint
 from .config import TrainConfig, resolve_config, with_runtime
 from .ema import ModelEMA
 from .loggers import RunLogging, require_loggers
@@ -57,7 +47,6 @@ from .resume import (
     RESUME_NAMES,
     RESUME_SETTINGS,
     ResumeOptions,
-    check_resumed_data,
     elastic_restart,
     find_resume_checkpoint,
     resumed_config,
@@ -164,126 +153,6 @@ class Trainer:
     def history(self) -> list[dict[str, Any]]:
         return self.state.history
 
-    # ----------------------------------------------------------------------------------- data
-    def _build_data(self) -> None:
-        cfg = self.config
-        if cfg.task == "classify":
-            self._build_classify_data()
-            return
-        root = cfg.data.path
-        if root is None:
-            root = str(generate_shapes_dataset())
-        # The model is sized by the class names, and the batch shapes by the model's largest stride.
-        dataset_names = resolve_source(root).names
-        if not dataset_names:
-            raise ValueError(f"{root}: the dataset defines no class names")
-        self.names = run_class_names(dataset_names, cfg.data)
-        self.model = self._build_model()
-        if cfg.data.autobatch:
-            cfg = self._autobatch()
-        stride = self.model.max_stride
-        if cfg.data.img_size % stride:
-            raise ValueError(f"image size must be a multiple of {stride} (the model's largest stride), "
-                             f"got {cfg.data.img_size}")
-        segment = self.model.task == "segment"
-        loaders = build_loaders(dataclasses.replace(cfg.data, path=root), cfg.augment, seed=cfg.seed,
-                                rank=self.ctx.rank, world_size=self.ctx.world_size, stride=stride,
-                                require_names=True, masks=segment)
-        if self.ctx.is_main and not segment:
-            self._log_detection_of_polygons(loaders.train_index.has_polygons)
-        self.train_loader = loaders.train
-        self.train_set = self.train_loader.dataset
-        self.train_sampler = self.train_loader.batch_sampler
-        # Validation runs on rank 0 alone, over the whole split.
-        self.val_loader = loaders.val
-        self.val_set = self.val_loader.dataset
-        self.data_root = loaders.root
-        self.dataset_record = dataset_record(root, dataset_names, {"train": loaders.train_index,
-                                                                   "val": loaders.val_index},
-                                             generated=cfg.data.path is None)
-        if self.resume_from is not None:
-            check_resumed_data(self.resume_from, self.dataset_record, self.data_root, self.names, cfg.data,
-                               self.accept_changed_data)
-
-    def _build_classify_data(self) -> None:
-        """A classifier's data: the class folders of an ImageNet-style folder, the reference's transforms."""
-        cfg = self.config
-        root = cfg.data.path
-        if root is None or not is_classify_folder(root):
-            raise ConfigError(f"{cfg.model} is a classifier: --data must be a folder of class folders "
-                              f"(train/<class>/*.jpg, val/<class>/*.jpg), got {root or 'none'}")
-        if cfg.data.autobatch:
-            raise ConfigError("--autobatch sizes detection batches; give a classifier's --batch-size")
-        loaders = build_classify_loaders(root, cfg.data.img_size, cfg.data.batch_size,
-                                         augment=ClassifyAugment(fliplr=cfg.augment.fliplr, flipud=cfg.augment.flipud),
-                                         workers=cfg.data.workers, cache=cfg.data.cache, seed=cfg.seed,
-                                         rank=self.ctx.rank, world_size=self.ctx.world_size)
-        self.names = loaders.names
-        self.model = self._build_classifier()
-        self.train_loader, self.val_loader = loaders.train, loaders.val
-        self.train_set, self.val_set = loaders.train.dataset, loaders.val.dataset
-        self.train_sampler = loaders.train.batch_sampler
-        self.data_root = loaders.root
-        self.dataset_record = dataset_record(root, self.names, {"train": SampleIndex.of(loaders.train_samples),
-                                                                "val": SampleIndex.of(loaders.val_samples)})
-        if self.resume_from is not None:
-            check_resumed_data(self.resume_from, self.dataset_record, self.data_root, self.names, cfg.data,
-                               self.accept_changed_data)
-
-    def _build_classifier(self) -> Classifier:
-        """The classifier the reference's classify/train.py trains: a published -cls or torchvision name, a
-        classifier's weights with their head resized, or a detector cut at ``cutoff`` with a Classify head."""
-        cfg = self.config
-        if cfg.pretrained is not None:
-            raise ConfigError("--pretrained starts a detection or segmentation architecture; a classifier takes "
-                              "the weights as --model (yolov5s.pt is cut into a classifier)")
-        cutoff = cfg.classify.cutoff
-        if parse_cls_name(cfg.model) and not Path(cfg.model).exists():
-            model = Classifier.from_name(cfg.model, len(self.names), self.names, cutoff)
-        else:
-            model = classifier_from(resolve_trainable(cfg.model, names=self.names), len(self.names), self.names,
-                                    cutoff)
-        if cfg.classify.dropout is not None:
-            set_dropout(model, cfg.classify.dropout)
-        return model.train()
-
-    def _log_detection_of_polygons(self, has_polygons: bool) -> None:
-        """A detection model on YOLO-seg labels trains their boxes; copy-paste needs the polygons' masks."""
-        if has_polygons:
-            self._log("Data: polygon labels, trained as their boxes by this detection model (a segmentation "
-                      "model such as --model yolov5n-seg trains the masks)")
-        if self.config.augment.copy_paste:
-            self._log(f"copy_paste {self.config.augment.copy_paste:g} is left out: it pastes objects by their "
-                      "masks, which only a segmentation model trains")
-
-    def _autobatch(self) -> TrainConfig:
-        """The batch AutoBatch picks for this GPU takes the fraction's place in the run's settings, so
-        the checkpoints hold it and a resume keeps it."""
-        cfg = self.config
-        batch = autobatch(self.model, cfg.data.img_size, self.device, cfg.data.autobatch, cfg.data.batch_size,
-                          self.amp_dtype, self._log if self.ctx.is_main else lambda _: None, self.ctx.world_size)
-        self.config = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch, autobatch=0.0))
-        return self.config
-
-    # ---------------------------------------------------------------------------------- model
-    def _build_model(self) -> Yolov5:
-        model = resolve_trainable(self.config.model, names=self.names)
-        if isinstance(model, Classifier):
-            raise ConfigError(f"{self.config.model} is a classifier: --data must be a folder of class folders "
-                              f"(train/<class>/*.jpg, val/<class>/*.jpg), got {self.config.data.path or 'none'}")
-        if model.num_classes != len(self.names):  # weights trained on other classes
-            model = _with_new_head(model, len(self.names))
-        model.names = list(self.names)
-        pretrained = self.config.pretrained
-        if pretrained is not None and self.resume_from is None:
-            source = resolve_trainable(pretrained)
-            fresh = model.load_matching(source.state_dict())
-            if self.ctx.is_main:
-                total = len(model.state_dict())
-                self._log(f"Transferred {total - len(fresh)}/{total} tensors from {pretrained} into "
-                          f"yolov5{model.version}")
-        return model
-
     def setup(self) -> None:
         """Data, model, optimiser, EMA and loss, ready for :meth:`train_batch`; :meth:`fit` calls it."""
         cfg, ctx = self.config, self.ctx
@@ -291,21 +160,15 @@ class Trainer:
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
         seed_everything(cfg.seed + ctx.rank)
         if ctx.is_main and cfg.pretrained is None and not (Path(cfg.model).suffix or Path(cfg.model).exists()):
-            if cfg.task == "classify":
-                start = "--model yolov5s.pt starts one from the official COCO weights, cut as the reference cuts it"
-            else:
-                name = f"yolov5{parse_version(cfg.model)}"
-                start = (f"--model {name}.pt starts from the official COCO weights" if f"{name}.pt" in SHA256 else
-                         f"--cfg {name}.yaml --weights {name.removesuffix('-seg')}.pt starts from the detection "
-                         "weights")
-            self._log(f"Model {cfg.model}: random initial weights (training from scratch); {start}")
-        self._build_data()
+            self._log(f"Model {cfg.model}: random initial weights (training from scratch); "
+                      f"{from_scratch_hint(cfg)}")
+        build_data(self)
         cfg = self.config  # AutoBatch may have chosen the batch
         model = self.model.to(self.device)
         if cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if cfg.autoanchor and self.resume_from is None and model.task != "classify":
-            self._check_anchors(model)
+            check_anchors_of(self, model)
         freeze_layers(model, self.config.freeze, self._log if ctx.is_main else None)
         if cfg.sync_bn and ctx.enabled:
             if self.device.type != "cuda":
@@ -326,17 +189,7 @@ class Trainer:
         ema = ModelEMA(model, cfg.ema.decay, cfg.ema.tau) if ctx.is_main else None
         scaler = grad_scaler(self.device, self.amp_dtype, self._log if ctx.is_main else None)
         self.state = TrainState(model, ema, optimizer, scheduler, scaler, accumulate)
-        img_size = cfg.data.img_size
-        if model.task == "classify":
-            self.criterion = (self.loss_factory(model, False) if self.loss_factory is not None
-                              else ClassifyLoss(cfg.loss.label_smoothing))
-            self.val_criterion = ClassifyLoss(cfg.loss.label_smoothing) if ema is not None else None
-        else:
-            loss = partial(SegmentLoss, overlap=cfg.data.overlap_mask) if model.task == "segment" else YoloLoss
-            self.criterion = (self.loss_factory(model, cfg.data.rect) if self.loss_factory is not None
-                              else loss(model, rect_training=cfg.data.rect, img_size=img_size, hyp=cfg.loss))
-            self.val_criterion = (loss(ema.module, rect_training=True, img_size=img_size, hyp=cfg.loss)
-                                  if ema is not None else None)
+        self.criterion, self.val_criterion = criteria(self, model, ema)
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None
                          else next_run_dir(cfg.project, cfg.name, cfg.exist_ok))
         self.step = TrainStep(cfg, ctx, self.device, self.amp_dtype, self.state, self.forward, self.criterion,
@@ -355,14 +208,6 @@ class Trainer:
         data = dataset_inputs([*self.train_set.im_files, *self.val_set.im_files], cfg.data.path)
         settings = [("settings file", path) for path in self.setting_files]
         refuse_overwriting_inputs([("--project/--name", self.save_dir)], weights + data + settings)
-
-    def _check_anchors(self, model: Yolov5) -> None:
-        """AutoAnchor on the training labels; every process computes the same anchors from the seed."""
-        cfg = self.config
-        report = check_anchors(model, self.train_set.shapes, self.train_set.labels, cfg.data.img_size,
-                               cfg.loss.anchor_t, seed=cfg.seed, log=self._log if self.ctx.is_main else None)
-        if self.ctx.is_main:
-            self._log(report.summary())
 
     # ----------------------------------------------------------------------------------- loop
     def fit(self) -> TrainResult:
@@ -420,16 +265,6 @@ class Trainer:
 
     def _log(self, message: str) -> None:
         tqdm.write(message)
-
-
-def _with_new_head(model: Yolov5, num_classes: int) -> Yolov5:
-    """Same backbone and neck for another class count; the Detect convolutions start fresh."""
-    anchors = model.head.anchors * model.head.stride.view(-1, 1, 1)
-    fresh = Yolov5(model.spec, num_classes=num_classes, anchors=anchors, in_channels=model.in_channels)
-    head_convs = f"model.{len(model.model) - 1}.m."
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith(head_convs)}
-    fresh.load_state_dict(state, strict=False)  # same architecture: only the head convolutions are missing
-    return fresh
 
 
 def resume_training(path: str | os.PathLike, *, device: str | None = None, workers: int | None = None,
