@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from yolotrain.data import generate_shapes_dataset
+from yolotrain.data.classify import write_shape_crops
 from yolotrain.devices import check_gpu_list, gpu_list, select_device
 from yolotrain.engine import distributed as D
 
@@ -130,6 +131,20 @@ def test_two_processes_train_a_segmentation_model_and_score_its_masks(sixteen_im
     assert float(row["train_seg"]) > 0 and float(row["val_seg"]) > 0
     assert all(row[f"mask_{name}"] != "" for name in ("precision", "recall", "mAP50", "mAP50-95"))
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["seg"]  # one run, written by rank 0
+
+
+@pytest.mark.slow
+def test_two_processes_train_a_classifier_and_score_it(tmp_path):
+    """A classifier trains under torchrun with two workers: each process takes its share of every batch of
+    class-folder images, and rank 0's final validation writes the top-1/top-5 columns of results.csv."""
+    crops = write_shape_crops(tmp_path / "crops", n_train=8, n_val=4, img_size=64)
+    finish(torchrun("--standalone", "--nproc_per_node", "2", "-m", "yolotrain", "train", "--data", str(crops),
+                    "--model", "yolov5n-cls", "--img", "32", "--batch", "4", "--epochs", "1", "--workers", "1",
+                    "--project", "runs", "--name", "cls", cwd=tmp_path, log="cls.log"), tmp_path, "cls.log")
+    (row,) = csv.DictReader((tmp_path / "runs" / "cls" / "results.csv").open())
+    assert float(row["train_loss"]) > 0 and float(row["val_loss"]) > 0
+    assert 0 <= float(row["top1"]) <= float(row["top5"]) <= 1
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["cls"]  # one run, written by rank 0
 
 
 def test_mps_is_chosen_where_available_and_refused_in_one_line_elsewhere(monkeypatch):
