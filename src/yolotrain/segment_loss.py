@@ -80,6 +80,9 @@ class SegmentLoss(YoloLoss):
         for (image, target_index, predictions), (nx, ny) in zip(matches, grids):
             if not image.numel():
                 continue
+            # Matches image by image, so that each image's masks are one product (the sum below is the same).
+            order = torch.argsort(image, stable=True)
+            image, target_index, predictions = image[order], target_index[order], predictions[order]
             # The normalised box as the reference recovers it from grid units (the same rounding).
             grid_gain = torch.tensor([nx, ny, nx, ny], dtype=targets.dtype, device=targets.device)
             xywhn = (targets[target_index, 2:6] * grid_gain / grid_gain).to(proto.dtype)
@@ -99,18 +102,14 @@ class SegmentLoss(YoloLoss):
 
 
 def _per_image_products(coefficients: torch.Tensor, image: torch.Tensor, flat_proto: torch.Tensor) -> torch.Tensor:
-    """``coefficients[m] @ flat_proto[image[m]]`` for every match ``m`` (``[m, h*w]``), as one batched product:
-    the matches are packed per image into a padded ``[B, most, nm]`` table, so no prototype is copied."""
-    batch_size = flat_proto.shape[0]
-    counts = torch.bincount(image, minlength=batch_size)
-    order = torch.argsort(image, stable=True)
-    sorted_image = image[order]
-    starts = counts.cumsum(0) - counts
-    slot = torch.arange(image.numel(), device=image.device) - starts[sorted_image]
-    packed = coefficients.new_zeros(batch_size, int(counts.max()), coefficients.shape[1])
-    packed = packed.index_put((sorted_image, slot), coefficients[order])
-    products = torch.bmm(packed, flat_proto)[sorted_image, slot]
-    return products[torch.argsort(order)]
+    """``coefficients[m] @ flat_proto[image[m]]`` for every match ``m`` (``[m, h*w]``; ``image`` sorted): one
+    product per image over that image's matches, as the reference computes them. Packing the matches into
+    a padded ``[B, most, nm]`` table for one batched product costs more than it saves: the padding is
+    computed too, and the gather back from ``[B, most, h*w]`` (and its scatter in backward) dominates."""
+    counts = torch.bincount(image, minlength=flat_proto.shape[0]).tolist()
+    return torch.cat([coefficients_of_image @ proto
+                      for coefficients_of_image, proto, count in zip(coefficients.split(counts), flat_proto, counts)
+                      if count])
 
 
 def _xywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
