@@ -37,7 +37,7 @@ from .loaders import EpochBatchSampler, default_workers
 from .shapes import CLASS_NAMES as SHAPE_NAMES
 from .shapes import draw_sample
 from .sources import IMG_FORMATS
-from .verify import DataWarning, _check_image
+from .verify import DataWarning, check_image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -144,7 +144,7 @@ def verify_samples(samples: Sequence[Sample], name: str = "", workers: int | Non
         ValueError: no usable image is left.
     """
     with ThreadPool(workers or min(8, os.cpu_count() or 1)) as pool:
-        checked = pool.map(_check_image, [path for path, _ in samples], chunksize=8)
+        checked = pool.map(check_image, [path for path, _ in samples], chunksize=8)
     kept = [sample for sample, (shape, _) in zip(samples, checked) if shape is not None]
     problems: dict[str, list[str]] = defaultdict(list)
     for (path, _), (shape, problem) in zip(samples, checked):

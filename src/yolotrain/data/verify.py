@@ -123,7 +123,7 @@ def _oversize(path: Path) -> str | None:
     return None
 
 
-def _check_image(path: Path) -> tuple[tuple[int, int] | None, str | None]:
+def check_image(path: Path) -> tuple[tuple[int, int] | None, str | None]:
     """Decode the whole image (the only reliable test); return ((w, h), None) or (None, reason)."""
     try:
         data = np.fromfile(path, np.uint8)
@@ -248,7 +248,7 @@ def _check_labels(path: Path, num_classes: int, issues: list[tuple[str, str]]) -
 def _check_pair(args: tuple[Path, int]) -> _Checked:
     image, num_classes = args
     issues: list[tuple[str, str]] = []
-    shape, reason = _check_image(image)
+    shape, reason = check_image(image)
     if shape is None:
         return _Checked(None, np.zeros((0, 5), np.float32), [("corrupt image skipped", f"{image}: {reason}")])
     label = img2label_path(image)

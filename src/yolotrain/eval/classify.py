@@ -24,6 +24,7 @@ from ..detector import Detector
 from ..draw import class_colour
 from ..interop.resolve import weights_inputs
 from ..outputs import refuse_overwriting_inputs
+from .plots import MAX_LABELLED_CLASSES, plot_normalised_matrix
 
 TOP_K = 5
 # Width of the class column of the results table (the reference's).
@@ -76,29 +77,7 @@ def accuracy_metrics(logits_top: torch.Tensor, labels: torch.Tensor, names: Sequ
 
 def plot_classify_confusion(matrix: np.ndarray, names: Sequence[str], path: str | os.PathLike) -> Path:
     """The confusion matrix normalised per true class (each column sums to 1) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: never needs a display
-    import matplotlib.pyplot as plt
-
-    m = matrix.astype(np.float64)
-    norm = m / (m.sum(0, keepdims=True) + 1e-9)
-    shown = np.where(norm < 0.005, np.nan, norm)
-    fig, ax = plt.subplots(figsize=(12, 9), tight_layout=True)
-    fig.colorbar(ax.imshow(shown, cmap="Blues", vmin=0, vmax=1), ax=ax)
-    if len(names) < 30:
-        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=8)
-        ax.set_yticks(range(len(names)), names, fontsize=8)
-        for r, c in zip(*np.nonzero(~np.isnan(shown))):
-            ax.text(c, r, f"{shown[r, c]:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if shown[r, c] > 0.5 else "black")
-    ax.set_xlabel("True")
-    ax.set_ylabel("Predicted")
-    ax.set_title("Confusion Matrix")
-    path = Path(path)
-    fig.savefig(path, dpi=200)
-    plt.close(fig)
-    return path
+    return plot_normalised_matrix(matrix, names if len(names) < MAX_LABELLED_CLASSES else None, path)
 
 
 def classify_val_loader(data: str | os.PathLike, names: Sequence[str], img_size: int, batch_size: int,

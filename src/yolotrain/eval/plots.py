@@ -26,18 +26,22 @@ def _pyplot():
 
 def plot_confusion_matrix(cm: ConfusionMatrix, names: Sequence[str], path: str | os.PathLike) -> Path:
     """Column-normalised confusion matrix (each true class sums to 1) with a background row/column."""
+    labels = [*names, "background"] if cm.nc < MAX_LABELLED_CLASSES else None
+    return plot_normalised_matrix(cm.matrix, labels, path)
+
+
+def plot_normalised_matrix(matrix: np.ndarray, labels: Sequence[str] | None, path: str | os.PathLike) -> Path:
+    """A confusion matrix (rows predicted, columns true) normalised per true class, near-zero cells blank;
+    ``labels`` name the rows and columns and their cells are annotated (None: too many to read)."""
     plt = _pyplot()
-    m = cm.matrix.astype(np.float64)
+    m = matrix.astype(np.float64)
     norm = m / (m.sum(0, keepdims=True) + 1e-9)
     shown = np.where(norm < 0.005, np.nan, norm)  # leave near-zero cells blank
-    n = cm.nc + 1
     fig, ax = plt.subplots(figsize=(12, 9), tight_layout=True)
-    image = ax.imshow(shown, cmap="Blues", vmin=0, vmax=1)
-    fig.colorbar(image, ax=ax)
-    if cm.nc < MAX_LABELLED_CLASSES:
-        ticks = [*names, "background"]
-        ax.set_xticks(range(n), ticks, rotation=90, fontsize=8)
-        ax.set_yticks(range(n), ticks, fontsize=8)
+    fig.colorbar(ax.imshow(shown, cmap="Blues", vmin=0, vmax=1), ax=ax)
+    if labels is not None:
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
         for r, c in zip(*np.nonzero(~np.isnan(shown))):
             ax.text(c, r, f"{shown[r, c]:.2f}", ha="center", va="center", fontsize=7,
                     color="white" if shown[r, c] > 0.5 else "black")

@@ -42,6 +42,14 @@ class Conv(nn.Module):
             self.bn = nn.Identity()
 
 
+def fuse_convs(model: nn.Module) -> None:
+    """Fold the BatchNorm of every :class:`Conv` in ``model`` into its convolution (inference only)."""
+    model.eval()
+    for module in model.modules():
+        if isinstance(module, Conv):
+            module.fuse()
+
+
 class Bottleneck(nn.Module):
     """1x1 then 3x3 convolution, with a residual connection when shapes allow and ``shortcut``."""
 

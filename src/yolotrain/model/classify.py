@@ -17,7 +17,7 @@ from torch import nn
 
 from ..detector import Task
 from ..settings import setting
-from .blocks import Conv
+from .blocks import Conv, fuse_convs
 from .spec import MAX_CLASSES
 from .yolo import PRECISIONS, Yolov5, parse_version
 
@@ -260,10 +260,7 @@ class Classifier(nn.Module):
 
     def fuse(self) -> Classifier:
         """Fold every YOLOv5 Conv's BatchNorm into its convolution (inference only); returns self in eval mode."""
-        self.eval()
-        for module in self.modules():
-            if isinstance(module, Conv):
-                module.fuse()
+        fuse_convs(self)
         return self
 
     def extra_repr(self) -> str:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..detector import Task
-from .blocks import Conv
+from .blocks import fuse_convs
 from .detect import Detect
 from .segment import Segment
 from .spec import (
@@ -229,10 +229,7 @@ class Yolov5(nn.Module):
 
     def fuse(self) -> Yolov5:
         """Fold every BatchNorm into its convolution (inference only); returns self in eval mode."""
-        self.eval()
-        for module in self.modules():
-            if isinstance(module, Conv):
-                module.fuse()
+        fuse_convs(self)
         return self
 
     def extra_repr(self) -> str:
