@@ -1,0 +1,360 @@
+"""Training augmentations as batched tensor operations on a device (``--augment-device cuda|cpu``).
+
+The loader processes only read each image's encoded bytes and its labels and draw the sample's random
+numbers, in the order and from the distributions of :class:`~yolotrain.data.dataset.DetectionDataset`
+(mosaic or not, the 3 extra images, the mosaic centre, the warp, mixup, HSV gains, flips). The batch
+is then built where the model runs:
+
+1. decoded (JPEGs on CUDA by nvJPEG, batched; other files and CPU runs by torchvision on the CPU) and
+   resized to the size the loader would load each image at;
+2. every tile laid into one slot of an atlas per output image, and each output pixel sampled from the
+   atlas once, through the inverse of (mosaic placement, then the random perspective): one
+   ``grid_sample`` for the whole batch, no intermediate mosaic canvas;
+3. mixup partners blended, HSV gains applied with the loader's 8-bit LUT arithmetic, flips;
+4. boxes moved by the same matrices, clipped and filtered by the candidate rule, all boxes at once.
+
+Segmentation polygons, rectangular batches and the image caches are not supported on this path.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+from ..boxes import letterbox_geometry
+from ..settings import ConfigError
+from .augment import PAD_VALUE, AugmentConfig
+from .dataset import DetectionDataset, ImageReadError, SampleKey, loaded_size
+
+AUGMENT_DEVICES = ("loader", "cpu", "cuda")
+_JPEG_MAGIC = b"\xff\xd8\xff"
+# Each atlas slot has a one-pixel frame of padding, so bilinear sampling at a tile's edge never reaches
+# the neighbouring tile.
+_FRAME = 1
+# The reference's candidate rule (see augment.box_candidates): width and height over 2 px, over 10% of
+# the area kept, aspect ratio under 100.
+_MIN_SIDE, _MIN_AREA_KEPT, _MAX_ASPECT = 2.0, 0.1, 100.0
+
+
+def augment_device(name: str, *, rect: bool = False, cache: str = "off", masks: bool = False) -> torch.device:
+    """The device that ``--augment-device name`` (``cpu`` or ``cuda``) augments on, or a one-line
+    :class:`ConfigError` for a request this path cannot serve."""
+    if name not in AUGMENT_DEVICES[1:]:
+        raise ConfigError(f"augment_device must be one of {', '.join(AUGMENT_DEVICES)}, got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--augment-device cuda needs a CUDA GPU and torch finds none; use --augment-device loader")
+    if masks:
+        raise ConfigError("--augment-device augments boxes only; segmentation training needs --augment-device loader")
+    if rect:
+        raise ConfigError("--augment-device builds square mosaic batches; --rect needs --augment-device loader")
+    if cache != "off":
+        raise ConfigError(f"--augment-device decodes on the device from file bytes; --cache {cache} keeps images "
+                          "decoded by the loader: leave it off")
+    return torch.device(name)
+
+
+@dataclass
+class EncodedBatch:
+    """What the loader processes send: encoded images, labels and the random draws of every sample.
+
+    A *tile* is one image placed on a canvas (4 per mosaic, 1 per letterboxed sample); a *composite* is
+    one warped canvas (one per sample, two for a sample with mixup); a *sample* is one output image.
+    """
+
+    data: list[torch.Tensor]  # encoded bytes of each tile, uint8 1-D
+    tile_size: torch.Tensor  # [M, 2] (w, h) the tile is resized to
+    tile_anchor: torch.Tensor  # [M, 2] its top-left corner is anchor - size * lead
+    tile_lead: torch.Tensor  # [M, 2] 1 where the tile lies left of / above its anchor
+    tile_slot: torch.Tensor  # [M] its slot (0..3) in the composite's atlas
+    tile_composite: torch.Tensor  # [M]
+    labels: torch.Tensor  # [L, 5] class + normalised cx, cy, w, h
+    label_tile: torch.Tensor  # [L]
+    canvas: torch.Tensor  # [K] canvas side before the warp
+    warp: torch.Tensor  # [K, 8] perspective x, y, angle, scale, shear x, y, translate x, y (fractions)
+    composite_sample: torch.Tensor  # [K] the output image each composite is blended into
+    composite_weight: torch.Tensor  # [K] its weight there (mixup's ratio; 1 alone)
+    hsv_gain: torch.Tensor  # [B, 3] hue, saturation, value gains
+    flip: torch.Tensor  # [B, 2] up-down, left-right
+
+    def pin_memory(self) -> EncodedBatch:
+        """The batch itself: it is small, and the decoder reads the bytes from ordinary CPU memory."""
+        return self
+
+
+class EncodedDetectionDataset(DetectionDataset):
+    """:class:`DetectionDataset`'s training samples as encoded bytes and random draws (an
+    :class:`EncodedBatch` per batch); :class:`DeviceAugmenter` builds the images from them."""
+
+    def __getitem__(self, key: int | SampleKey) -> dict[str, object]:
+        index, epoch, mosaic = key if isinstance(key, tuple) else (key, self.epoch, self.mosaic)
+        index = int(index)
+        rng = np.random.default_rng([self.seed, int(epoch), index])
+        hyp = self.hyp
+        composites = []
+        if mosaic and rng.random() < hyp.mosaic:
+            composites.append(self._mosaic_draws(index, rng))
+            if rng.random() < hyp.mixup:
+                composites.append(self._mosaic_draws(int(rng.integers(len(self))), rng))
+                ratio = rng.beta(32.0, 32.0)
+                composites[0]["weight"], composites[1]["weight"] = ratio, 1 - ratio
+        else:
+            loaded = loaded_size(self.shapes[index], self.img_size)
+            _, resized, pad = letterbox_geometry(loaded, np.array([self.img_size] * 2))
+            composites.append({"tiles": [index], "size": [resized], "anchor": [pad], "lead": [(0, 0)],
+                               "canvas": self.img_size, "warp": _warp_draws(rng, hyp)})
+        gains = (hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
+        hsv = rng.uniform(-1, 1, 3) * gains + 1 if any(gains) else np.ones(3)
+        ud, lr = rng.random(2)
+        return {"composites": composites, "hsv": hsv, "flip": (ud < hyp.flipud, lr < hyp.fliplr),
+                "data": [self.encoded(i) for c in composites for i in c["tiles"]],
+                "labels": [self.labels[i] for c in composites for i in c["tiles"]]}
+
+    def _mosaic_draws(self, index: int, rng: np.random.Generator) -> dict[str, object]:
+        """A mosaic's 4 images (``index`` and 3 random, shuffled), centre and warp, drawn as the loader does."""
+        picks = rng.permutation(np.concatenate([[index], rng.integers(0, len(self), 3)]))
+        yc, xc = (int(v) for v in rng.uniform(self.img_size / 2, 1.5 * self.img_size, 2))
+        # Tiles 0..3 go top-left, top-right, bottom-left, bottom-right of the centre.
+        return {"tiles": [int(i) for i in picks], "size": [loaded_size(self.shapes[i], self.img_size) for i in picks],
+                "anchor": [(xc, yc)] * 4, "lead": [(1, 1), (0, 1), (1, 0), (0, 0)], "canvas": 2 * self.img_size,
+                "warp": _warp_draws(rng, self.hyp)}
+
+    def encoded(self, index: int) -> torch.Tensor:
+        """The file bytes of image ``index``, as a uint8 tensor."""
+        path = self.im_files[index]
+        try:
+            return torch.from_numpy(np.fromfile(path, np.uint8))
+        except OSError:
+            raise ImageReadError(f"cannot read image {path}") from None
+
+    @staticmethod
+    def collate(samples: Sequence[dict]) -> EncodedBatch:  # type: ignore[override]
+        """One :class:`EncodedBatch` of the samples' draws, indices made global to the batch."""
+        tiles: dict[str, list] = {"size": [], "anchor": [], "lead": [], "slot": [], "composite": []}
+        canvas, warp, owner, weight = [], [], [], []
+        for b, sample in enumerate(samples):
+            for composite in sample["composites"]:
+                tiles["slot"] += range(len(composite["tiles"]))
+                tiles["composite"] += [len(canvas)] * len(composite["tiles"])
+                for name in ("size", "anchor", "lead"):
+                    tiles[name] += composite[name]
+                canvas.append(composite["canvas"])
+                warp.append(composite["warp"])
+                owner.append(b)
+                weight.append(composite.get("weight", 1.0))
+        labels = [rows for sample in samples for rows in sample["labels"]]
+        return EncodedBatch(
+            data=[data for sample in samples for data in sample["data"]],
+            tile_size=torch.tensor(np.array(tiles["size"]), dtype=torch.long),
+            tile_anchor=torch.tensor(np.array(tiles["anchor"]), dtype=torch.float64),
+            tile_lead=torch.tensor(tiles["lead"], dtype=torch.float64),
+            tile_slot=torch.tensor(tiles["slot"]), tile_composite=torch.tensor(tiles["composite"]),
+            labels=torch.from_numpy(np.concatenate(labels).astype(np.float64).reshape(-1, 5)),
+            label_tile=torch.repeat_interleave(torch.tensor([len(rows) for rows in labels])),
+            canvas=torch.tensor(canvas, dtype=torch.float64), warp=torch.tensor(np.array(warp)),
+            composite_sample=torch.tensor(owner), composite_weight=torch.tensor(weight, dtype=torch.float64),
+            hsv_gain=torch.tensor(np.array([sample["hsv"] for sample in samples])),
+            flip=torch.tensor([sample["flip"] for sample in samples], dtype=torch.bool))
+
+
+def _warp_draws(rng: np.random.Generator, hyp: AugmentConfig) -> np.ndarray:
+    """The random perspective's draws in the loader's order: perspective (2), angle, scale, shear (2),
+    translation (2, fractions of the output side)."""
+    perspective = rng.uniform(-hyp.perspective, hyp.perspective, 2)
+    angle = rng.uniform(-hyp.degrees, hyp.degrees)
+    scale = rng.uniform(1 - hyp.scale, 1 + hyp.scale)
+    shear = rng.uniform(-hyp.shear, hyp.shear, 2)
+    translate = rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate, 2)
+    return np.array([*perspective, angle, scale, *shear, *translate])
+
+
+def warp_matrices(warp: torch.Tensor, canvas: torch.Tensor, size: int) -> torch.Tensor:
+    """``[K, 3, 3]`` canvas-to-output matrices of the draws ``warp`` ``[K, 8]`` (see :class:`EncodedBatch`):
+    the loader's ``T @ S @ R @ P @ C`` (centre, perspective, rotation and scale, shear, translation)."""
+    k = len(warp)
+    eye = torch.eye(3, dtype=torch.float64, device=warp.device).expand(k, 3, 3)
+    centre, perspective, rotation, shear, translation = (eye.clone() for _ in range(5))
+    centre[:, 0, 2] = centre[:, 1, 2] = -canvas / 2
+    perspective[:, 2, 0], perspective[:, 2, 1] = warp[:, 0], warp[:, 1]
+    angle, scale = torch.deg2rad(warp[:, 2]), warp[:, 3]
+    cos, sin = scale * torch.cos(angle), scale * torch.sin(angle)
+    rotation[:, 0, 0], rotation[:, 0, 1], rotation[:, 1, 0], rotation[:, 1, 1] = cos, sin, -sin, cos
+    shear[:, 0, 1], shear[:, 1, 0] = torch.tan(torch.deg2rad(warp[:, 4])), torch.tan(torch.deg2rad(warp[:, 5]))
+    translation[:, 0, 2], translation[:, 1, 2] = warp[:, 6] * size, warp[:, 7] * size
+    return translation @ shear @ rotation @ perspective @ centre
+
+
+class DeviceAugmenter:
+    """Builds ``(imgs [B,3,S,S] float 0..1, targets [N,6])`` on ``device`` from an :class:`EncodedBatch`,
+    the batch :meth:`DetectionDataset.collate` would give for the same draws."""
+
+    def __init__(self, hyp: AugmentConfig, img_size: int, device: torch.device | str) -> None:
+        self.hyp = hyp
+        self.size = int(img_size)
+        self.device = torch.device(device)
+
+    def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = _to(batch, self.device)
+        offsets = batch.tile_anchor - batch.tile_size * batch.tile_lead
+        matrices = warp_matrices(batch.warp, batch.canvas, self.size)
+        composites = self.warp_tiles(self.atlas(batch), batch, offsets, matrices)
+        imgs = torch.zeros((len(batch.flip), *composites.shape[1:]), dtype=composites.dtype, device=self.device)
+        imgs.index_add_(0, batch.composite_sample, composites * batch.composite_weight[:, None, None, None].float())
+        imgs = imgs.round_()
+        if any((self.hyp.hsv_h, self.hyp.hsv_s, self.hyp.hsv_v)):
+            imgs = hsv_gains(imgs, batch.hsv_gain.float())
+        flip = batch.flip[:, :, None, None, None]
+        imgs = torch.where(flip[:, 0], imgs.flip(-2), imgs)
+        imgs = torch.where(flip[:, 1], imgs.flip(-1), imgs)
+        return imgs.div_(255), self.targets(batch, offsets, matrices)
+
+    def decode(self, data: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """``[3, h, w]`` uint8 RGB images on the device: JPEGs batched through nvJPEG on CUDA, the rest
+        (and everything on other devices) decoded on the CPU, EXIF orientation applied as OpenCV does."""
+        jpeg = [bytes(d[:3].tolist()) == _JPEG_MAGIC for d in data]
+        images: list[torch.Tensor | None] = [None] * len(data)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torchvision's pointer to TorchCodec
+            if self.device.type == "cuda" and any(jpeg):
+                at = [i for i, j in enumerate(jpeg) if j]
+                for i, im in zip(at, decode_jpeg([data[i] for i in at], mode=ImageReadMode.RGB, device=self.device)):
+                    images[i] = im
+            for i, d in enumerate(data):
+                if images[i] is None:
+                    images[i] = decode_image(d, mode=ImageReadMode.RGB, apply_exif_orientation=True).to(self.device)
+        return images  # type: ignore[return-value]
+
+    def atlas(self, batch: EncodedBatch) -> torch.Tensor:
+        """``[K, 3, S+2, 4(S+2)]``: each composite's tiles resized (as the loader loads them) side by side,
+        minus the pad value, so that sampling outside every tile gives the pad value back."""
+        side = self.size + 2 * _FRAME
+        atlas = torch.full((len(batch.canvas), 3, side, 4 * side), PAD_VALUE, dtype=torch.float32, device=self.device)
+        for image, (w, h), slot, k in zip(self.decode(batch.data), batch.tile_size.tolist(),
+                                          batch.tile_slot.tolist(), batch.tile_composite.tolist()):
+            if image.shape[-2:] != (h, w):
+                image = resize(image, h, w)
+            left = slot * side + _FRAME
+            atlas[k, :, _FRAME:_FRAME + h, left:left + w] = image
+        return atlas.sub_(PAD_VALUE)
+        return atlas
+
+    def warp_tiles(self, atlas: torch.Tensor, batch: EncodedBatch, offsets: torch.Tensor,
+                   matrices: torch.Tensor) -> torch.Tensor:
+        """``[K, 3, S, S]`` composites: each output pixel's canvas point (the inverse warp), the tile whose
+        placement holds it, and one bilinear sample of the atlas there (integer values, as OpenCV's)."""
+        k, s, side = len(matrices), self.size, self.size + 2 * _FRAME
+        # Whole-pixel coordinates below 2^13 and matrices near unit scale: float32 keeps them to 1e-3 px.
+        ys, xs = torch.meshgrid(torch.arange(s, device=self.device, dtype=torch.float32),
+                                torch.arange(s, device=self.device, dtype=torch.float32), indexing="ij")
+        pixels = torch.stack((xs, ys, torch.ones_like(xs)), -1).reshape(-1, 3)
+        canvas = pixels @ torch.linalg.inv(matrices).transpose(1, 2).float()  # [K, S*S, 3]
+        canvas = canvas[..., :2] / canvas[..., 2:]
+        x, y = canvas[..., 0], canvas[..., 1]
+        slot_offset = torch.zeros((k, 4, 2), device=self.device)
+        slot_rect = torch.zeros((k, 4, 4), device=self.device)  # empty slots hold nothing
+        size = batch.tile_size.double()
+        limit = batch.canvas[batch.tile_composite, None]
+        rect = torch.cat((offsets, offsets + size), 1).clamp(min=torch.zeros_like(limit), max=limit)
+        slot_offset[batch.tile_composite, batch.tile_slot] = offsets.float()
+        slot_rect[batch.tile_composite, batch.tile_slot] = rect.float()
+        atlas_x = torch.full_like(x, -2.0 * side)  # outside the atlas: the zero padding, i.e. the pad value
+        atlas_y = torch.zeros_like(y)
+        for slot in range(4):
+            x1, y1, x2, y2 = (slot_rect[:, slot, i, None] - 0.5 for i in range(4))
+            inside = (x >= x1) & (x < x2) & (y >= y1) & (y < y2)
+            atlas_x = torch.where(inside, x - slot_offset[:, slot, 0, None] + slot * side + _FRAME, atlas_x)
+            atlas_y = torch.where(inside, y - slot_offset[:, slot, 1, None] + _FRAME, atlas_y)
+        grid = torch.stack((atlas_x * (2 / (4 * side - 1)) - 1, atlas_y * (2 / (side - 1)) - 1), -1)
+        sampled = F.grid_sample(atlas, grid.reshape(k, s, s, 2), mode="bilinear", padding_mode="zeros",
+                                align_corners=True)
+        return sampled.add_(PAD_VALUE).round_().clamp_(0, 255)
+
+    def targets(self, batch: EncodedBatch, offsets: torch.Tensor, matrices: torch.Tensor) -> torch.Tensor:
+        """``[N, 6]`` (image, class, cx, cy, w, h normalised) of all boxes: placed on their canvas and clipped
+        to it, warped by their 4 corners, clipped to the output, filtered by the candidate rule."""
+        s = self.size
+        tile, labels = batch.label_tile, batch.labels
+        composite = batch.tile_composite[tile]
+        size, offset = batch.tile_size[tile].double(), offsets[tile]
+        half = labels[:, 3:5] / 2
+        placed = torch.cat(((labels[:, 1:3] - half) * size + offset, (labels[:, 1:3] + half) * size + offset), 1)
+        placed = placed.clamp(min=torch.zeros((1, 1), dtype=placed.dtype, device=self.device),
+                              max=batch.canvas[composite, None])
+        corners = placed[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(-1, 4, 2)
+        corners = torch.cat((corners, torch.ones_like(corners[..., :1])), -1) @ matrices[composite].transpose(1, 2)
+        corners = corners[..., :2] / corners[..., 2:]
+        warped = torch.cat((corners.amin(1), corners.amax(1)), 1).clamp(0, s)
+        keep = box_candidates(placed * batch.warp[composite, 3, None], warped)
+        xyxy = warped[keep].clamp(0, s - 1e-3)
+        image = batch.composite_sample[composite[keep]]
+        flip = batch.flip[image]
+        centre = (xyxy[:, :2] + xyxy[:, 2:]) / (2 * s)
+        centre[:, 1] = torch.where(flip[:, 0], 1 - centre[:, 1], centre[:, 1])
+        centre[:, 0] = torch.where(flip[:, 1], 1 - centre[:, 0], centre[:, 0])
+        targets = torch.cat((image[:, None].double(), labels[keep, :1], centre, (xyxy[:, 2:] - xyxy[:, :2]) / s), 1)
+        return targets[torch.argsort(image, stable=True)].float()
+
+
+def resize(image: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """``image`` ``[3, h0, w0]`` uint8 resized to ``h`` x ``w`` (bilinear, antialiased when shrinking), whole
+    values as the loader's uint8 images: in uint8 on the CPU (its fast path), in float elsewhere."""
+    if image.device.type == "cpu":
+        return F.interpolate(image[None], size=(h, w), mode="bilinear", antialias=True)[0]
+    return F.interpolate(image[None].float(), size=(h, w), mode="bilinear", antialias=True)[0].round_()
+
+
+def box_candidates(before: torch.Tensor, after: torch.Tensor, eps: float = 1e-16) -> torch.Tensor:
+    """:func:`yolotrain.data.augment.box_candidates` on ``[n, 4]`` xyxy tensors: the boxes worth keeping."""
+    w1, h1 = before[:, 2] - before[:, 0], before[:, 3] - before[:, 1]
+    w2, h2 = after[:, 2] - after[:, 0], after[:, 3] - after[:, 1]
+    aspect = torch.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
+    return (w2 > _MIN_SIDE) & (h2 > _MIN_SIDE) & (w2 * h2 / (w1 * h1 + eps) > _MIN_AREA_KEPT) & (aspect < _MAX_ASPECT)
+
+
+def hsv_gains(imgs: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+    """RGB images ``[B, 3, H, W]`` (integer values 0..255, float) with per-image HSV ``gains`` ``[B, 3]``
+    applied as the loader does: OpenCV's 8-bit HSV (hue 0..179), the gains' lookup tables (hue wrapped,
+    saturation and value clipped, truncated to integers), and back to RGB, rounded."""
+    r, g, b = imgs.unbind(1)
+    value = imgs.amax(1)
+    spread = value - imgs.amin(1)
+    safe = spread.clamp(min=1)
+    hue = torch.where(value == r, (g - b) / safe, torch.where(value == g, (b - r) / safe + 2, (r - g) / safe + 4))
+    hue = torch.where(spread > 0, hue * 30, torch.zeros_like(hue))
+    hue = torch.where(hue < 0, hue + 180, hue).round_() % 180
+    saturation = torch.where(value > 0, (255 * spread / value.clamp(min=1)).round_(), torch.zeros_like(value))
+    gain = gains[:, :, None, None]
+    hue = (hue * gain[:, 0]).remainder_(180).floor_()
+    saturation = (saturation * gain[:, 1]).clamp_(0, 255).floor_()
+    value = (value * gain[:, 2]).clamp_(0, 255).floor_()
+    # HSV to RGB: channel n is v - v*s*clip(min(k, 4 - k), 0, 1) with k = (n + hue/30) mod 6, n = 5, 3, 1.
+    sector = hue / 30
+    k = (torch.tensor([5.0, 3.0, 1.0], device=imgs.device)[None, :, None, None] + sector[:, None]) % 6
+    weight = torch.minimum(k, 4 - k).clamp_(0, 1)
+    return (value[:, None] * (1 - saturation[:, None] / 255 * weight)).round_().clamp_(0, 255)
+
+
+def _to(batch: EncodedBatch, device: torch.device) -> EncodedBatch:
+    """The batch's numbers on ``device`` (the encoded bytes stay on the CPU, where the decoders read them)."""
+    fields = {name: value.to(device, non_blocking=True) for name, value in vars(batch).items()
+              if isinstance(value, torch.Tensor)}
+    return EncodedBatch(data=batch.data, **fields)
+
+
+class DeviceAugmentLoader(DataLoader):
+    """The training DataLoader of an :class:`EncodedDetectionDataset`, its batches built on the device by
+    ``augmenter`` as they are taken."""
+
+    def __init__(self, loader: DataLoader, augmenter: DeviceAugmenter) -> None:
+        super().__init__(loader.dataset, batch_sampler=loader.batch_sampler, num_workers=loader.num_workers,
+                         collate_fn=loader.collate_fn, persistent_workers=loader.persistent_workers)
+        self.augmenter = augmenter
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[override]
+        return map(self.augmenter, super().__iter__())
