@@ -41,6 +41,12 @@ _FRAME = 1
 # The reference's candidate rule (see augment.box_candidates): width and height over 2 px, over 10% of
 # the area kept, aspect ratio under 100.
 _MIN_SIDE, _MIN_AREA_KEPT, _MAX_ASPECT = 2.0, 0.1, 100.0
+# OpenCV's 8-bit RGB to HSV divides by lookup: (180 / 6) / spread and 255 / value, in 12-bit fixed point.
+_HSV_SHIFT = 12
+_HUE_DIVISORS = torch.tensor([0] + [round((180 << _HSV_SHIFT) / (6 * i)) for i in range(1, 256)], dtype=torch.int32)
+# Its HSV to RGB: which of (v, v(1-s), v(1-sf), v(1-s(1-f))) each of R, G, B is, per sixth of the hue circle.
+_SECTOR_CHANNELS = torch.tensor([[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]])
+_SATURATION_DIVISORS = torch.tensor([0] + [round((255 << _HSV_SHIFT) / i) for i in range(1, 256)], dtype=torch.int32)
 
 
 def augment_device(name: str, *, rect: bool = False, cache: str = "off", masks: bool = False) -> torch.device:
@@ -208,7 +214,7 @@ class DeviceAugmenter:
         imgs.index_add_(0, batch.composite_sample, composites * batch.composite_weight[:, None, None, None].float())
         imgs = imgs.round_()
         if any((self.hyp.hsv_h, self.hyp.hsv_s, self.hyp.hsv_v)):
-            imgs = hsv_gains(imgs, batch.hsv_gain.float())
+            imgs = hsv_gains(imgs, batch.hsv_gain)
         flip = batch.flip[:, :, None, None, None]
         imgs = torch.where(flip[:, 0], imgs.flip(-2), imgs)
         imgs = torch.where(flip[:, 1], imgs.flip(-1), imgs)
@@ -319,25 +325,43 @@ def box_candidates(before: torch.Tensor, after: torch.Tensor, eps: float = 1e-16
 
 def hsv_gains(imgs: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     """RGB images ``[B, 3, H, W]`` (integer values 0..255, float) with per-image HSV ``gains`` ``[B, 3]``
-    applied as the loader does: OpenCV's 8-bit HSV (hue 0..179), the gains' lookup tables (hue wrapped,
-    saturation and value clipped, truncated to integers), and back to RGB, rounded."""
-    r, g, b = imgs.unbind(1)
-    value = imgs.amax(1)
-    spread = value - imgs.amin(1)
-    safe = spread.clamp(min=1)
-    hue = torch.where(value == r, (g - b) / safe, torch.where(value == g, (b - r) / safe + 2, (r - g) / safe + 4))
-    hue = torch.where(spread > 0, hue * 30, torch.zeros_like(hue))
-    hue = torch.where(hue < 0, hue + 180, hue).round_() % 180
-    saturation = torch.where(value > 0, (255 * spread / value.clamp(min=1)).round_(), torch.zeros_like(value))
-    gain = gains[:, :, None, None]
-    hue = (hue * gain[:, 0]).remainder_(180).floor_()
-    saturation = (saturation * gain[:, 1]).clamp_(0, 255).floor_()
-    value = (value * gain[:, 2]).clamp_(0, 255).floor_()
-    # HSV to RGB: channel n is v - v*s*clip(min(k, 4 - k), 0, 1) with k = (n + hue/30) mod 6, n = 5, 3, 1.
-    sector = hue / 30
-    k = (torch.tensor([5.0, 3.0, 1.0], device=imgs.device)[None, :, None, None] + sector[:, None]) % 6
-    weight = torch.minimum(k, 4 - k).clamp_(0, 1)
-    return (value[:, None] * (1 - saturation[:, None] / 255 * weight)).round_().clamp_(0, 255)
+    applied as the loader does: OpenCV's 8-bit HSV, through each image's lookup tables of the gains (hue
+    wrapped at 180, saturation and value clipped, truncated to integers, in float64 as the loader's), and
+    back to RGB."""
+    levels = torch.arange(256, dtype=torch.float64, device=imgs.device)
+    tables = levels * gains.to(torch.float64)[:, :, None]  # [B, 3, 256]
+    tables = torch.cat((tables[:, :1].remainder(180), tables[:, 1:].clamp(0, 255)), 1).floor_()
+    hsv = rgb_to_hsv8(imgs).long()
+    return hsv8_to_rgb(tables.gather(2, hsv.flatten(2)).view(hsv.shape))
+
+
+def rgb_to_hsv8(imgs: torch.Tensor) -> torch.Tensor:
+    """OpenCV's ``COLOR_RGB2HSV`` of 8-bit images (hue 0..179, saturation and value 0..255), in its
+    fixed-point arithmetic: a hue one step off would move a saturated colour by several levels."""
+    r, g, b = imgs.round().int().unbind(1)
+    value = torch.maximum(torch.maximum(r, g), b)
+    spread = value - torch.minimum(torch.minimum(r, g), b)
+    hue = torch.where(value == r, g - b, torch.where(value == g, b - r + 2 * spread, r - g + 4 * spread))
+    half = 1 << (_HSV_SHIFT - 1)
+    hue = (hue * _HUE_DIVISORS.to(imgs.device)[spread] + half) >> _HSV_SHIFT
+    hue = torch.where(hue < 0, hue + 180, hue)
+    saturation = (spread * _SATURATION_DIVISORS.to(imgs.device)[value] + half) >> _HSV_SHIFT
+    return torch.stack((hue, saturation, value), 1)
+
+
+def hsv8_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
+    """OpenCV's ``COLOR_HSV2RGB`` of 8-bit HSV, in its float32 arithmetic: the hue's sector and the fraction
+    into it pick each channel among v, v (1 - s), v (1 - s f) and v (1 - s (1 - f)), truncated to 8 bits as
+    its vectorised code (the one whole images take) does."""
+    hue, saturation, value = hsv.float().unbind(1)
+    hue = torch.fmod(hue * torch.tensor(6 / 180), 6)
+    sector = hue.floor()
+    fraction = hue - sector
+    saturation, value = saturation * torch.tensor(1 / 255), value * torch.tensor(1 / 255)
+    table = torch.stack((value, value * (1 - saturation), value * (1 - saturation * fraction),
+                         value * (1 - saturation * (1 - fraction))), 1)
+    pick = _SECTOR_CHANNELS.to(hsv.device)[sector.long()].permute(0, 3, 1, 2)  # [B, 3, H, W] rows of the table
+    return (table.gather(1, pick) * 255).floor_()
 
 
 def _to(batch: EncodedBatch, device: torch.device) -> EncodedBatch:
