@@ -15,6 +15,7 @@ import torch
 from conftest import coco128_subset
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader
 
 from yolotrain.data import augment as A
 from yolotrain.data.gpu_augment import DeviceAugmenter, EncodedBatch, hsv_gains
@@ -67,6 +68,20 @@ def test_tensor_path_has_the_loaders_statistics(coco128, tmp_path):
     assert len(loader["pixel mean"]) == len(tensors["pixel mean"]) == 256
     for what in loader:
         assert_same_distribution(loader[what], tensors[what], what)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs it)")
+def test_cuda_batches_are_the_cpu_tensor_batches(coco128, tmp_path):
+    data = coco128_subset(tmp_path, 32, coco128)
+    config = DataConfig(path=str(data), img_size=256, batch_size=16, workers=0, augment_device="cuda")
+    loader = build_loaders(config, ALL_ON, splits=("train",)).train
+    for batch in DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, collate_fn=loader.collate_fn):
+        on_cpu = DeviceAugmenter(loader.dataset.hyp, 256, "cpu")(batch)
+        on_cuda = [t.cpu() for t in loader.augmenter(batch)]
+        torch.testing.assert_close(on_cuda[1], on_cpu[1], atol=1e-4, rtol=0)
+        # nvJPEG's inverse DCT and the float resize differ from libjpeg's and the uint8 one by a level or two.
+        levels = (on_cuda[0] - on_cpu[0]).abs() * 255
+        assert levels.mean() < 2 and (levels > 16).float().mean() < 0.01, (levels.mean(), levels.max())
 
 
 def known_batch(tmp_path: Path, size: int, centre: tuple[int, int], tile_sizes: list[tuple[int, int]],
