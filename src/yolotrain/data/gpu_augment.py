@@ -44,9 +44,9 @@ _MIN_SIDE, _MIN_AREA_KEPT, _MAX_ASPECT = 2.0, 0.1, 100.0
 # OpenCV's 8-bit RGB to HSV divides by lookup: (180 / 6) / spread and 255 / value, in 12-bit fixed point.
 _HSV_SHIFT = 12
 _HUE_DIVISORS = torch.tensor([0] + [round((180 << _HSV_SHIFT) / (6 * i)) for i in range(1, 256)], dtype=torch.int32)
+_SATURATION_DIVISORS = torch.tensor([0] + [round((255 << _HSV_SHIFT) / i) for i in range(1, 256)], dtype=torch.int32)
 # Its HSV to RGB: which of (v, v(1-s), v(1-sf), v(1-s(1-f))) each of R, G, B is, per sixth of the hue circle.
 _SECTOR_CHANNELS = torch.tensor([[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]])
-_SATURATION_DIVISORS = torch.tensor([0] + [round((255 << _HSV_SHIFT) / i) for i in range(1, 256)], dtype=torch.int32)
 
 
 def augment_device(name: str, *, rect: bool = False, cache: str = "off", masks: bool = False) -> torch.device:
@@ -89,16 +89,36 @@ class EncodedBatch:
     hsv_gain: torch.Tensor  # [B, 3] hue, saturation, value gains
     flip: torch.Tensor  # [B, 2] up-down, left-right
 
-    def pin_memory(self) -> EncodedBatch:
-        """The batch itself: it is small, and the decoder reads the bytes from ordinary CPU memory."""
-        return self
+
+@dataclass
+class Composite:
+    """One canvas of a sample, as drawn: its tiles (dataset indices) and where they go, and its warp."""
+
+    tiles: list[int]
+    size: list[np.ndarray]  # (w, h) of each tile
+    anchor: list[tuple[float, float]]
+    lead: list[tuple[int, int]]
+    canvas: int
+    warp: np.ndarray
+    weight: float = 1.0
+
+
+@dataclass
+class EncodedSample:
+    """One sample from a loader process: its composites, HSV gains, flips, and each tile's bytes and labels."""
+
+    composites: list[Composite]
+    hsv: np.ndarray
+    flip: tuple[bool, bool]
+    data: list[torch.Tensor]
+    labels: list[np.ndarray]
 
 
 class EncodedDetectionDataset(DetectionDataset):
     """:class:`DetectionDataset`'s training samples as encoded bytes and random draws (an
     :class:`EncodedBatch` per batch); :class:`DeviceAugmenter` builds the images from them."""
 
-    def __getitem__(self, key: int | SampleKey) -> dict[str, object]:
+    def __getitem__(self, key: int | SampleKey) -> EncodedSample:  # type: ignore[override]
         index, epoch, mosaic = key if isinstance(key, tuple) else (key, self.epoch, self.mosaic)
         index = int(index)
         rng = np.random.default_rng([self.seed, int(epoch), index])
@@ -109,27 +129,27 @@ class EncodedDetectionDataset(DetectionDataset):
             if rng.random() < hyp.mixup:
                 composites.append(self._mosaic_draws(int(rng.integers(len(self))), rng))
                 ratio = rng.beta(32.0, 32.0)
-                composites[0]["weight"], composites[1]["weight"] = ratio, 1 - ratio
+                composites[0].weight, composites[1].weight = ratio, 1 - ratio
         else:
             loaded = loaded_size(self.shapes[index], self.img_size)
             _, resized, pad = letterbox_geometry(loaded, np.array([self.img_size] * 2))
-            composites.append({"tiles": [index], "size": [resized], "anchor": [pad], "lead": [(0, 0)],
-                               "canvas": self.img_size, "warp": _warp_draws(rng, hyp)})
+            composites.append(Composite([index], [resized], [tuple(pad)], [(0, 0)], self.img_size,
+                                        _warp_draws(rng, hyp)))
         gains = (hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
         hsv = rng.uniform(-1, 1, 3) * gains + 1 if any(gains) else np.ones(3)
         ud, lr = rng.random(2)
-        return {"composites": composites, "hsv": hsv, "flip": (ud < hyp.flipud, lr < hyp.fliplr),
-                "data": [self.encoded(i) for c in composites for i in c["tiles"]],
-                "labels": [self.labels[i] for c in composites for i in c["tiles"]]}
+        tiles = [i for composite in composites for i in composite.tiles]
+        return EncodedSample(composites, hsv, (ud < hyp.flipud, lr < hyp.fliplr), [self.encoded(i) for i in tiles],
+                             [self.labels[i] for i in tiles])
 
-    def _mosaic_draws(self, index: int, rng: np.random.Generator) -> dict[str, object]:
+    def _mosaic_draws(self, index: int, rng: np.random.Generator) -> Composite:
         """A mosaic's 4 images (``index`` and 3 random, shuffled), centre and warp, drawn as the loader does."""
         picks = rng.permutation(np.concatenate([[index], rng.integers(0, len(self), 3)]))
         yc, xc = (int(v) for v in rng.uniform(self.img_size / 2, 1.5 * self.img_size, 2))
         # Tiles 0..3 go top-left, top-right, bottom-left, bottom-right of the centre.
-        return {"tiles": [int(i) for i in picks], "size": [loaded_size(self.shapes[i], self.img_size) for i in picks],
-                "anchor": [(xc, yc)] * 4, "lead": [(1, 1), (0, 1), (1, 0), (0, 0)], "canvas": 2 * self.img_size,
-                "warp": _warp_draws(rng, self.hyp)}
+        sizes = [loaded_size(self.shapes[i], self.img_size) for i in picks]
+        return Composite([int(i) for i in picks], sizes, [(xc, yc)] * 4, [(1, 1), (0, 1), (1, 0), (0, 0)],
+                         2 * self.img_size, _warp_draws(rng, self.hyp))
 
     def encoded(self, index: int) -> torch.Tensor:
         """The file bytes of image ``index``, as a uint8 tensor."""
@@ -140,33 +160,26 @@ class EncodedDetectionDataset(DetectionDataset):
             raise ImageReadError(f"cannot read image {path}") from None
 
     @staticmethod
-    def collate(samples: Sequence[dict]) -> EncodedBatch:  # type: ignore[override]
-        """One :class:`EncodedBatch` of the samples' draws, indices made global to the batch."""
-        tiles: dict[str, list] = {"size": [], "anchor": [], "lead": [], "slot": [], "composite": []}
-        canvas, warp, owner, weight = [], [], [], []
-        for b, sample in enumerate(samples):
-            for composite in sample["composites"]:
-                tiles["slot"] += range(len(composite["tiles"]))
-                tiles["composite"] += [len(canvas)] * len(composite["tiles"])
-                for name in ("size", "anchor", "lead"):
-                    tiles[name] += composite[name]
-                canvas.append(composite["canvas"])
-                warp.append(composite["warp"])
-                owner.append(b)
-                weight.append(composite.get("weight", 1.0))
-        labels = [rows for sample in samples for rows in sample["labels"]]
+    def collate(samples: Sequence[EncodedSample]) -> EncodedBatch:  # type: ignore[override]
+        """One :class:`EncodedBatch` of the samples, tile and composite numbers counted over the batch."""
+        composites = [composite for sample in samples for composite in sample.composites]
+        tiles = [(composite, slot) for composite in composites for slot in range(len(composite.tiles))]
+        labels = [rows for sample in samples for rows in sample.labels]
         return EncodedBatch(
-            data=[data for sample in samples for data in sample["data"]],
-            tile_size=torch.tensor(np.array(tiles["size"]), dtype=torch.long),
-            tile_anchor=torch.tensor(np.array(tiles["anchor"]), dtype=torch.float64),
-            tile_lead=torch.tensor(tiles["lead"], dtype=torch.float64),
-            tile_slot=torch.tensor(tiles["slot"]), tile_composite=torch.tensor(tiles["composite"]),
+            data=[data for sample in samples for data in sample.data],
+            tile_size=torch.tensor(np.array([c.size[slot] for c, slot in tiles]), dtype=torch.long),
+            tile_anchor=torch.tensor([c.anchor[slot] for c, slot in tiles], dtype=torch.float64),
+            tile_lead=torch.tensor([c.lead[slot] for c, slot in tiles], dtype=torch.float64),
+            tile_slot=torch.tensor([slot for _, slot in tiles]),
+            tile_composite=torch.repeat_interleave(torch.tensor([len(c.tiles) for c in composites])),
             labels=torch.from_numpy(np.concatenate(labels).astype(np.float64).reshape(-1, 5)),
             label_tile=torch.repeat_interleave(torch.tensor([len(rows) for rows in labels])),
-            canvas=torch.tensor(canvas, dtype=torch.float64), warp=torch.tensor(np.array(warp)),
-            composite_sample=torch.tensor(owner), composite_weight=torch.tensor(weight, dtype=torch.float64),
-            hsv_gain=torch.tensor(np.array([sample["hsv"] for sample in samples])),
-            flip=torch.tensor([sample["flip"] for sample in samples], dtype=torch.bool))
+            canvas=torch.tensor([c.canvas for c in composites], dtype=torch.float64),
+            warp=torch.from_numpy(np.array([c.warp for c in composites])),
+            composite_sample=torch.repeat_interleave(torch.tensor([len(sample.composites) for sample in samples])),
+            composite_weight=torch.tensor([c.weight for c in composites], dtype=torch.float64),
+            hsv_gain=torch.from_numpy(np.array([sample.hsv for sample in samples])),
+            flip=torch.tensor([sample.flip for sample in samples], dtype=torch.bool))
 
 
 def _warp_draws(rng: np.random.Generator, hyp: AugmentConfig) -> np.ndarray:
