@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg, encode_jpeg
 
 from ..boxes import letterbox_geometry
 from ..settings import ConfigError
@@ -217,6 +217,10 @@ class DeviceAugmenter:
         self.hyp = hyp
         self.size = int(img_size)
         self.device = torch.device(device)
+        self.nvjpeg = self.device.type == "cuda" and nvjpeg_decodes(self.device)
+        if self.device.type == "cuda" and not self.nvjpeg:
+            warnings.warn("this torchvision cannot decode JPEGs on CUDA (no nvJPEG): --augment-device cuda decodes "
+                          "them on the CPU", RuntimeWarning, stacklevel=2)
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         batch = _to(batch, self.device)
@@ -234,13 +238,14 @@ class DeviceAugmenter:
         return imgs.div_(255), self.targets(batch, offsets, matrices)
 
     def decode(self, data: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """``[3, h, w]`` uint8 RGB images on the device: JPEGs batched through nvJPEG on CUDA, the rest
-        (and everything on other devices) decoded on the CPU, EXIF orientation applied as OpenCV does."""
+        """``[3, h, w]`` uint8 RGB images on the device: JPEGs batched through nvJPEG on CUDA (which leaves
+        EXIF orientation aside), the rest (everything on other devices) decoded on the CPU, EXIF orientation
+        applied as OpenCV's reader does."""
         jpeg = [bytes(d[:3].tolist()) == _JPEG_MAGIC for d in data]
         images: list[torch.Tensor | None] = [None] * len(data)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torchvision's pointer to TorchCodec
-            if self.device.type == "cuda" and any(jpeg):
+            if self.nvjpeg and any(jpeg):
                 at = [i for i, j in enumerate(jpeg) if j]
                 for i, im in zip(at, decode_jpeg([data[i] for i in at], mode=ImageReadMode.RGB, device=self.device)):
                     images[i] = im
@@ -318,6 +323,18 @@ class DeviceAugmenter:
         centre[:, 0] = torch.where(flip[:, 1], 1 - centre[:, 0], centre[:, 0])
         targets = torch.cat((image[:, None].double(), labels[keep, :1], centre, (xyxy[:, 2:] - xyxy[:, :2]) / s), 1)
         return targets[torch.argsort(image, stable=True)].float()
+
+
+def nvjpeg_decodes(device: torch.device) -> bool:
+    """Whether torchvision decodes JPEGs on the CUDA ``device`` (builds without nvJPEG exist)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torchvision's pointer to TorchCodec
+        probe = encode_jpeg(torch.zeros((3, 8, 8), dtype=torch.uint8))
+        try:
+            decode_jpeg([probe], device=device)
+        except RuntimeError:
+            return False
+    return True
 
 
 def resize(image: torch.Tensor, h: int, w: int) -> torch.Tensor:
