@@ -266,7 +266,6 @@ class DeviceAugmenter:
             left = slot * side + _FRAME
             atlas[k, :, _FRAME:_FRAME + h, left:left + w] = image
         return atlas.sub_(PAD_VALUE)
-        return atlas
 
     def warp_tiles(self, atlas: torch.Tensor, batch: EncodedBatch, offsets: torch.Tensor,
                    matrices: torch.Tensor) -> torch.Tensor:
