@@ -15,10 +15,12 @@ import torch
 from conftest import coco128_subset
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from PIL import Image
 from torch.utils.data import DataLoader
+from torchvision.io import ImageReadMode, decode_jpeg
 
 from yolotrain.data import augment as A
-from yolotrain.data.gpu_augment import DeviceAugmenter, EncodedBatch, hsv_gains
+from yolotrain.data.gpu_augment import DeviceAugmenter, EncodedBatch, exif_orientation, hsv_gains, orient
 from yolotrain.data.loaders import DataConfig, build_loaders
 from yolotrain.settings import ConfigError
 
@@ -97,6 +99,7 @@ def known_batch(tmp_path: Path, size: int, centre: tuple[int, int], tile_sizes: 
         data=data, tile_size=torch.tensor(tile_sizes), tile_anchor=torch.tensor([centre] * 4, dtype=torch.float64),
         tile_lead=torch.tensor([(1, 1), (0, 1), (1, 0), (0, 0)], dtype=torch.float64),
         tile_slot=torch.arange(4), tile_composite=torch.zeros(4, dtype=torch.long),
+        tile_orientation=torch.ones(4, dtype=torch.long),
         labels=torch.from_numpy(np.concatenate(labels)).double(),
         label_tile=torch.repeat_interleave(torch.tensor([len(rows) for rows in labels])),
         canvas=torch.tensor([2.0 * size], dtype=torch.float64), warp=torch.tensor([identity], dtype=torch.float64),
@@ -154,6 +157,23 @@ def test_hsv_gains_are_the_loaders_lut_arithmetic(seed, gains):
     difference = np.abs(got - np.array(expected, np.float64))
     # OpenCV's float32 HSV to RGB lands a hair off a whole level on a few pixels in 10000.
     assert difference.max() <= 1 and (difference > 0).mean() < 0.002, (difference.max(), (difference > 0).mean())
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchvision's pointer to TorchCodec
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_turns_images_as_opencv_reads_them(tmp_path, orientation):
+    rng = np.random.default_rng(orientation)
+    stored = np.kron(rng.integers(0, 256, (3, 5, 3), dtype=np.uint8), np.ones((8, 8, 1), np.uint8))  # 24 x 40
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / "photo.jpg"
+    Image.fromarray(stored).save(path, quality=100, exif=exif)
+    data = torch.from_numpy(np.fromfile(path, np.uint8))
+    assert exif_orientation(data) == orientation
+    upright = orient(decode_jpeg(data, mode=ImageReadMode.RGB), orientation)  # as nvJPEG's pixels are turned
+    by_opencv = cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB)
+    difference = np.abs(upright.permute(1, 2, 0).numpy().astype(int) - by_opencv)
+    assert upright.shape[1:] == by_opencv.shape[:2] and difference.mean() < 2, difference.mean()
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

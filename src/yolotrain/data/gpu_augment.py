@@ -18,6 +18,7 @@ Segmentation polygons, rectangular batches and the image caches are not supporte
 
 from __future__ import annotations
 
+import io
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, encode_jpeg
 
@@ -35,6 +37,7 @@ from .dataset import DetectionDataset, ImageReadError, SampleKey, loaded_size
 
 AUGMENT_DEVICES = ("loader", "cpu", "cuda")
 _JPEG_MAGIC = b"\xff\xd8\xff"
+_EXIF_ORIENTATION = 0x0112
 # Each atlas slot has a one-pixel frame of padding, so bilinear sampling at a tile's edge never reaches
 # the neighbouring tile.
 _FRAME = 1
@@ -80,6 +83,7 @@ class EncodedBatch:
     tile_lead: torch.Tensor  # [M, 2] 1 where the tile lies left of / above its anchor
     tile_slot: torch.Tensor  # [M] its slot (0..3) in the composite's atlas
     tile_composite: torch.Tensor  # [M]
+    tile_orientation: torch.Tensor  # [M] EXIF orientation of JPEGs (1: as stored), for decoders that ignore it
     labels: torch.Tensor  # [L, 5] class + normalised cx, cy, w, h
     label_tile: torch.Tensor  # [L]
     canvas: torch.Tensor  # [K] canvas side before the warp
@@ -111,6 +115,7 @@ class EncodedSample:
     hsv: np.ndarray
     flip: tuple[bool, bool]
     data: list[torch.Tensor]
+    orientation: list[int]
     labels: list[np.ndarray]
 
 
@@ -138,9 +143,10 @@ class EncodedDetectionDataset(DetectionDataset):
         gains = (hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
         hsv = rng.uniform(-1, 1, 3) * gains + 1 if any(gains) else np.ones(3)
         ud, lr = rng.random(2)
-        tiles = [i for composite in composites for i in composite.tiles]
-        return EncodedSample(composites, hsv, (ud < hyp.flipud, lr < hyp.fliplr), [self.encoded(i) for i in tiles],
-                             [self.labels[i] for i in tiles])
+        data = [self.encoded(i) for composite in composites for i in composite.tiles]
+        return EncodedSample(composites, hsv, (ud < hyp.flipud, lr < hyp.fliplr), data,
+                             [exif_orientation(d) for d in data],
+                             [self.labels[i] for composite in composites for i in composite.tiles])
 
     def _mosaic_draws(self, index: int, rng: np.random.Generator) -> Composite:
         """A mosaic's 4 images (``index`` and 3 random, shuffled), centre and warp, drawn as the loader does."""
@@ -172,6 +178,7 @@ class EncodedDetectionDataset(DetectionDataset):
             tile_lead=torch.tensor([c.lead[slot] for c, slot in tiles], dtype=torch.float64),
             tile_slot=torch.tensor([slot for _, slot in tiles]),
             tile_composite=torch.repeat_interleave(torch.tensor([len(c.tiles) for c in composites])),
+            tile_orientation=torch.tensor([o for sample in samples for o in sample.orientation]),
             labels=torch.from_numpy(np.concatenate(labels).astype(np.float64).reshape(-1, 5)),
             label_tile=torch.repeat_interleave(torch.tensor([len(rows) for rows in labels])),
             canvas=torch.tensor([c.canvas for c in composites], dtype=torch.float64),
@@ -237,10 +244,10 @@ class DeviceAugmenter:
         imgs = torch.where(flip[:, 1], imgs.flip(-1), imgs)
         return imgs.div_(255), self.targets(batch, offsets, matrices)
 
-    def decode(self, data: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """``[3, h, w]`` uint8 RGB images on the device: JPEGs batched through nvJPEG on CUDA (which leaves
-        EXIF orientation aside), the rest (everything on other devices) decoded on the CPU, EXIF orientation
-        applied as OpenCV's reader does."""
+    def decode(self, data: Sequence[torch.Tensor], orientation: Sequence[int]) -> list[torch.Tensor]:
+        """``[3, h, w]`` uint8 RGB images on the device: JPEGs batched through nvJPEG on CUDA, the rest
+        (everything on other devices) decoded on the CPU; EXIF orientation applied as OpenCV's reader does
+        (by :func:`orient` where nvJPEG leaves it aside)."""
         jpeg = [bytes(d[:3].tolist()) == _JPEG_MAGIC for d in data]
         images: list[torch.Tensor | None] = [None] * len(data)
         with warnings.catch_warnings():
@@ -248,7 +255,7 @@ class DeviceAugmenter:
             if self.nvjpeg and any(jpeg):
                 at = [i for i, j in enumerate(jpeg) if j]
                 for i, im in zip(at, decode_jpeg([data[i] for i in at], mode=ImageReadMode.RGB, device=self.device)):
-                    images[i] = im
+                    images[i] = orient(im, orientation[i])
             for i, d in enumerate(data):
                 if images[i] is None:
                     images[i] = decode_image(d, mode=ImageReadMode.RGB, apply_exif_orientation=True).to(self.device)
@@ -259,7 +266,8 @@ class DeviceAugmenter:
         minus the pad value, so that sampling outside every tile gives the pad value back."""
         side = self.size + 2 * _FRAME
         atlas = torch.full((len(batch.canvas), 3, side, 4 * side), PAD_VALUE, dtype=torch.float32, device=self.device)
-        for image, (w, h), slot, k in zip(self.decode(batch.data), batch.tile_size.tolist(),
+        for image, (w, h), slot, k in zip(self.decode(batch.data, batch.tile_orientation.tolist()),
+                                          batch.tile_size.tolist(),
                                           batch.tile_slot.tolist(), batch.tile_composite.tolist()):
             if image.shape[-2:] != (h, w):
                 image = resize(image, h, w)
@@ -322,6 +330,26 @@ class DeviceAugmenter:
         centre[:, 0] = torch.where(flip[:, 1], 1 - centre[:, 0], centre[:, 0])
         targets = torch.cat((image[:, None].double(), labels[keep, :1], centre, (xyxy[:, 2:] - xyxy[:, :2]) / s), 1)
         return targets[torch.argsort(image, stable=True)].float()
+
+
+def exif_orientation(data: torch.Tensor) -> int:
+    """The EXIF orientation (1..8; 1 when none) of the encoded JPEG ``data``; 1 for other formats."""
+    if bytes(data[:3].tolist()) != _JPEG_MAGIC:
+        return 1
+    try:
+        with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
+            orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+    except (OSError, SyntaxError, ValueError):  # an unreadable EXIF block: the pixels as stored
+        return 1
+    return orientation if orientation in range(1, 9) else 1
+
+
+def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """``[C, h, w]`` pixels as stored turned upright per their EXIF ``orientation`` (PIL's ``exif_transpose``)."""
+    turns = {2: lambda t: t.flip(-1), 3: lambda t: t.flip(-2, -1), 4: lambda t: t.flip(-2),
+             5: lambda t: t.transpose(-2, -1), 6: lambda t: t.rot90(-1, (-2, -1)),
+             7: lambda t: t.transpose(-2, -1).flip(-2, -1), 8: lambda t: t.rot90(1, (-2, -1))}
+    return turns[orientation](image).contiguous() if orientation in turns else image
 
 
 def nvjpeg_decodes(device: torch.device) -> bool:
