@@ -17,6 +17,7 @@ from ..boxes import check_image_size
 from ..settings import setting
 from .augment import AugmentConfig
 from .dataset import DetectionDataset, SampleKey
+from .gpu_augment import DeviceAugmenter, DeviceAugmentLoader, EncodedDetectionDataset, augment_device
 from .segment import SegmentationDataset
 from .shapes import generate_shapes_dataset
 from .sources import resolve_source
@@ -52,6 +53,10 @@ class DataConfig:
                                  "rather than one mask per object", off_flags=("--no-overlap",))
     mask_ratio: int = setting(4, "segmentation: target masks at 1/N of the image size (4: the prototypes' size)",
                               min=1, max=32)
+    augment_device: Literal["loader", "cuda", "cpu"] = setting(
+        "loader", "where training images are decoded and augmented: loader (its processes, OpenCV), cuda (nvJPEG "
+        "and batched tensor operations on the GPU; the loader processes only read files), cpu (that tensor path "
+        "on the CPU); the tensor path augments boxes only: no segmentation, --rect or --cache")
 
 
 def default_workers() -> int:
@@ -118,13 +123,20 @@ def build_loaders(
     names = run_class_names(names, config)
     loaders = Loaders(names, str(root))
     if "train" in splits:
+        on_device = augment is not None and config.augment_device != "loader"
+        device = augment_device(config.augment_device, rect=config.rect, cache=config.cache,
+                                masks=masks) if on_device else None
         loaders.train_index = verify_split(source.train, nc, "train")
         dataset, extra = _dataset_class(loaders.train_index, config, masks, root, "train")
+        if device is not None:
+            dataset = EncodedDetectionDataset
         train_set = dataset(_classes(loaders.train_index, config), img_size, batch_size,
                             augment=augment is not None, hyp=augment, rect=config.rect, pad=0.0,
                             stride=stride, seed=seed, names=names, cache_mb=config.cache_mb,
                             cache=config.cache, **extra)
         loaders.train = make_loader(train_set, batch_size, True, workers, seed, rank, world_size)
+        if device is not None:
+            loaders.train = DeviceAugmentLoader(loaders.train, DeviceAugmenter(train_set.hyp, img_size, device))
     if "val" in splits:
         same = source.val == source.train and loaders.train_index is not None
         loaders.val_index = loaders.train_index if same else verify_split(source.val, nc, "val")
