@@ -93,7 +93,7 @@ def class_folders(split: Path) -> list[str]:
     return sorted(entry.name for entry in os.scandir(split) if entry.is_dir() and not entry.name.startswith("."))
 
 
-def _split_samples(split: Path, names: Sequence[str]) -> list[Sample]:
+def split_samples(split: Path, names: Sequence[str]) -> list[Sample]:
     """Every image under each class folder of ``split`` (recursively, sorted), with its class index."""
     index = {name: i for i, name in enumerate(names)}
     samples: list[Sample] = []
@@ -141,7 +141,7 @@ def resolve_classify_source(path: str | os.PathLike, names: Sequence[str] | None
         folder = source.eval_split if split == "val" else split
         if folder is None or folder not in folders:
             raise FileNotFoundError(f"{root}: no {'val/ or test/' if split == 'val' else split + '/'} folder")
-        source.splits[split] = _split_samples(root / folder, source.names)
+        source.splits[split] = split_samples(root / folder, source.names)
     return source
 
 
