@@ -189,3 +189,18 @@ def test_compiled_training_reports_its_compile_time_and_learns_the_same(tiny_dat
     assert a.keys() == b.keys()  # no "_orig_mod." prefixes: checkpoints stay loadable by every tool
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4, msg=key)
+
+
+@pytest.mark.slow
+@needs_shared
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "datasets" / "coco128-cls").is_dir(), reason="needs coco128-cls")
+def test_the_classification_benchmark_runs(tmp_path):
+    run_benchmark("bench_classify.py", tmp_path, "--threads", "1", "--out", str(tmp_path / "classify.json"))
+    speed = json.loads((tmp_path / "classify.json").read_text())["speed"]
+    assert speed["setup"]["threads"] == 1 and speed["val"]["passes"] == 1
+    for name, images in (("val_split", 36), ("train_split_as_val", 161)):
+        rows = speed["val"][name]
+        assert rows["images"] == images
+        assert rows["speedup_cpu"] == pytest.approx(rows["reference"]["cpu_s"] / rows["ours"]["cpu_s"], rel=0.01)
+        # The same model on the same images scores alike on both sides (parity, not speed).
+        assert (rows["ours"]["top1"], rows["ours"]["top5"]) == (rows["reference"]["top1"], rows["reference"]["top5"])
