@@ -39,3 +39,16 @@ def reference_env(config_dir: str | os.PathLike) -> dict[str, str]:
 def alias_numpy_trapz() -> None:
     """The reference calls ``np.trapz``, which numpy 2 renamed ``np.trapezoid``."""
     np.trapz = getattr(np, "trapz", np.trapezoid)
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
