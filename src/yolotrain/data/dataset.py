@@ -231,25 +231,35 @@ class DetectionDataset(Dataset):
         return img, labels
 
     @staticmethod
-    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray]], uint8: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Stack items into ``imgs`` float32 ``[B,3,H,W]`` in 0..1 and ``targets`` ``[N, 6]`` =
-        (image index, class, cx, cy, w, h)."""
+        (image index, class, cx, cy, w, h).
+
+        ``uint8``: ``imgs`` as uint8 0..255 instead, what loader workers send (a quarter of the bytes
+        through shared memory); :func:`float_images` turns them to float32 in the main process.
+        """
         h, w = batch[0][0].shape[:2]
         shape = (len(batch), 3, h, w)
-        if get_worker_info() is None:
+        dtype = torch.uint8 if uint8 else torch.float32
+        if get_worker_info() is None and not uint8:
             imgs = _BATCH_BUFFERS.take(shape)
         else:
             # A worker's batch reaches the main process through shared memory; allocating it there
-            # directly (as torch's default_collate does) saves a copy of the whole float batch.
-            storage = torch.UntypedStorage._new_shared(int(np.prod(shape)) * 4)
-            imgs = torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)
+            # directly (as torch's default_collate does) saves a copy of the whole batch.
+            storage = torch.UntypedStorage._new_shared(int(np.prod(shape)) * dtype.itemsize)
+            imgs = torch.empty(0, dtype=dtype).set_(storage, 0, shape)
         planes = imgs.numpy()
-        # Split to planes and scale straight into the batch buffer: one pass over the float memory,
-        # several times faster than converting a permuted uint8 tensor.
-        scale = np.float32(1 / 255)
-        for i, (img, _) in enumerate(batch):
-            for c, plane in enumerate(cv2.split(img)):
-                np.multiply(plane, scale, out=planes[i, c], casting="unsafe")
+        if uint8:
+            for i, (img, _) in enumerate(batch):
+                planes[i] = img.transpose(2, 0, 1)
+        else:
+            # Split to planes and scale straight into the batch buffer: one pass over the float memory,
+            # several times faster than converting a permuted uint8 tensor.
+            scale = np.float32(1 / 255)
+            for i, (img, _) in enumerate(batch):
+                for c, plane in enumerate(cv2.split(img)):
+                    np.multiply(plane, scale, out=planes[i, c], casting="unsafe")
         counts = [len(b[1]) for b in batch]
         targets = torch.zeros((sum(counts), 6), dtype=torch.float32)
         targets[:, 0] = torch.repeat_interleave(torch.arange(len(batch), dtype=torch.float32),
@@ -257,6 +267,14 @@ class DetectionDataset(Dataset):
         if targets.shape[0]:
             targets[:, 1:] = torch.from_numpy(np.concatenate([b[1] for b in batch]))
         return imgs, targets
+
+
+def float_images(imgs: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[B,3,H,W]`` images (as :meth:`DetectionDataset.collate` with ``uint8``) as float32 in 0..1,
+    in a batch buffer of this process (pinned with CUDA)."""
+    out = _BATCH_BUFFERS.take(tuple(imgs.shape))
+    np.multiply(imgs.numpy(), np.float32(1 / 255), out=out.numpy(), casting="unsafe")
+    return out
 
 
 class _BatchBuffers:
