@@ -252,7 +252,10 @@ class DetectionDataset(Dataset):
         planes = imgs.numpy()
         if uint8:
             for i, (img, _) in enumerate(batch):
-                planes[i] = img.transpose(2, 0, 1)
+                # Written in place when the planes fit (contiguous, the right size), else copied in.
+                for plane, written in zip(planes[i], cv2.split(img, list(planes[i]))):
+                    if written is not plane:
+                        plane[...] = written
         else:
             # Split to planes and scale straight into the batch buffer: one pass over the float memory,
             # several times faster than converting a permuted uint8 tensor.
