@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA_TESTS = ["tests/test_gpu.py", "tests/test_autobatch.py", "tests/test_doctor_cases.py", "tests/test_deploy.py"]
+CUDA_TESTS = ["tests/test_gpu.py", "tests/test_autobatch.py", "tests/test_doctor_cases.py", "tests/test_deploy.py",
+              "tests/test_data_mosaic.py"]
 CUDA_SELECTION = "cuda or tensorrt or fp16 or measures_the_gpu"
 BATCH, IMG_SIZE, STEPS = 64, 640, 20
 

@@ -93,3 +93,13 @@ def test_loader_batches_are_float(tiny_data, workers):
     train, _ = get_loaders(tiny_data, batch_size=4, num_classes=2, img_size=64, workers=workers)
     imgs, _ = next(iter(train))
     assert imgs.dtype == torch.float32 and imgs.shape == (4, 3, 64, 64) and 0 <= imgs.min() <= imgs.max() <= 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_batches_are_pinned_with_cuda(tiny_data, workers):
+    from yolotrain.data.loaders import get_loaders
+
+    train, _ = get_loaders(tiny_data, batch_size=4, num_classes=2, img_size=64, workers=workers)
+    imgs, _ = next(iter(train))
+    assert imgs.is_pinned() and imgs.dtype == torch.float32
