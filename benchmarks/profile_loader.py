@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--sizes", type=int, nargs="+", default=[640, 320])
     p.add_argument("--out", default=None, help="write the table here (Markdown); default: print only")
     a = p.parse_args(argv)
+    load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="profile-loader-"))
     try:
         os.environ.update(reference_env(tmp / "config"))
@@ -248,7 +249,9 @@ def main(argv: list[str] | None = None) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
     text = ("# Loader profile: where a training sample's CPU time goes\n\n"
             "Made by `python benchmarks/profile_loader.py --out benchmarks/results/loader_profile.md` "
-            f"(CPU: {cpu_model()}; Python {sys.version.split()[0]}; coco128, mosaic on, scratch-low).\n\n"
+            f"(CPU: {cpu_model()}, {os.cpu_count()} cores, load average {load_before:.1f} before and "
+            f"{os.getloadavg()[0]:.1f} after; Python {sys.version.split()[0]}; coco128, mosaic on, scratch-low). "
+            "CPU time, not wall time, but a busy machine still slows every stage (shared caches and memory).\n\n"
             + table(results, a.samples) + "\n" + ceilings(results) + EXPLANATION)
     print(text)
     if a.out:
