@@ -103,3 +103,11 @@ def test_loader_batches_are_pinned_with_cuda(tiny_data, workers):
     train, _ = get_loaders(tiny_data, batch_size=4, num_classes=2, img_size=64, workers=workers)
     imgs, _ = next(iter(train))
     assert imgs.is_pinned() and imgs.dtype == torch.float32
+
+
+def test_source_window_of_shift_scale_and_flattening_warps():
+    half = np.array([[0.5, 0, -10], [0, 0.5, -5], [0, 0, 1]])  # a 44 x 34 output shows canvas x 20-108, y 10-78
+    assert A._source_window(half, False, 44, 34, 128) == (18, 8, 111, 81)  # with margins for interpolation
+    flat = np.array([[1.0, 1, 0], [1, 1, 0], [0, 0, 1]])  # shears of 45 degrees both ways: no inverse
+    assert A._source_window(flat, False, 64, 64, 128) == (0, 0, 128, 128)
+    assert A._source_window(np.eye(3), True, 64, 64, 128) == (0, 0, 128, 128)

@@ -264,8 +264,8 @@ def _scratch(shape: tuple[int, int, int]) -> np.ndarray:
 def _source_window(M: np.ndarray, perspective: bool, width: int, height: int,
                    side: int) -> tuple[int, int, int, int]:
     """(x0, y0, x1, y1) of the canvas pixels an affine warp to ``width`` x ``height`` reads, with a margin
-    for interpolation, within the ``side``-square canvas (all of it for a perspective warp)."""
-    if perspective:
+    for interpolation, within the ``side``-square canvas (all of it for a perspective or degenerate warp)."""
+    if perspective or abs(np.linalg.det(M[:2, :2])) < 1e-9:  # a shear can flatten the warp to a line
         return 0, 0, side, side
     corners = np.array([[0, 0, 1], [width, 0, 1], [0, height, 1], [width, height, 1]], np.float64)
     xy = corners @ np.linalg.inv(M).T
