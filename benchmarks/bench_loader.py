@@ -32,7 +32,7 @@ import time
 import warnings
 from pathlib import Path
 
-from common import COCO128, ROOT, cpu_model, reference_env
+from common import COCO128, ROOT, copy_images, cpu_model, reference_env
 
 
 def _worker_pids(loader) -> list[int]:
@@ -69,6 +69,7 @@ def _time_epochs(loader, epochs: int, set_epoch=None) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(COCO128))
+    p.add_argument("--images", type=int, default=None, help="the first N images only (default: all)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--sizes", type=int, nargs="+", default=[640, 320])
@@ -80,10 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         os.environ.update(reference_env(tmp / "config"))
         os.environ["YOLOTRAIN_CACHE"] = str(tmp / "cache")
-        data = tmp / "coco128"
-        shutil.copytree(Path(a.data) / "images", data / "images")
-        shutil.copytree(Path(a.data) / "labels", data / "labels")
-        images = data / "images" / "train2017"
+        images = copy_images(a.data, tmp / "coco128", a.images)
 
         warnings.simplefilter("ignore")
         import torch
@@ -128,8 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
     report = {
-        "what": "train loader throughput, mosaic on, scratch-low augmentations, coco128 (128 images), with and "
-                "without caches of decoded images",
+        "what": f"train loader throughput, mosaic on, scratch-low augmentations, coco128 ({len(index.files)} images), "
+                "with and without caches of decoded images",
         "epochs_timed": a.epochs,
         "batch_size": a.batch_size,
         "cpus": os.cpu_count(),

@@ -52,3 +52,18 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def copy_images(data: str | os.PathLike, root: Path, n: int | None = None, split: str = "train2017") -> Path:
+    """The first ``n`` images (all: ``None``) of a YOLO dataset's split, copied with their labels under
+    ``root`` (so no tool writes caches into the shared folder); returns the image folder."""
+    import shutil
+
+    images, labels = root / "images" / split, root / "labels" / split
+    images.mkdir(parents=True), labels.mkdir(parents=True)
+    for image in sorted((Path(data) / "images" / split).iterdir())[:n]:
+        shutil.copy(image, images / image.name)
+        label = Path(data) / "labels" / split / f"{image.stem}.txt"
+        if label.is_file():
+            shutil.copy(label, labels / label.name)
+    return images

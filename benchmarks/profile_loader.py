@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from common import COCO128, cpu_model, reference_env
+from common import COCO128, copy_images, cpu_model, reference_env
 
 STAGES = ("file read", "JPEG decode", "resize", "mosaic canvas", "warp", "boxes/labels", "HSV", "flips",
           "HWC->CHW, float, collate", "other")
@@ -137,7 +137,9 @@ def profile(images: Path, size: int, n: int, batch: int) -> dict[str, dict[str, 
         for owner, name, stage in ours:
             clock.wrap(owner, name, stage, restore)
         ds = DetectionDataset(verify_split(files, 80), size, batch, augment=True, hyp=AugmentConfig(), cache_mb=0)
-        rows["yolotrain"], total = _run(clock, lambda i: ds[(i, 0, True)], DetectionDataset.collate, n, batch)
+        count = len(ds)
+        rows["yolotrain"], total = _run(clock, lambda i: ds[(i % count, i // count, True)], DetectionDataset.collate,
+                                        n, batch)
         rows["yolotrain"]["total"] = total
 
 
@@ -160,7 +162,7 @@ def profile(images: Path, size: int, n: int, batch: int) -> dict[str, dict[str, 
         def collate_and_scale(items: list) -> None:
             _trainer_float(ref_dl.LoadImagesAndLabels.collate_fn(items)[0])
 
-        rows["reference"], total = _run(clock, ref_ds.__getitem__, collate_and_scale, n, batch)
+        rows["reference"], total = _run(clock, lambda i: ref_ds[i % len(ref_ds)], collate_and_scale, n, batch)
         rows["reference"]["total"] = total - rows["reference"].get("float 0..1 in its trainer", 0.0)
     finally:
         for owner, name, original in reversed(restore):
@@ -230,6 +232,7 @@ default 512 MiB budget, which holds all of coco128), or uint8 batches converted 
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(COCO128))
+    p.add_argument("--images", type=int, default=None, help="the first N images only (default: all)")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--sizes", type=int, nargs="+", default=[640, 320])
@@ -240,11 +243,9 @@ def main(argv: list[str] | None = None) -> str:
     try:
         os.environ.update(reference_env(tmp / "config"))
         os.environ["YOLOTRAIN_CACHE"] = str(tmp / "cache")
-        data = tmp / "coco128"
-        shutil.copytree(Path(a.data) / "images", data / "images")
-        shutil.copytree(Path(a.data) / "labels", data / "labels")
+        images = copy_images(a.data, tmp / "coco128", a.images)
         warnings.simplefilter("ignore")
-        results = {size: profile(data / "images" / "train2017", size, a.samples, a.batch_size) for size in a.sizes}
+        results = {size: profile(images, size, a.samples, a.batch_size) for size in a.sizes}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     text = ("# Loader profile: where a training sample's CPU time goes\n\n"
