@@ -114,7 +114,7 @@ def profile(images: Path, size: int, n: int, batch: int) -> dict[str, dict[str, 
 
     from yolotrain.data import augment as A
     from yolotrain.data.augment import AugmentConfig
-    from yolotrain.data.dataset import DetectionDataset
+    from yolotrain.data.dataset import BatchBuffers, DetectionDataset
     from yolotrain.data.sources import list_images
     from yolotrain.data.verify import verify_split
 
@@ -138,8 +138,8 @@ def profile(images: Path, size: int, n: int, batch: int) -> dict[str, dict[str, 
             clock.wrap(owner, name, stage, restore)
         ds = DetectionDataset(verify_split(files, 80), size, batch, augment=True, hyp=AugmentConfig(), cache_mb=0)
         count = len(ds)
-        rows["yolotrain"], total = _run(clock, lambda i: ds[(i % count, i // count, True)], DetectionDataset.collate,
-                                        n, batch)
+        collate = functools.partial(DetectionDataset.collate, buffers=BatchBuffers())  # as the loader does
+        rows["yolotrain"], total = _run(clock, lambda i: ds[(i % count, i // count, True)], collate, n, batch)
         rows["yolotrain"]["total"] = total
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from yolotrain.data import augment as A
-from yolotrain.data.dataset import _BATCH_BUFFERS, DetectionDataset, float_images
+from yolotrain.data.dataset import BatchBuffers, DetectionDataset, float_images
 
 
 def tiles(rng: np.random.Generator, size: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -62,27 +62,27 @@ def test_mosaic_warp_skips_tiles_out_of_view():
 
 
 def test_held_batches_are_never_reused():
-    shape = (2, 3, 8, 8)
-    first = _BATCH_BUFFERS.take(shape)
+    shape, buffers = (2, 3, 8, 8), BatchBuffers()
+    first = buffers.take(shape)
     first.fill_(1.0)
     view = first[1]
     del first
-    second = _BATCH_BUFFERS.take(shape)  # the first batch's memory is still in use through the view
+    second = buffers.take(shape)  # the first batch's memory is still in use through the view
     second.fill_(2.0)
     assert torch.all(view == 1.0)
     pointer = second.data_ptr()
     del second
-    assert _BATCH_BUFFERS.take(shape).data_ptr() == pointer or torch.cuda.is_available()  # reused once free
+    assert buffers.take(shape).data_ptr() == pointer or torch.cuda.is_available()  # reused once free
 
 
 def test_uint8_worker_batches_convert_to_the_float_batch():
     rng = np.random.default_rng(0)
     items = [(rng.integers(0, 256, (16, 24, 3), dtype=np.uint8), rng.random((2, 5)).astype(np.float32))
              for _ in range(3)]
-    imgs, targets = DetectionDataset.collate(items)
+    imgs, targets = DetectionDataset.collate(items, buffers=BatchBuffers())
     raw, raw_targets = DetectionDataset.collate(items, uint8=True)
     assert raw.dtype == torch.uint8 and imgs.dtype == torch.float32
-    assert torch.equal(float_images(raw), imgs) and torch.equal(raw_targets, targets)
+    assert torch.equal(float_images(raw, BatchBuffers()), imgs) and torch.equal(raw_targets, targets)
     assert torch.equal(raw[2], torch.from_numpy(items[2][0]).permute(2, 0, 1))
 
 

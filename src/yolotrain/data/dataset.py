@@ -231,19 +231,20 @@ class DetectionDataset(Dataset):
         return img, labels
 
     @staticmethod
-    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray]], uint8: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray]], uint8: bool = False,
+                buffers: BatchBuffers | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Stack items into ``imgs`` float32 ``[B,3,H,W]`` in 0..1 and ``targets`` ``[N, 6]`` =
         (image index, class, cx, cy, w, h).
 
         ``uint8``: ``imgs`` as uint8 0..255 instead, what loader workers send (a quarter of the bytes
         through shared memory); :func:`float_images` turns them to float32 in the main process.
+        ``buffers``: in the main process, float batches go into its reused (or pinned) memory.
         """
         h, w = batch[0][0].shape[:2]
         shape = (len(batch), 3, h, w)
         dtype = torch.uint8 if uint8 else torch.float32
         if get_worker_info() is None and not uint8:
-            imgs = _BATCH_BUFFERS.take(shape)
+            imgs = buffers.take(shape) if buffers is not None else torch.empty(shape, dtype=dtype)
         else:
             # A worker's batch reaches the main process through shared memory; allocating it there
             # directly (as torch's default_collate does) saves a copy of the whole batch.
@@ -272,25 +273,26 @@ class DetectionDataset(Dataset):
         return imgs, targets
 
 
-def float_images(imgs: torch.Tensor) -> torch.Tensor:
+def float_images(imgs: torch.Tensor, buffers: BatchBuffers) -> torch.Tensor:
     """uint8 ``[B,3,H,W]`` images (as :meth:`DetectionDataset.collate` with ``uint8``) as float32 in 0..1,
-    in a batch buffer of this process (pinned with CUDA)."""
-    out = _BATCH_BUFFERS.take(tuple(imgs.shape))
+    in memory of ``buffers`` (pinned with CUDA)."""
+    out = buffers.take(tuple(imgs.shape))
     np.multiply(imgs.numpy(), np.float32(1 / 255), out=out.numpy(), casting="unsafe")
     return out
 
 
-class _BatchBuffers:
-    """Float batch memory of the main process, reused once nothing refers to a batch any more.
+class BatchBuffers:
+    """Float batch memory of one loader in the main process, reused once nothing refers to a batch any more.
 
     A fresh 16 x 3 x 640 x 640 float batch costs more in page faults than in filling it. Each buffer is a
     numpy array lent as a tensor through ``torch.frombuffer``, whose storage holds a reference to the
     array for as long as any tensor or view of the batch lives: an array referred to only by this pool
-    is free. With CUDA, batches go to pinned memory instead (torch keeps freed pinned blocks), so the
+    is free. Two buffers cover a batch in use and the next one; a batch kept longer gets memory of its
+    own. With CUDA, batches go to pinned memory instead (torch keeps freed pinned blocks), so the
     loader's pinning step has nothing left to copy.
     """
 
-    MAX_BUFFERS = 4
+    MAX_BUFFERS = 2
 
     def __init__(self) -> None:
         self._arrays: list[np.ndarray] = []
@@ -314,7 +316,6 @@ class _BatchBuffers:
 
 # References to a pooled array when no batch uses it: the pool's list and getrefcount's argument.
 _POOL_ONLY_REFS = 2
-_BATCH_BUFFERS = _BatchBuffers()
 
 
 def loaded_size(size_wh: np.ndarray, img_size: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Sampler
 from ..boxes import check_image_size
 from ..settings import setting
 from .augment import AugmentConfig
-from .dataset import DetectionDataset, SampleKey, float_images
+from .dataset import BatchBuffers, DetectionDataset, SampleKey, float_images
 from .segment import SegmentationDataset
 from .shapes import generate_shapes_dataset
 from .sources import resolve_source
@@ -226,9 +226,13 @@ class WorkerLoader(DataLoader):
     batch memory, pinned with CUDA (see :func:`~yolotrain.data.dataset.float_images`): batches are what
     the dataset's ``collate`` gives in one process."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffers = BatchBuffers()
+
     def __iter__(self) -> Iterator[tuple]:
         for imgs, *rest in super().__iter__():
-            yield (float_images(imgs), *rest)
+            yield (float_images(imgs, self.buffers), *rest)
 
 
 def make_loader(
@@ -242,8 +246,8 @@ def make_loader(
     """
     sampler = EpochBatchSampler(dataset, batch_size, shuffle, seed, rank, world_size)
     if not workers:
-        return DataLoader(dataset, batch_sampler=sampler, collate_fn=type(dataset).collate,
-                          pin_memory=torch.cuda.is_available())
+        return DataLoader(dataset, batch_sampler=sampler, pin_memory=torch.cuda.is_available(),
+                          collate_fn=functools.partial(type(dataset).collate, buffers=BatchBuffers()))
     return WorkerLoader(
         dataset,
         batch_sampler=sampler,
