@@ -205,14 +205,14 @@ def ceilings(results: dict[int, dict[str, dict[str, float]]]) -> str:
 
 
 EXPLANATION = """
-## Why 2.5x per core is out of reach without caches
+## What bounds the ratio without caches
 
 A mosaic sample needs four images, and coco128's are 640 px JPEGs (about 640 x 480). Decoding one
 costs about 2 ms of CPU with libjpeg-turbo on this machine, the same through OpenCV, torchvision and
 Pillow: they share the library. Decoding at reduced scale (DCT scaling, used at 320 px) saves little,
 because entropy (Huffman) decoding, which DCT scaling does not shrink, is most of the work at these
-sizes. So both loaders spend about as much on decoding, and the ceilings above bound any ratio: at
-640 px, even a loader doing nothing else cannot reach 2.5x the reference per core.
+sizes. So both loaders spend about as much on decoding, and the ceilings above bound any ratio per
+core: a loader doing nothing but reading and decoding its four images per sample reaches only those.
 
 What this loader does about it: it draws the whole mosaic geometry (centre, scale, shift) before
 touching pixels, and decodes only the tiles the warped output shows (about 10% of tiles are never
