@@ -31,7 +31,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_TESTS = ["tests/test_gpu.py", "tests/test_autobatch.py", "tests/test_doctor_cases.py", "tests/test_deploy.py",
-              "tests/test_gpu_augment.py"]
+              "tests/test_gpu_augment.py", "tests/test_data_mosaic.py"]
 CUDA_SELECTION = "cuda or tensorrt or fp16 or measures_the_gpu"
 BATCH, IMG_SIZE, STEPS = 64, 640, 20
 

@@ -433,8 +433,9 @@ class DeviceAugmentLoader(DataLoader):
     ``augmenter`` as they are taken."""
 
     def __init__(self, loader: DataLoader, augmenter: DeviceAugmenter) -> None:
+        # The dataset's own collate: the loader's collates images into float batches, which these samples are not.
         super().__init__(loader.dataset, batch_sampler=loader.batch_sampler, num_workers=loader.num_workers,
-                         collate_fn=loader.collate_fn, persistent_workers=loader.persistent_workers)
+                         collate_fn=loader.dataset.collate, persistent_workers=loader.persistent_workers)
         self.augmenter = augmenter
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[override]
