@@ -11,10 +11,11 @@ Each run is a whole ``yolotrain train`` command in a subprocess; the score is th
 last epoch (``results.csv``; validation runs after the last epoch only). bf16 is called *within the seed
 spread* of a setup when the difference of the two precisions' mean final mAP50-95 is no larger than the larger of their
 seed-to-seed ranges (max - min over seeds). The runs are independent of wall-clock time, so the study
-may run on a busy machine; it only needs the CPU's native bf16 instructions (AVX512-BF16 or AMX) for
+may run on a busy machine (the per-run wall times in the JSON are not speed measurements: those are
+``bench_train.py``'s); it only needs the CPU's native bf16 instructions (AVX512-BF16 or AMX) for
 bf16 to mean what it means in production.
 
-    python benchmarks/bf16_study.py                  # the study (about an hour on 2 idle cores)
+    python benchmarks/bf16_study.py                  # the study (about 40 minutes on 2 idle cores)
     python benchmarks/bf16_study.py --epochs 1 --seeds 0 --out /tmp/smoke   # checks the script runs
 
 Writes ``benchmarks/results/bf16_study.json`` and ``bf16_study.md``; runs finished before an
@@ -91,9 +92,7 @@ def summarise(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
             if finals:
                 by_amp[amp] = {"seeds": len(finals), "mean": statistics.fmean(finals),
                                "range": max(finals) - min(finals),
-                               "std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
-                               "wall_s_mean": statistics.fmean(r["wall_s"] for r in runs
-                                                               if r["setup"] == setup and r["amp"] == amp)}
+                               "std": statistics.stdev(finals) if len(finals) > 1 else 0.0}
         if len(by_amp) == 2:
             difference = by_amp["bf16"]["mean"] - by_amp["off"]["mean"]
             spread = max(by_amp["bf16"]["range"], by_amp["off"]["range"])
@@ -105,18 +104,18 @@ def summarise(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
 
 def write_table(result: dict[str, object], path: Path) -> None:
     lines = [f"# bf16 against float32 on the CPU ({result['setup']['cpu']})", "",
-             "| setup | precision | seeds | final mAP50-95 mean | seed range | std | wall s/run |",
-             "|---|---|---|---|---|---|---|"]
+             "| setup | precision | seeds | final mAP50-95 mean | seed range | std |",
+             "|---|---|---|---|---|---|"]
     for setup, rows in result["summary"].items():
         for amp in ("off", "bf16"):
             if amp in rows:
                 r = rows[amp]
                 label = "float32" if amp == "off" else "bf16"
                 lines.append(f"| {setup} | {label} | {r['seeds']} | {r['mean']:.4f} | {r['range']:.4f} | "
-                             f"{r['std']:.4f} | {r['wall_s_mean']:.0f} |")
+                             f"{r['std']:.4f} |")
         if "within_seed_spread" in rows:
             lines.append(f"| {setup} | bf16 - float32 | | {rows['bf16_minus_float32']:+.4f} | within seed spread: "
-                         f"{'yes' if rows['within_seed_spread'] else 'no'} | | |")
+                         f"{'yes' if rows['within_seed_spread'] else 'no'} | |")
     lines += ["", "Per run (mAP50-95 / mAP50 after the last epoch):", ""]
     lines += [f"- {r['setup']} {r['amp']} seed {r['seed']}: {r['final_map50_95']:.4f} / {r['final_map50']:.4f}"
               for r in result["runs"]]
@@ -126,7 +125,7 @@ def write_table(result: dict[str, object], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
