@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import CheckpointError, state_mismatch
-from ..model import Yolov5
-from ..model.classify import DEFAULT_CUTOFF, Classifier
+from ..model.classify import CLS_SUFFIX, DEFAULT_CUTOFF, Classifier
 from ..names import class_names
 from .official import STEM_WEIGHT, STEM_WIDTHS, UnsupportedCheckpointError, module_state_dict
 from .unpickler import PickledObject
@@ -68,15 +67,14 @@ def read_classifier(obj: Any, source: str, use_ema: bool = True) -> Classifier |
     cutoff, nc = heads[-1] + 1, int(state[f"model.{heads[-1]}.linear.weight"].shape[0])
     size = STEM_WIDTHS[int(stem.shape[0])]
     try:
-        model = Classifier.from_detector(Yolov5(size, num_classes=1), nc, _names(names, nc), cutoff)
+        model = Classifier.from_name(f"yolov5{size}{CLS_SUFFIX}", nc, _names(names, nc), cutoff, empty=True)
     except ValueError as exc:
         raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {kind}: {exc}") from None
     state = {key: value.float() if value.is_floating_point() else value for key, value in state.items()}
     mismatch = state_mismatch(model.state_dict(), state)
     if mismatch:
         raise UnsupportedCheckpointError(f"{source}: does not match its tensors (yolov5{size}-cls nc={nc}: {mismatch})")
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+    return model.assign(state).eval()
 
 
 def _unbuildable(heads: list[int], stem: torch.Tensor | None) -> str | None:
@@ -107,13 +105,12 @@ def checkpoint_classifier(meta: Mapping[str, Any], state: Mapping[str, torch.Ten
     """
     arch, nc = meta["arch"], meta["nc"]
     try:
-        model = Classifier.from_name(arch, nc, meta.get("names"), meta.get("cutoff") or DEFAULT_CUTOFF)
+        model = Classifier.from_name(arch, nc, meta.get("names"), meta.get("cutoff") or DEFAULT_CUTOFF, empty=True)
     except ValueError as exc:
         raise CheckpointError(f"{source}: bad architecture entry ({exc})") from None
     mismatch = state_mismatch(model.state_dict(), state)
     if mismatch:
         raise CheckpointError(f"{source}: does not match its tensors ({arch} nc={nc}: {mismatch})")
     dtype = next(v.dtype for v in state.values() if v.is_floating_point())
-    model = model.to(dtype)
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+    return model.assign({key: value.to(dtype) if value.is_floating_point() else value
+                         for key, value in state.items()}).eval()

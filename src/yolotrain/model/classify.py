@@ -9,7 +9,7 @@ reference ``ClassificationModel`` state dict loads unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +18,7 @@ from torch import nn
 from ..detector import Task
 from ..settings import setting
 from .blocks import Conv, fuse_convs
-from .spec import MAX_CLASSES
+from .spec import MAX_CLASSES, build_layers, builtin_spec
 from .yolo import PRECISIONS, Yolov5, parse_version
 
 # The reference cuts a detector after its SPPF stage: layers 0-8 stay, layer 9 becomes the Classify head.
@@ -89,15 +89,52 @@ def yolo_layers(detector: Yolov5, num_classes: int, cutoff: int = DEFAULT_CUTOFF
                 dropout: float = 0.0) -> nn.Sequential:
     """The reference's ``ClassificationModel._from_detection_model``: layers ``0 … cutoff-2`` of ``detector``
     (shared, not copied) and a :class:`Classify` head in place of layer ``cutoff-1``, fed what that layer took."""
-    if not 2 <= cutoff <= len(detector.model) - 1:
-        raise ValueError(f"cutoff must be from 2 to {len(detector.model) - 1} (layers before Detect), got {cutoff}")
-    inputs = detector.layer_inputs[:cutoff]
+    _check_cutoff(cutoff, len(detector.model))
+    return _cut(list(detector.model), detector.layer_inputs, num_classes, cutoff, dropout)
+
+
+def published_layers(version: str, num_classes: int, cutoff: int = DEFAULT_CUTOFF, dropout: float = 0.0,
+                     empty: bool = False) -> nn.Sequential:
+    """``yolo_layers(Yolov5(version, num_classes=1), ...)`` without building the layers the cut drops; with
+    ``empty``, left on the "meta" device without their random initialisation (weights are about to be
+    assigned: initialising even the kept layers costs more than reading a classifier's weights)."""
+    spec = builtin_spec(parse_version(version))
+    _check_cutoff(cutoff, len(spec.layers))
+    anchors = torch.tensor(spec.anchors, dtype=torch.float32).view(len(spec.anchors), -1, 2)
+    # Layers 0 … cutoff-1 on the meta device (layer cutoff-1 only gives the head its input channels).
+    built = build_layers(spec, 1, anchors, spec.in_channels, build=False, stop=cutoff)
+    with torch.device("meta"):
+        layers = _cut(built.modules, built.inputs, num_classes, cutoff, dropout)
+    if not empty:
+        _initialise(layers)
+    return layers
+
+
+def _initialise(model: nn.Module) -> None:
+    """Real tensors for a model built on the meta device, initialised as its layers' constructors initialise
+    them (Conv2d, BatchNorm2d and Linear: ``reset_parameters``, called in the order they were built, so that
+    the random draws are the ones a real build makes)."""
+    model.to_empty(device="cpu")
+    for module in model.modules():
+        if isinstance(module, (nn.Conv2d, nn.BatchNorm2d, nn.Linear)):
+            module.reset_parameters()
+
+
+def _check_cutoff(cutoff: int, layers: int) -> None:
+    if not 2 <= cutoff <= layers - 1:
+        raise ValueError(f"cutoff must be from 2 to {layers - 1} (layers before Detect), got {cutoff}")
+
+
+def _cut(layers: Sequence[nn.Module], inputs: Sequence[int | list[int]], num_classes: int, cutoff: int,
+         dropout: float) -> nn.Sequential:
+    """Layers ``0 … cutoff-2`` of a detector's ``layers`` (taking ``inputs``) and a Classify head in place of
+    layer ``cutoff-1``; layers after ``cutoff-1`` are not needed."""
+    inputs = inputs[:cutoff]
     if any(source != i - 1 for i, source in enumerate(inputs) if i):
         raise ValueError(f"cannot cut at layer {cutoff}: the layers before it are not one chain "
-                         f"(inputs {inputs}); choose a cutoff inside the backbone")
-    kept = list(detector.model[:cutoff - 1])
-    head = Classify(_layer_channels(detector.model[cutoff - 1]), num_classes, dropout)
-    return nn.Sequential(*kept, head)
+                         f"(inputs {list(inputs)}); choose a cutoff inside the backbone")
+    head = Classify(_layer_channels(layers[cutoff - 1]), num_classes, dropout)
+    return nn.Sequential(*layers[:cutoff - 1], head)
 
 
 def last_linear(model: nn.Module) -> tuple[nn.Module, str, nn.Module] | None:
@@ -217,13 +254,18 @@ class Classifier(nn.Module):
 
     @classmethod
     def from_name(cls, name: str, num_classes: int = 1000, names: Sequence[str] | None = None,
-                  cutoff: int = DEFAULT_CUTOFF) -> Classifier:
+                  cutoff: int = DEFAULT_CUTOFF, *, empty: bool = False) -> Classifier:
         """``yolov5n-cls`` … ``yolov5x-cls`` (random weights, the reference's initialisation) or a torchvision
-        classification model (``resnet18``, ``efficientnet_b0`` ...: random weights, head of ``num_classes``)."""
+        classification model (``resnet18``, ``efficientnet_b0`` ...: random weights, head of ``num_classes``).
+
+        ``empty=True`` when a state dict's tensors are about to be taken (:meth:`assign`): a YOLOv5 classifier
+        is then built without random initialisation, its tensors on the "meta" device until assigned (a
+        torchvision model is built as usual: not all of them can be built there)."""
         num_classes = _check_num_classes(num_classes)
         size = parse_cls_name(name)
         if size is not None:
-            return cls.from_detector(Yolov5(size, num_classes=1), num_classes, names, cutoff)
+            return cls(published_layers(size, num_classes, cutoff, empty=empty), num_classes,
+                       f"yolov5{size}{CLS_SUFFIX}", names, cutoff)
         if is_torchvision_name(name):
             return cls(torchvision_layers(name, num_classes), num_classes, name, names)
         raise ValueError(f"unknown classification model {name!r}: choose yolov5n-cls … yolov5x-cls or a torchvision "
@@ -249,6 +291,12 @@ class Classifier(nn.Module):
         if imgs.ndim != 4 or imgs.shape[1] != self.in_channels:
             raise ValueError(f"expected images [B, {self.in_channels}, H, W], got shape {tuple(imgs.shape)}")
         return self.model(imgs)
+
+    def assign(self, state: Mapping[str, torch.Tensor]) -> Classifier:
+        """Take the tensors of ``state`` (every one of the model's, as they are: not copied, in their dtype)
+        as the model's own: how a model built with ``from_name(..., empty=True)`` gets its weights."""
+        self.load_state_dict(state, strict=True, assign=True)
+        return self
 
     def resize_head(self, num_classes: int, names: Sequence[str] | None = None) -> Classifier:
         """A new output layer for ``num_classes`` classes when the count differs (fine-tuning on other data)."""

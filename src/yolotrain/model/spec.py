@@ -301,13 +301,14 @@ class BuiltLayers:
 
 
 def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: int,
-                 build: bool = True) -> BuiltLayers:
+                 build: bool = True, stop: int | None = None) -> BuiltLayers:
     """The reference's ``parse_model`` on ``spec``: one module per entry, the Detect (or Segment) head last.
 
     ``anchors`` (pixels, ``[levels, na, 2]``) replaces the spec's own; the stride of every layer is
     tracked so that Concat inputs of different resolutions and Detect strides are known up front.
     Every entry is checked against the bounds above first; with ``build=False`` the layers before
-    Detect stay on the "meta" device (a check that allocates nothing: :func:`check_spec`).
+    Detect stay on the "meta" device (a check that allocates nothing: :func:`check_spec`). With ``stop``,
+    only the first ``stop`` entries are built (a classifier's backbone: no head).
     """
     entries = spec.layers
     na = anchors.shape[1]
@@ -318,7 +319,7 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
     inputs: list[int | list[int]] = []
     saved: set[int] = set()
     parameters = 0
-    for i, entry in enumerate(entries):
+    for i, entry in enumerate(entries[:stop]):
         where = spec.where(i)
         if not isinstance(entry, list) or len(entry) != 4:
             raise ValueError(f"{where}: a layer must be [from, number, module, args], got {entry!r}")
@@ -375,7 +376,7 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
         saved.update(j for j in ([resolved] if isinstance(resolved, int) else resolved) if j != i - 1)
         channels.append(c_out)
         strides.append(stride)
-    if not isinstance(modules[-1], Detect):
+    if stop is None and not isinstance(modules[-1], Detect):
         raise ValueError(f"{spec.where(len(entries) - 1)}: the last layer must be Detect or Segment")
     return BuiltLayers(modules, inputs, saved, strides)
 
