@@ -4,6 +4,7 @@ classifiers, torchvision models by name, official ``yolov5*-cls.pt`` files read 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from torch import nn
 
 import yolotrain
 from yolotrain import Yolov5
+from yolotrain.checkpoint import save_checkpoint
 from yolotrain.detector import Detector
 from yolotrain.interop import UnsupportedCheckpointError, load_model
 from yolotrain.model.classify import Classifier, classifier_from
@@ -134,3 +136,45 @@ def test_an_official_cls_checkpoint_loads_through_the_restricted_unpickler(refer
     with pytest.raises(UnsupportedCheckpointError,
                        match="classifier state dict with stem width 24, which matches none of yolov5n-cls"):
         load_model(tmp_path / "odd.pt")
+
+
+@pytest.mark.parametrize("version", ["n", "n6"])
+def test_a_published_classifier_built_from_its_kept_layers_equals_the_cut_detector(version):
+    """``from_name`` builds layers 0 … cutoff-2 and the head only, with the random draws a whole detector's build
+    makes for them, and the same errors; ``empty=True`` builds them without weights, which ``assign`` brings."""
+    name = f"yolov5{version}-cls"
+    for cutoff in (1, 2, 10, 13, 14, 15, 99):  # n: Concat at 12; n6: Conv at 12, Upsample at 13, Concat at 14
+        torch.manual_seed(cutoff)
+        try:
+            cut = Classifier.from_detector(Yolov5(version, num_classes=1), 7, cutoff=cutoff)
+        except ValueError as exc:
+            for empty in (False, True):
+                with pytest.raises(ValueError, match=f"^{re.escape(str(exc))}$"):
+                    Classifier.from_name(name, 7, cutoff=cutoff, empty=empty)
+            continue
+        torch.manual_seed(cutoff)
+        direct = Classifier.from_name(name, 7, cutoff=cutoff)
+        assert (direct.arch, direct.cutoff, repr(direct)) == (cut.arch, cut.cutoff, repr(cut))
+        expected, built = cut.state_dict(), direct.state_dict()
+        assert [(k, v.shape, v.dtype) for k, v in built.items()] == [(k, v.shape, v.dtype) for k, v in expected.items()]
+        backbone = [k for k in expected if not k.startswith(f"model.{cutoff - 1}.")]
+        assert all(torch.equal(built[k], expected[k]) for k in backbone)
+
+        empty = Classifier.from_name(name, 7, cutoff=cutoff, empty=True)
+        assert all(t.is_meta for t in empty.state_dict().values()) and repr(empty) == repr(cut)
+        empty.assign({k: v.clone() for k, v in expected.items()}).eval()
+        assert not any(t.is_meta for t in [*empty.parameters(), *empty.buffers()])
+        imgs = torch.rand(2, 3, 64, 64)
+        with torch.no_grad():
+            torch.testing.assert_close(empty(imgs), cut.eval()(imgs), rtol=0, atol=0)
+
+
+def test_reading_a_classifier_checkpoint_draws_no_random_weights(tmp_path):
+    model = Classifier.from_name("yolov5n-cls", 2, ["cat", "dog"])
+    path = save_checkpoint(tmp_path / "c", model)
+    torch.save(model.state_dict(), tmp_path / "state.pt")
+    for weights in (path, tmp_path / "state.pt"):
+        rng = torch.get_rng_state()
+        loaded = load_model(weights)
+        assert torch.equal(torch.get_rng_state(), rng)
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
