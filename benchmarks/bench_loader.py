@@ -1,13 +1,22 @@
 """Loader throughput (images/s, mosaic on) of yolotrain.data against the reference's
-``yolov5.utils.dataloaders.LoadImagesAndLabels`` on coco128, at 640 and 320 px, workers 0 and 2.
+``yolov5.utils.dataloaders.LoadImagesAndLabels`` on coco128, at 640 and 320 px, workers 0 and 2, with
+and without caches of decoded images.
 
 Both loaders read the same copy of coco128 (a temporary folder, so neither writes its label cache
 into the shared dataset) and use the scratch-low augmentations. Each setting runs one warm-up
 epoch (workers start, caches fill) and then times ``--epochs`` epochs. yolotrain's batches are
 already float32 0..1; the reference's are uint8, so its number excludes the conversion a trainer
-still has to do. yolotrain is timed with and without its in-memory image cache.
+still has to do. Caches: ``none`` decodes every image every time (yolotrain ``cache_mb=0``);
+``ram`` keeps all decoded images (yolotrain ``cache="ram"``, the reference ``cache_images="ram"``);
+``budget`` is yolotrain's default (a 512 MiB per-process store of decoded images, all of coco128).
 
-Usage: python benchmarks/bench_loader.py [--data DIR] [--epochs N] [--out FILE]
+Each row reports images/s on the wall clock (``img_s``, all the cores the loader used) and per core
+(``img_per_core_s``): images per CPU-second, the timed epochs' CPU time of the main process plus its
+loader workers (``/proc/<pid>/stat``). On an idle machine that is ``img_s / cores_used`` (``cores_used``:
+CPU seconds over wall seconds; workers 0 is one core, OpenCV runs single-threaded as the reference sets
+it); on a busy one it still counts only the loader's own work. Ratios are yolotrain over the reference.
+
+Usage: python benchmarks/bench_loader.py [--data DIR] [--epochs N] [--sizes 640 320] [--workers 0 2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -23,27 +32,48 @@ import time
 import warnings
 from pathlib import Path
 
-from common import COCO128, ROOT, reference_env
+from common import COCO128, ROOT, copy_images, cpu_model, reference_env
 
 
-def _time_epochs(loader, epochs: int, set_epoch=None) -> float:
-    """Images per second over ``epochs`` epochs after one warm-up epoch."""
+def _worker_pids(loader) -> list[int]:
+    """Process ids of a DataLoader's workers: torch's persistent iterator or the reference's infinite one."""
+    iterator = getattr(loader, "_iterator", None) or getattr(loader, "iterator", None)
+    return [w.pid for w in getattr(iterator, "_workers", [])]
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system) of this process and the processes ``pids``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = time.process_time()
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def _time_epochs(loader, epochs: int, set_epoch=None) -> dict[str, float]:
+    """Images/s, images per CPU-second and cores used over ``epochs`` epochs after one warm-up epoch."""
     for e in range(epochs + 1):
         if e == 1:
-            start, n = time.perf_counter(), 0
+            pids = _worker_pids(loader)
+            start, cpu, n = time.perf_counter(), _cpu_seconds(pids), 0
         if set_epoch:
             set_epoch(e)
         for batch in loader:
             if e >= 1:
                 n += len(batch[0])
-    return n / (time.perf_counter() - start)
+    wall, cpu = time.perf_counter() - start, _cpu_seconds(pids) - cpu
+    return {"img_s": round(n / wall, 1), "img_per_core_s": round(n / cpu, 1), "cores_used": round(cpu / wall, 2)}
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(COCO128))
+    p.add_argument("--images", type=int, default=None, help="the first N images only (default: all)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--sizes", type=int, nargs="+", default=[640, 320])
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "loader.json"))
     a = p.parse_args(argv)
 
@@ -51,10 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         os.environ.update(reference_env(tmp / "config"))
         os.environ["YOLOTRAIN_CACHE"] = str(tmp / "cache")
-        data = tmp / "coco128"
-        shutil.copytree(Path(a.data) / "images", data / "images")
-        shutil.copytree(Path(a.data) / "labels", data / "labels")
-        images = data / "images" / "train2017"
+        images = copy_images(a.data, tmp / "coco128", a.images)
 
         warnings.simplefilter("ignore")
         import torch
@@ -73,32 +100,40 @@ def main(argv: list[str] | None = None) -> dict:
         index = verify_split(list_images(images), 80)
 
         results = []
-        for size in (640, 320):
-            for workers in (0, 2):
-                ref_ds = LoadImagesAndLabels(str(images), size, a.batch_size, augment=True, hyp=ref_hyp,
-                                             workers=workers)
-                ref_loader = (InfiniteDataLoader if workers else DataLoader)(
-                    ref_ds, batch_size=a.batch_size, shuffle=True, num_workers=workers,
-                    collate_fn=LoadImagesAndLabels.collate_fn, worker_init_fn=seed_worker)
-                ref = _time_epochs(ref_loader, a.epochs)
-                row = {"img_size": size, "workers": workers, "reference_img_s": round(ref, 1)}
-                for label, cache_mb in (("yolotrain_img_s", 512), ("yolotrain_nocache_img_s", 0)):
-                    ds = DetectionDataset(index, size, a.batch_size, augment=True, hyp=AugmentConfig(),
-                                          cache_mb=cache_mb)
-                    ours = _time_epochs(make_loader(ds, a.batch_size, True, workers), a.epochs, ds.set_epoch)
-                    row[label] = round(ours, 1)
-                    row[label.replace("_img_s", "_ratio")] = round(ours / ref, 2)
+        for size in a.sizes:
+            for workers in a.workers:
+                row = {"img_size": size, "workers": workers}
+                for cache in ("none", "ram"):
+                    ref_ds = LoadImagesAndLabels(str(images), size, a.batch_size, augment=True, hyp=ref_hyp,
+                                                 workers=workers, cache_images=cache == "ram" and "ram")
+                    ref_loader = (InfiniteDataLoader if workers else DataLoader)(
+                        ref_ds, batch_size=a.batch_size, shuffle=True, num_workers=workers,
+                        collate_fn=LoadImagesAndLabels.collate_fn, worker_init_fn=seed_worker)
+                    row[f"reference_{cache}"] = _time_epochs(ref_loader, a.epochs)
+                    del ref_loader
+                for cache, settings in (("none", {"cache_mb": 0}), ("ram", {"cache": "ram"}), ("budget", {})):
+                    ds = DetectionDataset(index, size, a.batch_size, augment=True, hyp=AugmentConfig(), **settings)
+                    loader = make_loader(ds, a.batch_size, True, workers)
+                    row[f"yolotrain_{cache}"] = _time_epochs(loader, a.epochs, ds.set_epoch)
+                    del loader
+                for cache in ("none", "ram"):
+                    ours, ref = row[f"yolotrain_{cache}"], row[f"reference_{cache}"]
+                    row[f"ratio_{cache}"] = round(ours["img_s"] / ref["img_s"], 2)
+                    row[f"ratio_{cache}_per_core"] = round(ours["img_per_core_s"] / ref["img_per_core_s"], 2)
                 print(json.dumps(row), flush=True)
                 results.append(row)
-                del ref_loader
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     report = {
-        "what": "train loader throughput, mosaic on, scratch-low augmentations, coco128 (128 images)",
+        "what": f"train loader throughput, mosaic on, scratch-low augmentations, coco128 ({len(index.files)} images), "
+                "with and without caches of decoded images",
         "epochs_timed": a.epochs,
         "batch_size": a.batch_size,
         "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "per_core": "images per CPU-second: images / (user + system CPU time of the main process and its loader "
+                    "workers over the timed epochs); workers 0 is one core",
         "python": platform.python_version(),
         "torch": torch.__version__,
         "results": results,

@@ -39,3 +39,31 @@ def reference_env(config_dir: str | os.PathLike) -> dict[str, str]:
 def alias_numpy_trapz() -> None:
     """The reference calls ``np.trapz``, which numpy 2 renamed ``np.trapezoid``."""
     np.trapz = getattr(np, "trapz", np.trapezoid)
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def copy_images(data: str | os.PathLike, root: Path, n: int | None = None, split: str = "train2017") -> Path:
+    """The first ``n`` images (all: ``None``) of a YOLO dataset's split, copied with their labels under
+    ``root`` (so no tool writes caches into the shared folder); returns the image folder."""
+    import shutil
+
+    images, labels = root / "images" / split, root / "labels" / split
+    images.mkdir(parents=True), labels.mkdir(parents=True)
+    for image in sorted((Path(data) / "images" / split).iterdir())[:n]:
+        shutil.copy(image, images / image.name)
+        label = Path(data) / "labels" / split / f"{image.stem}.txt"
+        if label.is_file():
+            shutil.copy(label, labels / label.name)
+    return images

@@ -3,11 +3,14 @@
 On a CUDA machine it runs, in order:
 
 1. the CUDA-only tests: fp16 autocast with loss scaling, AutoBatch on the GPU's memory, the doctor's
-   corpus on CUDA, TensorRT export and val (skipped by pytest where the tensorrt package is missing);
+   corpus on CUDA, TensorRT export and val (skipped by pytest where the tensorrt package is missing), the
+   tensor augmentation path's CUDA batches against its CPU ones;
 2. a DDP run with nccl: ``yolotrain train --device 0,1`` on two GPUs (one GPU: the same run on it alone);
 3. the training step at batch 64, 640 px (``Trainer.train_batch``: forward, loss, backward, clipping,
    optimiser, EMA, fp16 autocast): step time, images/s, and the FLOP/s reached as a fraction of the
    fp16 matrix-multiply throughput measured on the same GPU;
+4. ``benchmarks/bench_gpu_augment.py --device cuda``: training images/s of ``--augment-device cuda`` (nvJPEG,
+   mosaic, warp and HSV on the GPU) against the loader's own augmentation (``results/gpu_augment.json``);
 
 and writes ``benchmarks/results/gpu.json``. Where there is no CUDA GPU it says so in one line.
 
@@ -27,7 +30,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA_TESTS = ["tests/test_gpu.py", "tests/test_autobatch.py", "tests/test_doctor_cases.py", "tests/test_deploy.py"]
+CUDA_TESTS = ["tests/test_gpu.py", "tests/test_autobatch.py", "tests/test_doctor_cases.py", "tests/test_deploy.py",
+              "tests/test_gpu_augment.py", "tests/test_data_mosaic.py"]
 CUDA_SELECTION = "cuda or tensorrt or fp16 or measures_the_gpu"
 BATCH, IMG_SIZE, STEPS = 64, 640, 20
 
@@ -102,12 +106,15 @@ def main() -> int:
                              "--img", "320", "--batch", "32", "--project", folder], ROOT, timeout=180)
         report["ddp"]["processes"] = 2 if gpus >= 2 else 1
         report["train_step"] = train_step(Path(folder))
+    report["gpu_augment"] = run([sys.executable, "benchmarks/bench_gpu_augment.py", "--device", "cuda"], ROOT,
+                                timeout=240)
     out = ROOT / "benchmarks" / "results" / "gpu.json"
     out.write_text(json.dumps(report, indent=1))
-    failed = [name for name in ("cuda_tests", "ddp") if report[name]["returncode"] != 0]
+    failed = [name for name in ("cuda_tests", "ddp", "gpu_augment") if report[name]["returncode"] != 0]
     step = report["train_step"]
     print(f"gpu-check: {report['gpu']} x{gpus}; CUDA tests {'failed' if 'cuda_tests' in failed else 'passed'}; "
-          f"DDP {'failed' if 'ddp' in failed else 'passed'}; step {step['step_ms']:.0f} ms, "
+          f"DDP {'failed' if 'ddp' in failed else 'passed'}; augment on the GPU "
+          f"{'failed' if 'gpu_augment' in failed else 'timed'}; step {step['step_ms']:.0f} ms, "
           f"{step['images_per_s']:.0f} img/s, {step['fraction_of_matmul_peak']:.0%} of fp16 matmul FLOP/s; "
           f"{os.path.relpath(out, ROOT)}")
     return 1 if failed else 0

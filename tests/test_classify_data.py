@@ -126,3 +126,70 @@ def test_the_flip_and_jitter_settings_take_effect(crops):
     torch.testing.assert_close(b, a.flip(-1))
     jittered = ClassifyDataset(samples, 32, ClassifyAugment(scale_min=1.0, ratio_min=1.0, fliplr=0.0))[0][0]
     assert not torch.equal(jittered, a)
+
+
+def _image_checks(monkeypatch) -> list[Path]:
+    """The images verification decodes from now on (each call recorded, then checked for real)."""
+    import yolotrain.data.classify as classify_data
+
+    decoded: list[Path] = []
+    real = classify_data.check_image
+    monkeypatch.setattr(classify_data, "check_image", lambda path: decoded.append(path) or real(path))
+    return decoded
+
+
+def test_verification_is_cached_and_corrupt_images_are_named_from_the_cache(crops, tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    shutil.copytree(crops, root)
+    bad = root / "val" / "circle" / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8 not really a jpeg")
+    decoded = _image_checks(monkeypatch)
+    with pytest.warns(DataWarning, match=r"val: \d+ images, 1 corrupt skipped\n  1 x not a decodable image: .*broken"):
+        first = build_classify_loaders(root, 32, 4, splits=("val",), workers=0).val_samples
+    assert bad in decoded and (root / "val.yolotrain.cache").is_file()
+    decoded.clear()
+    with pytest.warns(DataWarning, match=r"1 corrupt skipped\n  1 x not a decodable image: .*broken.jpg"):
+        again = build_classify_loaders(root, 32, 4, splits=("val",), workers=0).val_samples
+    assert decoded == [] and again == first
+
+
+@pytest.mark.parametrize("change", ["rewritten", "added", "removed"])
+def test_a_changed_added_or_removed_image_checks_the_split_again(crops, tmp_path, monkeypatch, change):
+    root = tmp_path / "data"
+    shutil.copytree(crops, root)
+    build_classify_loaders(root, 32, 4, splits=("val",), workers=0)
+    image = sorted((root / "val" / "rectangle").glob("*.png"))[0]
+    if change == "rewritten":  # same bytes, same size: only the file's version tells
+        image.write_bytes(image.read_bytes())
+    elif change == "added":
+        shutil.copy(image, image.with_name("copy.png"))
+    else:
+        image.unlink()
+    decoded = _image_checks(monkeypatch)
+    samples = build_classify_loaders(root, 32, 4, splits=("val",), workers=0).val_samples
+    assert sorted(decoded) == sorted(path for path, _ in samples)
+    decoded.clear()
+    build_classify_loaders(root, 32, 4, splits=("val",), workers=0)
+    assert decoded == []
+
+
+def test_a_read_only_dataset_keeps_its_verification_cache_in_the_user_cache_folder(crops, tmp_path, monkeypatch):
+    monkeypatch.setenv("YOLOTRAIN_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "data"
+    shutil.copytree(crops, root)
+    (root / "train" / "circle" / "broken.png").write_bytes(b"not an image")
+    for folder in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+        folder.chmod(0o555)
+    try:
+        with pytest.warns(DataWarning, match="broken.png"):
+            build_classify_loaders(root, 32, 4, workers=0)
+        assert sorted(p.name.split("-")[:2] for p in (tmp_path / "cache" / "labels").iterdir()) == [
+            ["classify", "train"], ["classify", "val"]]
+        assert not list(root.glob("*.cache"))
+        decoded = _image_checks(monkeypatch)
+        with pytest.warns(DataWarning, match="broken.png"):
+            build_classify_loaders(root, 32, 4, workers=0)
+        assert decoded == []
+    finally:
+        for folder in [root, *(p for p in root.rglob("*") if p.is_dir())]:
+            folder.chmod(0o755)

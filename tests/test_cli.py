@@ -38,3 +38,14 @@ def test_data_check_on_a_missing_folder_is_one_line(tmp_path):
     result = run_cli("data", "check", "nowhere", cwd=tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "nowhere" in result.stderr
+
+
+def test_data_check_of_class_folders_prints_their_classes_and_writes_a_labelled_preview(tmp_path):
+    from yolotrain.data.classify import write_shape_crops
+
+    crops = write_shape_crops(tmp_path / "crops", n_train=3, n_val=2)
+    result = run_cli("data", "check", str(crops), "--out", "check", "--img", "64", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^ +class +train +val$", result.stdout, re.M) and "rectangle" in result.stdout
+    preview = tmp_path / "check" / "train_preview.png"
+    assert preview.stat().st_size > 0 and (tmp_path / "check" / "class_counts.png").stat().st_size > 0

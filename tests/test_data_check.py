@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -70,3 +71,35 @@ def test_check_preview_of_polygon_labels_shows_their_masks(tmp_path, monkeypatch
         assert tinted.sum() >= 0.9 * visible.sum() and not (tinted & ~covered).any()
         visible_pixels += visible.sum()
     assert visible_pixels > 500
+
+
+def test_check_of_class_folders_counts_each_split_s_classes_names_corrupt_images_and_previews_every_class(
+        tmp_path, monkeypatch, capsys):
+    from yolotrain.data.check import draw_class_sample, preview_indices
+    from yolotrain.data.classify import ClassifyAugment, ClassifyDataset, write_shape_crops
+
+    monkeypatch.setenv("YOLOTRAIN_CACHE", str(tmp_path / "cache"))
+    root = write_shape_crops(tmp_path / "crops", n_train=4, n_val=2)
+    (root / "val" / "circle" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    result = check_dataset(root, tmp_path / "out", img_size=48)
+    out = capsys.readouterr().out
+    counts = {split: [len(list((root / split / name).glob("*.png"))) for name in ("circle", "rectangle")]
+              for split in ("train", "val")}
+    assert f"train: {sum(counts['train'])} images, 0 corrupt skipped" in out
+    assert f"val: {sum(counts['val']) + 1} images, 1 corrupt skipped\n  1 x not a decodable image: " in out
+    assert str(root / "val" / "circle" / "broken.jpg") in out
+    for c, name in enumerate(("circle", "rectangle")):
+        assert re.search(rf"^ +{name} +{counts['train'][c]} +{counts['val'][c]}$", out, re.M), out
+        assert [result.images[split][c] for split in ("train", "val")] == [counts["train"][c], counts["val"][c]]
+    train = ClassifyDataset(result.splits["train"].kept, 48, ClassifyAugment(), 0, names=result.names)
+    shown = preview_indices(train.labels, 16)
+    assert sorted(set(train.labels[shown[:2]])) == [0, 1]  # every class before any twice
+    preview = cv2.imread(str(result.preview))
+    cols = int(np.ceil(np.sqrt(len(shown))))
+    assert preview.shape == (-(-len(shown) // cols) * 48, cols * 48, 3)
+    for k, i in enumerate(shown):
+        tile = preview[k // cols * 48:(k // cols + 1) * 48, k % cols * 48:(k % cols + 1) * 48]
+        labelled = draw_class_sample(train[i][0], result.names[train.labels[i]], int(train.labels[i]))
+        assert np.array_equal(tile, labelled)
+    stats = cv2.imread(str(result.stats))
+    assert stats is not None and stats.shape[1] >= 400

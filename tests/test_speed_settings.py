@@ -16,6 +16,7 @@ from yolotrain import YoloLoss, Yolov5, train
 from yolotrain.checkpoint import read_checkpoint
 from yolotrain.engine.config import resolve_config
 from yolotrain.engine.optim import build_optimizer
+from yolotrain.engine.prepare import autocast_dtype, precision_line
 from yolotrain.engine.trainer import Trainer
 from yolotrain.eval.inference import load_inference_model
 from yolotrain.settings import ConfigError
@@ -40,7 +41,8 @@ def test_the_layout_setting_reaches_the_model(tiny_data, tmp_path, channels_last
 
 def test_channels_last_trains_to_the_same_weights(tiny_data, tmp_path):
     """Same seed, same batches: the layout changes the order of float operations only."""
-    runs = {layout: train(data=str(tiny_data), project=str(tmp_path), name=str(layout), channels_last=layout, **QUICK)
+    runs = {layout: train(data=str(tiny_data), project=str(tmp_path), name=str(layout), channels_last=layout,
+                          amp="off", **QUICK)
             for layout in (True, False)}
     nhwc, nchw = (read_checkpoint(runs[layout].last).model_state for layout in (True, False))
     assert nhwc.keys() == nchw.keys()
@@ -50,12 +52,38 @@ def test_channels_last_trains_to_the_same_weights(tiny_data, tmp_path):
 
 def test_bf16_autocast_trains_and_saves_float32_weights(tiny_data, tmp_path, capsys):
     result = train(data=str(tiny_data), project=str(tmp_path), amp="bf16", **QUICK)
-    assert "Mixed precision: bfloat16 autocast on cpu" in capsys.readouterr().out
+    assert "Precision: bfloat16 mixed precision on cpu (--amp bf16" in capsys.readouterr().out
     contents = read_checkpoint(result.last)
+    assert contents.metadata["precision"] == "bf16"
     assert {t.dtype for t in contents.model_state.values() if t.is_floating_point()} == {torch.float32}
     assert all(torch.isfinite(t).all() for t in contents.model_state.values() if t.is_floating_point())
     rows = (result.save_dir / "results.csv").read_text().splitlines()
     assert len(rows) == 2 and "nan" not in rows[1]
+
+
+@pytest.mark.parametrize(("amx", "avx512_bf16", "expected"), [
+    (False, False, None), (False, True, torch.bfloat16), (True, False, torch.bfloat16)])
+def test_auto_precision_is_bf16_on_cpus_with_native_bf16(monkeypatch, amx, avx512_bf16, expected):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    cpu = torch.device("cpu")
+    assert autocast_dtype("auto", cpu) is expected
+    assert autocast_dtype("off", cpu) is None and autocast_dtype("bf16", cpu) is torch.bfloat16
+    line = precision_line("auto", autocast_dtype("auto", cpu), cpu)
+    if expected is None:
+        assert line == "Precision: float32 on cpu (--amp auto: this CPU has no native bfloat16 instructions)"
+    else:
+        assert line == (f"Precision: bfloat16 mixed precision on cpu (--amp auto: native on this CPU "
+                        f"({'AMX' if amx else 'AVX512-BF16'}); --amp off for float32)")
+    assert autocast_dtype("auto", torch.device("cuda")) is torch.float16
+
+
+def test_the_run_says_and_records_the_precision_auto_chose(tiny_data, tmp_path, capsys):
+    result = train(data=str(tiny_data), project=str(tmp_path), **QUICK)
+    first = capsys.readouterr().out.splitlines()[0]
+    chosen = autocast_dtype("auto", torch.device("cpu"))
+    assert first.startswith("Precision: " + ("bfloat16 mixed precision" if chosen else "float32") + " on cpu")
+    assert read_checkpoint(result.last).metadata["precision"] == ("bf16" if chosen else "fp32")
 
 
 def test_fp16_on_the_cpu_is_refused_in_one_line(tiny_data, tmp_path):
@@ -189,3 +217,18 @@ def test_compiled_training_reports_its_compile_time_and_learns_the_same(tiny_dat
     assert a.keys() == b.keys()  # no "_orig_mod." prefixes: checkpoints stay loadable by every tool
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4, msg=key)
+
+
+@pytest.mark.slow
+@needs_shared
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "datasets" / "coco128-cls").is_dir(), reason="needs coco128-cls")
+def test_the_classification_benchmark_runs(tmp_path):
+    run_benchmark("bench_classify.py", tmp_path, "--threads", "1", "--out", str(tmp_path / "classify.json"))
+    speed = json.loads((tmp_path / "classify.json").read_text())["speed"]
+    assert speed["setup"]["threads"] == 1 and speed["val"]["passes"] == 1
+    for name, images in (("val_split", 36), ("train_split_as_val", 161)):
+        rows = speed["val"][name]
+        assert rows["images"] == images
+        assert rows["speedup_cpu"] == pytest.approx(rows["reference"]["cpu_s"] / rows["ours"]["cpu_s"], rel=0.01)
+        # The same model on the same images scores alike on both sides (parity, not speed).
+        assert (rows["ours"]["top1"], rows["ours"]["top5"]) == (rows["reference"]["top1"], rows["reference"]["top5"])

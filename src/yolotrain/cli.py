@@ -180,7 +180,8 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     check = data_sub.add_parser("check", help="verify a dataset, preview augmented images, plot label statistics")
     check.add_argument("data", help="dataset YAML or folder")
     check.add_argument("--out", default="runs/data", help="folder for the preview and statistics images")
-    check.add_argument("--img", dest="img_size", type=int, default=640, help="image size of the preview")
+    check.add_argument("--img", dest="img_size", type=int, help="image size of the preview (default: 640; 224 for "
+                       "class folders)")
     check.set_defaults(run=_run_data_check)
     shapes = data_sub.add_parser("shapes", help="make the built-in synthetic dataset and print its folder")
     shapes.add_argument("--root", help="parent folder (default: the yolotrain cache folder)")

@@ -9,7 +9,8 @@ its seed; nothing here touches global random state. Boxes are ``(n, 5)`` arrays 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -92,21 +93,29 @@ def random_perspective(
     and filtered with :func:`box_candidates`.
     """
     im, M, s, perspective = _random_warp(im, rng, hyp, border)
-    height, width = im.shape[:2]
+    return im, warp_boxes(labels, M, s, perspective, im.shape[1], im.shape[0])
+
+
+def warp_boxes(labels: np.ndarray, M: np.ndarray, scale: float, perspective: bool, width: int,
+               height: int) -> np.ndarray:
+    """Labels (class + pixel xyxy) warped by the 3x3 ``M``: the box of each box's 4 warped corners,
+    clipped to the ``width`` x ``height`` image, filtered by :func:`box_candidates` (``scale``: the
+    warp's scale, by which the boxes' former areas are compared)."""
     n = len(labels)
-    if n:
-        corners = np.ones((n * 4, 3))
-        corners[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)
-        xy = corners @ M.T
-        xy = (xy[:, :2] / xy[:, 2:3] if perspective else xy[:, :2]).reshape(n, 8)
-        x, y = xy[:, 0::2], xy[:, 1::2]
-        new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
-        new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
-        new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
-        keep = box_candidates(labels[:, 1:5].T * s, new.T)
-        labels = labels[keep]
-        labels[:, 1:5] = new[keep]
-    return im, labels
+    if not n:
+        return labels
+    corners = np.ones((n * 4, 3))
+    corners[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)
+    xy = corners @ M.T
+    xy = (xy[:, :2] / xy[:, 2:3] if perspective else xy[:, :2]).reshape(n, 8)
+    x, y = xy[:, 0::2], xy[:, 1::2]
+    new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
+    new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
+    new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
+    keep = box_candidates(labels[:, 1:5].T * scale, new.T)
+    labels = labels[keep]
+    labels[:, 1:5] = new[keep]
+    return labels
 
 
 # Polygons are resampled to this many points before a warp, so their warped outline stays faithful.
@@ -156,9 +165,19 @@ def _inside_box(xy: np.ndarray, width: int, height: int) -> np.ndarray:
 def _random_warp(im: np.ndarray, rng: np.random.Generator, hyp: AugmentConfig,
                  border: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, float, bool]:
     """The warped image, its 3x3 matrix, the scale drawn and whether the warp is a perspective one."""
-    height, width = im.shape[0] + border[0] * 2, im.shape[1] + border[1] * 2
+    M, s, perspective, (height, width) = random_warp_matrix(im.shape[:2], rng, hyp, border)
+    if border != (0, 0) or (M != np.eye(3)).any():
+        im = _warp(im, M, perspective, width, height)
+    return im, M, s, perspective
+
+
+def random_warp_matrix(shape: tuple[int, int], rng: np.random.Generator, hyp: AugmentConfig,
+                       border: tuple[int, int]) -> tuple[np.ndarray, float, bool, tuple[int, int]]:
+    """The random warp of an image of ``shape`` (h, w): its 3x3 matrix, the scale drawn, whether it is a
+    perspective one, and the output's (h, w) (``shape`` grown by ``border`` on each side)."""
+    height, width = shape[0] + border[0] * 2, shape[1] + border[1] * 2
     C = np.eye(3)
-    C[0, 2], C[1, 2] = -im.shape[1] / 2, -im.shape[0] / 2
+    C[0, 2], C[1, 2] = -shape[1] / 2, -shape[0] / 2
     P = np.eye(3)
     P[2, 0], P[2, 1] = rng.uniform(-hyp.perspective, hyp.perspective, 2)
     R = np.eye(3)
@@ -169,15 +188,92 @@ def _random_warp(im: np.ndarray, rng: np.random.Generator, hyp: AugmentConfig,
     S[0, 1], S[1, 0] = np.tan(np.deg2rad(rng.uniform(-hyp.shear, hyp.shear, 2)))
     T = np.eye(3)
     T[0, 2], T[1, 2] = rng.uniform(0.5 - hyp.translate, 0.5 + hyp.translate, 2) * (width, height)
-    M = T @ S @ R @ P @ C  # applied right to left
-    perspective = bool(hyp.perspective)
-    if border != (0, 0) or (M != np.eye(3)).any():
-        fill = (PAD_VALUE,) * 3
-        if perspective:
-            im = cv2.warpPerspective(im, M, dsize=(width, height), borderValue=fill)
-        else:
-            im = cv2.warpAffine(im, M[:2], dsize=(width, height), borderValue=fill)
-    return im, M, s, perspective
+    return T @ S @ R @ P @ C, s, bool(hyp.perspective), (height, width)  # applied right to left
+
+
+def _warp(im: np.ndarray, M: np.ndarray, perspective: bool, width: int, height: int) -> np.ndarray:
+    fill = (PAD_VALUE,) * 3
+    if perspective:
+        return cv2.warpPerspective(im, M, dsize=(width, height), borderValue=fill)
+    return cv2.warpAffine(im, M[:2], dsize=(width, height), borderValue=fill)
+
+
+def _tile_placement(i: int, h: int, w: int, xc: int, yc: int, side: int) -> tuple[int, ...]:
+    """Where mosaic tile ``i`` (h x w) goes around the centre (xc, yc) of a ``side``-square canvas:
+    (x1a, y1a, x2a, y2a) on the canvas and (x1b, y1b, x2b, y2b) of the tile's own pixels."""
+    if i == 0:  # top left
+        x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
+        return x1a, y1a, x2a, y2a, w - (x2a - x1a), h - (y2a - y1a), w, h
+    if i == 1:  # top right
+        x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, side), yc
+        return x1a, y1a, x2a, y2a, 0, h - (y2a - y1a), min(w, x2a - x1a), h
+    if i == 2:  # bottom left
+        x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(side, yc + h)
+        return x1a, y1a, x2a, y2a, w - (x2a - x1a), 0, w, min(y2a - y1a, h)
+    x1a, y1a, x2a, y2a = xc, yc, min(xc + w, side), min(side, yc + h)  # bottom right
+    return x1a, y1a, x2a, y2a, 0, 0, min(w, x2a - x1a), min(y2a - y1a, h)
+
+
+def mosaic_warp(
+    tiles: Sequence[tuple[tuple[int, int], np.ndarray]], load: Callable[[int], np.ndarray], size: int,
+    rng: np.random.Generator, hyp: AugmentConfig,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`mosaic4` then :func:`random_perspective` cutting the canvas back to ``size`` (the same draws
+    and boxes; pixels equal but for rare +/-1 roundings of the shifted warp), building only the part of
+    the canvas the warp reads.
+
+    ``tiles`` are ((h, w) of the loaded image, labels class + normalised cxcywh); ``load(k)`` gives tile
+    ``k``'s image and is called only for tiles the warped output shows: on average a third of the
+    ``2*size`` canvas is in view, and tiles wholly outside it are neither decoded nor copied.
+    """
+    side = 2 * size
+    yc, xc = (int(v) for v in rng.uniform(size / 2, 1.5 * size, 2))
+    places = [_tile_placement(i, h, w, xc, yc, side) for i, ((h, w), _) in enumerate(tiles)]
+    out = [xywhn_to_xyxy(lab, w, h, p[0] - p[4], p[1] - p[5]) for ((h, w), lab), p in zip(tiles, places)]
+    labels = np.concatenate(out, 0)
+    labels[:, 1:] = labels[:, 1:].clip(0, side)
+    border = -size // 2
+    M, s, perspective, (height, width) = random_warp_matrix((side, side), rng, hyp, (border, border))
+    x0, y0, x1, y1 = _source_window(M, perspective, width, height, side)
+    canvas = _scratch((max(y1 - y0, 1), max(x1 - x0, 1), 3))
+    canvas.fill(PAD_VALUE)
+    for k, (x1a, y1a, x2a, y2a, x1b, y1b, _, _) in enumerate(places):
+        cx0, cy0, cx1, cy1 = max(x1a, x0), max(y1a, y0), min(x2a, x1), min(y2a, y1)
+        if cx0 < cx1 and cy0 < cy1:
+            bx, by = x1b + cx0 - x1a, y1b + cy0 - y1a
+            canvas[cy0 - y0:cy1 - y0, cx0 - x0:cx1 - x0] = load(k)[by:by + cy1 - cy0, bx:bx + cx1 - cx0]
+    shift = np.eye(3)
+    shift[0, 2], shift[1, 2] = x0, y0
+    im = _warp(canvas, M @ shift, perspective, width, height)
+    return im, warp_boxes(labels, M, s, perspective, width, height)
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(shape: tuple[int, int, int]) -> np.ndarray:
+    """A uint8 array of ``shape`` in a buffer this thread reuses: a fresh multi-megabyte canvas per sample
+    costs more in page faults than in filling it. Only for arrays consumed before the next call."""
+    size = int(np.prod(shape))
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if buffer is None or buffer.size < size:
+        buffer = _SCRATCH.buffer = np.empty(size, np.uint8)
+    return buffer[:size].reshape(shape)
+
+
+def _source_window(M: np.ndarray, perspective: bool, width: int, height: int,
+                   side: int) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1) of the canvas pixels an affine warp to ``width`` x ``height`` reads, with a margin
+    for interpolation, within the ``side``-square canvas (all of it for a perspective or degenerate warp)."""
+    if perspective or abs(np.linalg.det(M[:2, :2])) < 1e-9:  # a shear can flatten the warp to a line
+        return 0, 0, side, side
+    corners = np.array([[0, 0, 1], [width, 0, 1], [0, height, 1], [width, height, 1]], np.float64)
+    xy = corners @ np.linalg.inv(M).T
+    lo = np.floor(xy[:, :2].min(0)).astype(int) - 2
+    hi = np.ceil(xy[:, :2].max(0)).astype(int) + 3
+    x0, y0 = np.clip(lo, 0, side)
+    x1, y1 = np.clip(hi, 0, side)
+    return int(x0), int(y0), int(max(x1, x0)), int(max(y1, y0))
 
 
 def mosaic4(
@@ -197,18 +293,7 @@ def mosaic4(
     out = []
     for i, (img, lab, *polygons) in enumerate(tiles):
         h, w = img.shape[:2]
-        if i == 0:  # top left
-            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
-            x1b, y1b, x2b, y2b = w - (x2a - x1a), h - (y2a - y1a), w, h
-        elif i == 1:  # top right
-            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, 2 * s), yc
-            x1b, y1b, x2b, y2b = 0, h - (y2a - y1a), min(w, x2a - x1a), h
-        elif i == 2:  # bottom left
-            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(2 * s, yc + h)
-            x1b, y1b, x2b, y2b = w - (x2a - x1a), 0, w, min(y2a - y1a, h)
-        else:  # bottom right
-            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
-            x1b, y1b, x2b, y2b = 0, 0, min(w, x2a - x1a), min(y2a - y1a, h)
+        x1a, y1a, x2a, y2a, x1b, y1b, x2b, y2b = _tile_placement(i, h, w, xc, yc, 2 * s)
         canvas[y1a:y2a, x1a:x2a] = img[y1b:y2b, x1b:x2b]
         out.append(xywhn_to_xyxy(lab, w, h, x1a - x1b, y1a - y1b))
         if segments is not None:
@@ -295,13 +380,14 @@ def hsv_to_rgb(
     if not (hgain or sgain or vgain):
         return cv2.cvtColor(im, cv2.COLOR_BGR2RGB)
     r = rng.uniform(-1, 1, 3) * (hgain, sgain, vgain) + 1
-    hue, sat, val = cv2.split(cv2.cvtColor(im, cv2.COLOR_BGR2HSV))
     x = np.arange(256, dtype=np.float64)
-    lut_hue = ((x * r[0]) % 180).astype(np.uint8)
-    lut_sat = np.clip(x * r[1], 0, 255).astype(np.uint8)
-    lut_val = np.clip(x * r[2], 0, 255).astype(np.uint8)
-    hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
-    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
+    lut = np.empty((256, 1, 3), np.uint8)  # one table per channel: a single pass over the image
+    lut[:, 0, 0] = (x * r[0]) % 180
+    lut[:, 0, 1] = np.clip(x * r[1], 0, 255)
+    lut[:, 0, 2] = np.clip(x * r[2], 0, 255)
+    hsv = cv2.cvtColor(im, cv2.COLOR_BGR2HSV)
+    cv2.LUT(hsv, lut, dst=hsv)
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=hsv)
 
 
 def random_flips(

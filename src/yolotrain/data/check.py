@@ -1,5 +1,7 @@
 """Dataset check: verification summary, a preview of augmented training samples with their boxes (and
-masks, for polygon labels), and label statistics (class counts, box sizes)."""
+masks, for polygon labels), and label statistics (class counts, box sizes); for a classification dataset
+(class folders), each split's images per class, corrupt images named, and a preview of training samples
+labelled with their class."""
 
 from __future__ import annotations
 
@@ -17,12 +19,28 @@ import numpy as np
 import torch
 
 from ..boxes import xywh_to_xyxy
-from ..draw import draw_detections, draw_masks, object_masks
+from ..draw import class_colour, draw_detections, draw_masks, object_masks
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from .augment import AugmentConfig
+from .classify import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ClassifyAugment,
+    ClassifyDataset,
+    SplitCheck,
+    check_split,
+    is_classify_folder,
+    resolve_classify_source,
+    split_samples,
+)
 from .dataset import DetectionDataset
 from .loaders import DataConfig, build_loaders
 from .verify import DataWarning, VerifyReport
+
+# Side of the preview's tiles and images per preview of a classification dataset.
+CLASSIFY_IMG_SIZE = 224
+CLASSIFY_PREVIEW_TILES = 16
+DETECT_IMG_SIZE = 640
 
 
 @dataclass
@@ -86,17 +104,122 @@ def save_label_stats(labels: list[np.ndarray], names: list[str], path: Path) -> 
     return path
 
 
+@dataclass
+class ClassifyCheckResult:
+    """What checking a class-folder dataset found: the class names, each split folder's verification and
+    usable images per class, and the written image files."""
+
+    names: list[str]
+    splits: dict[str, SplitCheck]
+    images: dict[str, np.ndarray]  # split folder -> [nc] usable images of each class
+    preview: Path
+    stats: Path
+
+
+def draw_class_sample(image: torch.Tensor, name: str, index: int) -> np.ndarray:
+    """A BGR uint8 picture of a normalised classification sample ``[3, S, S]`` with its class name written
+    at its top left in the class's colour."""
+    mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
+    rgb = ((image * std + mean) * 255).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
+    tile = np.ascontiguousarray(rgb[..., ::-1])
+    thickness = max(round(tile.shape[0] * 0.006), 1)
+    scale, font = thickness / 2.5, cv2.FONT_HERSHEY_SIMPLEX
+    (tw, th), baseline = cv2.getTextSize(name, font, scale, thickness)
+    cv2.rectangle(tile, (0, 0), (tw + 4, th + baseline + 4), class_colour(index), -1)
+    cv2.putText(tile, name, (2, th + 2), font, scale, (255, 255, 255), thickness, cv2.LINE_AA)
+    return tile
+
+
+def preview_indices(labels: np.ndarray, n: int) -> list[int]:
+    """Up to ``n`` sample indices taking the classes in turn (each class's images in order), so the preview
+    shows every class before it shows any twice."""
+    by_class = [np.flatnonzero(labels == c).tolist() for c in np.unique(labels)]
+    chosen: list[int] = []
+    for rank in range(max(map(len, by_class), default=0)):
+        chosen += [members[rank] for members in by_class if rank < len(members)]
+    return chosen[:n]
+
+
+def save_class_preview(dataset: ClassifyDataset, path: Path, n: int = CLASSIFY_PREVIEW_TILES) -> Path:
+    """Write a grid of up to ``n`` samples of ``dataset`` (as its loader makes them: augmented for training),
+    the classes in turn, each labelled with its class name."""
+    tiles = [draw_class_sample(dataset[i][0], dataset.names[int(dataset.labels[i])], int(dataset.labels[i]))
+             for i in preview_indices(dataset.labels, n)]
+    cols = int(np.ceil(np.sqrt(len(tiles))))
+    rows = -(-len(tiles) // cols)
+    tiles += [np.full_like(tiles[0], 114)] * (rows * cols - len(tiles))
+    cv2.imwrite(str(path), np.vstack([np.hstack(tiles[r * cols:(r + 1) * cols]) for r in range(rows)]))
+    return path
+
+
+def save_class_counts(images: dict[str, np.ndarray], names: list[str], path: Path) -> Path:
+    """Plot the images of each class, a bar per split side by side, to ``path``."""
+    nc, width = len(names), 0.8 / max(len(images), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, min(0.4 * nc, 24.0)), 4.5))
+    for k, (split, counts) in enumerate(images.items()):
+        ax.bar(np.arange(nc) + (k - (len(images) - 1) / 2) * width, counts, width,
+               label=f"{split} ({int(counts.sum())} images)")
+    ax.set_title(f"images per class ({nc} classes)")
+    ax.set_ylabel("images")
+    if nc <= 50:
+        ax.set_xticks(np.arange(nc), names, rotation=60, ha="right", fontsize=8)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def class_table(names: list[str], images: dict[str, np.ndarray]) -> str:
+    """Images of each class in each split, one row per class."""
+    width = max(12, *(len(n) + 2 for n in names))
+    rows = [f"{'class':>{width}}" + "".join(f"{split:>10}" for split in images)]
+    rows += [f"{name:>{width}}" + "".join(f"{int(counts[c]):>10}" for counts in images.values())
+             for c, name in enumerate(names)]
+    return "\n".join(rows)
+
+
+def check_classify_dataset(data: str | os.PathLike, out_dir: str | os.PathLike,
+                           img_size: int = CLASSIFY_IMG_SIZE, seed: int = 0) -> ClassifyCheckResult:
+    """Verify every split folder of a class-folder dataset (``train/``, ``val/``, ``test/``; cached as training
+    verifies them), print each one's summary with its corrupt images named and the images of each class, and
+    write ``train_preview.png`` (training samples as augmented for training, labelled with their class; the
+    evaluated split's centre crops when there is no ``train/``) and ``class_counts.png`` into ``out_dir``."""
+    out = Path(out_dir)
+    source = resolve_classify_source(data, splits=())
+    samples = {split: split_samples(source.root / split, source.names) for split in source.folders}
+    refuse_overwriting_inputs([("--out", out)], dataset_inputs([p for s in samples.values() for p, _ in s], data))
+    checks = {split: check_split(samples[split], source.root / split) for split in source.folders}
+    images = {split: np.bincount([label for _, label in check.kept], minlength=len(source.names))
+              for split, check in checks.items()}
+    for split, check in checks.items():
+        print(check.summary(split))
+    print(class_table(source.names, images))
+    out.mkdir(parents=True, exist_ok=True)
+    shown = "train" if "train" in checks else source.eval_split
+    augment = ClassifyAugment() if shown == "train" else None
+    preview_set = ClassifyDataset(checks[shown].kept, img_size, augment, seed, names=source.names)
+    preview = save_class_preview(preview_set, out / "train_preview.png")
+    stats = save_class_counts(images, source.names, out / "class_counts.png")
+    print(f"wrote {preview} and {stats}")
+    return ClassifyCheckResult(source.names, checks, images, preview, stats)
+
+
 def check_dataset(
-    data: str | os.PathLike, out_dir: str | os.PathLike, num_classes: int | None = None, img_size: int = 640,
-    seed: int = 0,
-) -> CheckResult:
+    data: str | os.PathLike, out_dir: str | os.PathLike, num_classes: int | None = None,
+    img_size: int | None = None, seed: int = 0,
+) -> CheckResult | ClassifyCheckResult:
     """Verify a dataset (folder or YAML), print the summary of each split, and write
     ``mosaic_preview.png`` (augmented training samples with boxes and class names, and masks for polygon
-    labels) and ``label_stats.png`` (class counts, box w/h distribution) into ``out_dir``.
+    labels) and ``label_stats.png`` (class counts, box w/h distribution) into ``out_dir``; a folder of class
+    folders is checked by :func:`check_classify_dataset`. ``img_size``: 640 (224 for class folders).
 
     ``num_classes`` defaults to the number of class names in the dataset; without names, class ids
     are not range-checked.
     """
+    if os.path.isdir(data) and is_classify_folder(data):
+        return check_classify_dataset(data, out_dir, img_size or CLASSIFY_IMG_SIZE, seed)
+    img_size = img_size or DETECT_IMG_SIZE
     out = Path(out_dir)
     config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=1, workers=0, cache_mb=0)
     with warnings.catch_warnings():  # the summaries are printed below; no need to repeat them as warnings

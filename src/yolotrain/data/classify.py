@@ -2,8 +2,11 @@
 ``test/<class>/*.jpg``), verified, optionally cached, with the reference's transforms.
 
 Class names are the class folder names, sorted (as torchvision's ``ImageFolder`` names them); a class is
-the index of its name. Images are verified once (the detection verifier's decode check), and an unreadable
-one is named in one counted :class:`~yolotrain.data.verify.DataWarning` and skipped.
+the index of its name. Images are verified by decoding them (the detection verifier's check) once per version
+of the split: the result is cached beside the split folder (``<root>/<split>.yolotrain.cache``; under the user
+cache folder for a read-only dataset), keyed by every image's path and version, so an image added, removed or
+changed checks the split again. An unreadable image is named in one counted
+:class:`~yolotrain.data.verify.DataWarning` on every run and skipped.
 
 Transforms (the reference's ``utils/augmentations.py``): evaluation takes the centred square of the short
 side resized to ``img_size`` (``classify_transforms``); training a random resized crop (scale 0.08-1, aspect
@@ -14,6 +17,7 @@ RGB float tensors normalised with the ImageNet mean and standard deviation.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import warnings
@@ -30,14 +34,16 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as tvf
 
+from ..atomic import write_atomic
 from ..settings import setting
+from .cachedir import cache_root, file_signature
 from .dataset import ImageReadError, SampleKey
 from .imagecache import disk_cache
 from .loaders import EpochBatchSampler, default_workers
 from .shapes import CLASS_NAMES as SHAPE_NAMES
 from .shapes import draw_sample
 from .sources import IMG_FORMATS
-from .verify import DataWarning, check_image
+from .verify import CacheWarning, DataWarning, _writable, check_image, max_image_pixels
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -46,6 +52,8 @@ TRAIN_SPLIT = "train"
 EVAL_SPLITS = ("test", "val")
 # Tries of the random resized crop before it falls back to the centre crop (torchvision's rule).
 CROP_TRIES = 10
+# Bump when what the verification cache records changes, so older caches are not read.
+CACHE_VERSION = 1
 # Files named per kind of problem in the verification warning.
 SHOWN_PROBLEMS = 3
 
@@ -85,7 +93,7 @@ def class_folders(split: Path) -> list[str]:
     return sorted(entry.name for entry in os.scandir(split) if entry.is_dir() and not entry.name.startswith("."))
 
 
-def _split_samples(split: Path, names: Sequence[str]) -> list[Sample]:
+def split_samples(split: Path, names: Sequence[str]) -> list[Sample]:
     """Every image under each class folder of ``split`` (recursively, sorted), with its class index."""
     index = {name: i for i, name in enumerate(names)}
     samples: list[Sample] = []
@@ -133,32 +141,126 @@ def resolve_classify_source(path: str | os.PathLike, names: Sequence[str] | None
         folder = source.eval_split if split == "val" else split
         if folder is None or folder not in folders:
             raise FileNotFoundError(f"{root}: no {'val/ or test/' if split == 'val' else split + '/'} folder")
-        source.splits[split] = _split_samples(root / folder, source.names)
+        source.splits[split] = split_samples(root / folder, source.names)
     return source
 
 
-def verify_samples(samples: Sequence[Sample], name: str = "", workers: int | None = None) -> list[Sample]:
-    """The samples whose image decodes; the others are named in one counted :class:`DataWarning`.
+@dataclass
+class SplitCheck:
+    """What verifying a split's images found: the usable samples and, by kind of problem, the unusable
+    images (all of them named)."""
+
+    total: int
+    kept: list[Sample]
+    problems: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def corrupt(self) -> int:
+        return self.total - len(self.kept)
+
+    def summary(self, name: str = "") -> str:
+        """One line of counts, then each kind of problem with a few of its images."""
+        lines = [f"{name or 'dataset'}: {self.total} images, {self.corrupt} corrupt skipped"]
+        for kind, paths in sorted(self.problems.items()):
+            more = f" (+{len(paths) - SHOWN_PROBLEMS} more)" if len(paths) > SHOWN_PROBLEMS else ""
+            lines.append(f"  {len(paths)} x {kind}: {'; '.join(paths[:SHOWN_PROBLEMS])}{more}")
+        return "\n".join(lines)
+
+
+def _fingerprint(samples: Sequence[Sample]) -> str:
+    """Hash of the split's image list with each image's version (:func:`.cachedir.file_signature`) and the
+    size limit verification applies: an image added, removed, renamed or rewritten changes it."""
+    digest = hashlib.sha256(f"classify v{CACHE_VERSION} max={max_image_pixels()}\n".encode())
+    for path, _ in samples:
+        try:
+            digest.update(f"{path}\0{file_signature(path)}\n".encode())
+        except OSError:
+            digest.update(f"{path}\0-\n".encode())
+    return digest.hexdigest()
+
+
+def split_cache_paths(split_dir: Path) -> tuple[Path, Path]:
+    """The verification cache of a split folder (``<root>/<split>.yolotrain.cache``, beside it) and its fallback
+    under the user cache folder for a read-only dataset (where detection keeps its label caches)."""
+    key = hashlib.sha1(str(split_dir.resolve()).encode()).hexdigest()[:16]
+    return (split_dir.with_name(f"{split_dir.name}.yolotrain.cache"),
+            cache_root() / "labels" / f"classify-{split_dir.name}-{key}.cache")
+
+
+def _save_check(path: Path, samples: Sequence[Sample], problems: Sequence[str], fingerprint: str) -> None:
+    def write(temp: Path) -> None:
+        with temp.open("wb") as f:
+            np.savez(f, version=np.array(CACHE_VERSION), fingerprint=np.array(fingerprint),
+                     files=np.array([str(p) for p, _ in samples], dtype=str), problems=np.array(problems, dtype=str))
+
+    write_atomic(path, write, durable=False)  # a lost cache only costs a re-check
+
+
+def _load_check(path: Path, samples: Sequence[Sample], fingerprint: str) -> list[str] | None:
+    """Each sample's problem ("" for a usable image) as cached at ``path``, when the cache is of these images
+    as they are now; a cache whose content disagrees with its fingerprint gets a :class:`CacheWarning`."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if int(z["version"]) != CACHE_VERSION or str(z["fingerprint"]) != fingerprint:
+                return None
+            files, problems = z["files"], z["problems"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if files.shape != (len(samples),) or problems.shape != files.shape or files.tolist() != [
+            str(p) for p, _ in samples]:
+        warnings.warn(f"{path}: cached verification not trusted (files that are not the split's); checking the "
+                      "images again", CacheWarning, stacklevel=4)
+        return None
+    return [str(p) for p in problems.tolist()]
+
+
+def _decode_problems(samples: Sequence[Sample], workers: int | None) -> list[str]:
+    """Each sample's problem ("" for an image that decodes), from decoding every image (threads: decoding
+    releases the GIL)."""
+    with ThreadPool(workers or min(8, os.cpu_count() or 1)) as pool:
+        checked = pool.map(check_image, [path for path, _ in samples], chunksize=8)
+    return ["" if shape is not None else problem or "unreadable" for shape, problem in checked]
+
+
+def check_split(samples: Sequence[Sample], split_dir: str | os.PathLike, workers: int | None = None) -> SplitCheck:
+    """Which images of a split (the samples of ``split_dir``) decode, from the split's verification cache when
+    it is current, else by decoding them all and caching the result (beside the split folder, or under the
+    user cache folder when the dataset is read-only)."""
+    split_dir = Path(split_dir)
+    fingerprint = _fingerprint(samples)
+    primary, fallback = split_cache_paths(split_dir)
+    problems = _load_check(primary, samples, fingerprint)
+    if problems is None:
+        problems = _load_check(fallback, samples, fingerprint)
+    if problems is None:
+        problems = _decode_problems(samples, workers)
+        for target in (primary, fallback) if _writable(split_dir.parent) else (fallback,):
+            try:
+                _save_check(target, samples, problems, fingerprint)
+                break
+            except OSError:
+                continue  # unwritable: try the user cache folder; failing both only costs time next run
+    named: dict[str, list[str]] = defaultdict(list)
+    for (path, _), problem in zip(samples, problems):
+        if problem:
+            named[problem].append(str(path))
+    return SplitCheck(len(samples), [s for s, problem in zip(samples, problems) if not problem], dict(named))
+
+
+def verify_samples(samples: Sequence[Sample], split_dir: str | os.PathLike, name: str = "",
+                   workers: int | None = None) -> list[Sample]:
+    """The samples of ``split_dir`` whose image decodes (:func:`check_split`); the others are named in one
+    counted :class:`DataWarning`, on every run.
 
     Raises:
         ValueError: no usable image is left.
     """
-    with ThreadPool(workers or min(8, os.cpu_count() or 1)) as pool:
-        checked = pool.map(check_image, [path for path, _ in samples], chunksize=8)
-    kept = [sample for sample, (shape, _) in zip(samples, checked) if shape is not None]
-    problems: dict[str, list[str]] = defaultdict(list)
-    for (path, _), (shape, problem) in zip(samples, checked):
-        if shape is None:
-            problems[problem or "unreadable"].append(str(path))
-    if problems:
-        lines = [f"{name or 'dataset'}: {len(samples)} images, {len(samples) - len(kept)} corrupt skipped"]
-        for kind, paths in sorted(problems.items()):
-            more = f" (+{len(paths) - SHOWN_PROBLEMS} more)" if len(paths) > SHOWN_PROBLEMS else ""
-            lines.append(f"  {len(paths)} x {kind}: {'; '.join(paths[:SHOWN_PROBLEMS])}{more}")
-        warnings.warn("\n".join(lines), DataWarning, stacklevel=2)
-    if not kept:
+    checked = check_split(samples, split_dir, workers)
+    if checked.problems:
+        warnings.warn(checked.summary(name), DataWarning, stacklevel=2)
+    if not checked.kept:
         raise ValueError(f"{name or 'dataset'}: no usable images left after verification")
-    return kept
+    return checked.kept
 
 
 def centre_crop(im: np.ndarray, size: int) -> np.ndarray:
@@ -344,12 +446,13 @@ def build_classify_loaders(path: str | os.PathLike, img_size: int = 224, batch_s
     workers = default_workers() if workers is None else workers
     loaders = ClassifyLoaders(source.names, source.root)
     if "train" in splits:
-        loaders.train_samples = verify_samples(source.splits["train"], "train")
+        loaders.train_samples = verify_samples(source.splits["train"], source.root / TRAIN_SPLIT, "train")
         train_set = ClassifyDataset(loaders.train_samples, img_size, augment or ClassifyAugment(), seed, cache,
                                     source.names)
         loaders.train = classify_loader(train_set, batch_size, True, workers, seed, rank, world_size)
     if "val" in splits:
-        loaders.val_samples = verify_samples(source.splits["val"], source.eval_split)
+        loaders.val_samples = verify_samples(source.splits["val"], source.root / source.eval_split,
+                                             source.eval_split)
         val_set = ClassifyDataset(loaders.val_samples, img_size, None, seed, cache, source.names)
         loaders.val = classify_loader(val_set, batch_size, False, workers, seed)
     return loaders

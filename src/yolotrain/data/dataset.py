@@ -8,6 +8,8 @@ processes keep their own copy of the dataset and would not see later changes to 
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -200,9 +202,9 @@ class DetectionDataset(Dataset):
 
     def _mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         picks = rng.permutation(np.concatenate([[index], rng.integers(0, len(self), 3)]))
-        canvas, labels = A.mosaic4([(self.load_image(i), self.labels[i]) for i in picks], self.img_size, rng)
-        border = -self.img_size // 2
-        return A.random_perspective(canvas, labels, rng, self.hyp, border=(border, border))
+        sizes = loaded_size(self.shapes[picks], self.img_size).astype(int)
+        tiles = [((h, w), self.labels[i]) for i, (w, h) in zip(picks, sizes)]
+        return A.mosaic_warp(tiles, lambda k: self.load_image(int(picks[k])), self.img_size, rng, self.hyp)
 
     def __getitem__(self, key: int | SampleKey) -> tuple[np.ndarray, np.ndarray]:
         index, epoch, mosaic = key if isinstance(key, tuple) else (key, self.epoch, self.mosaic)
@@ -229,25 +231,39 @@ class DetectionDataset(Dataset):
         return img, labels
 
     @staticmethod
-    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray]], uint8: bool = False,
+                buffers: BatchBuffers | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Stack items into ``imgs`` float32 ``[B,3,H,W]`` in 0..1 and ``targets`` ``[N, 6]`` =
-        (image index, class, cx, cy, w, h)."""
+        (image index, class, cx, cy, w, h).
+
+        ``uint8``: ``imgs`` as uint8 0..255 instead, what loader workers send (a quarter of the bytes
+        through shared memory); :func:`float_images` turns them to float32 in the main process.
+        ``buffers``: in the main process, float batches go into its reused (or pinned) memory.
+        """
         h, w = batch[0][0].shape[:2]
         shape = (len(batch), 3, h, w)
-        if get_worker_info() is None:
-            imgs = torch.empty(shape, dtype=torch.float32)
+        dtype = torch.uint8 if uint8 else torch.float32
+        if get_worker_info() is None and not uint8:
+            imgs = buffers.take(shape) if buffers is not None else torch.empty(shape, dtype=dtype)
         else:
             # A worker's batch reaches the main process through shared memory; allocating it there
-            # directly (as torch's default_collate does) saves a copy of the whole float batch.
-            storage = torch.UntypedStorage._new_shared(int(np.prod(shape)) * 4)
-            imgs = torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)
+            # directly (as torch's default_collate does) saves a copy of the whole batch.
+            storage = torch.UntypedStorage._new_shared(int(np.prod(shape)) * dtype.itemsize)
+            imgs = torch.empty(0, dtype=dtype).set_(storage, 0, shape)
         planes = imgs.numpy()
-        # Split to planes and scale straight into the batch buffer: one pass over the float memory,
-        # several times faster than converting a permuted uint8 tensor.
-        scale = np.float32(1 / 255)
-        for i, (img, _) in enumerate(batch):
-            for c, plane in enumerate(cv2.split(img)):
-                np.multiply(plane, scale, out=planes[i, c], casting="unsafe")
+        if uint8:
+            for i, (img, _) in enumerate(batch):
+                # Written in place when the planes fit (contiguous, the right size), else copied in.
+                for plane, written in zip(planes[i], cv2.split(img, list(planes[i]))):
+                    if written is not plane:
+                        plane[...] = written
+        else:
+            # Split to planes and scale straight into the batch buffer: one pass over the float memory,
+            # several times faster than converting a permuted uint8 tensor.
+            scale = np.float32(1 / 255)
+            for i, (img, _) in enumerate(batch):
+                for c, plane in enumerate(cv2.split(img)):
+                    np.multiply(plane, scale, out=planes[i, c], casting="unsafe")
         counts = [len(b[1]) for b in batch]
         targets = torch.zeros((sum(counts), 6), dtype=torch.float32)
         targets[:, 0] = torch.repeat_interleave(torch.arange(len(batch), dtype=torch.float32),
@@ -255,6 +271,51 @@ class DetectionDataset(Dataset):
         if targets.shape[0]:
             targets[:, 1:] = torch.from_numpy(np.concatenate([b[1] for b in batch]))
         return imgs, targets
+
+
+def float_images(imgs: torch.Tensor, buffers: BatchBuffers) -> torch.Tensor:
+    """uint8 ``[B,3,H,W]`` images (as :meth:`DetectionDataset.collate` with ``uint8``) as float32 in 0..1,
+    in memory of ``buffers`` (pinned with CUDA)."""
+    out = buffers.take(tuple(imgs.shape))
+    np.multiply(imgs.numpy(), np.float32(1 / 255), out=out.numpy(), casting="unsafe")
+    return out
+
+
+class BatchBuffers:
+    """Float batch memory of one loader in the main process, reused once nothing refers to a batch any more.
+
+    A fresh 16 x 3 x 640 x 640 float batch costs more in page faults than in filling it. Each buffer is a
+    numpy array lent as a tensor through ``torch.frombuffer``, whose storage holds a reference to the
+    array for as long as any tensor or view of the batch lives: an array referred to only by this pool
+    is free. Two buffers cover a batch in use and the next one; a batch kept longer gets memory of its
+    own. With CUDA, batches go to pinned memory instead (torch keeps freed pinned blocks), so the
+    loader's pinning step has nothing left to copy.
+    """
+
+    MAX_BUFFERS = 2
+
+    def __init__(self) -> None:
+        self._arrays: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if torch.cuda.is_available():
+            return torch.empty(shape, dtype=torch.float32, pin_memory=True)
+        count = int(np.prod(shape))
+        with self._lock:
+            free = [i for i in range(len(self._arrays)) if sys.getrefcount(self._arrays[i]) <= _POOL_ONLY_REFS]
+            array = next((self._arrays[i] for i in free if self._arrays[i].size >= count), None)
+            if array is None:
+                array = np.empty(count, np.float32)
+                if len(self._arrays) < self.MAX_BUFFERS:
+                    self._arrays.append(array)
+                elif free:
+                    self._arrays[free[0]] = array
+            return torch.frombuffer(array, dtype=torch.float32, count=count).view(shape)
+
+
+# References to a pooled array when no batch uses it: the pool's list and getrefcount's argument.
+_POOL_ONLY_REFS = 2
 
 
 def loaded_size(size_wh: np.ndarray, img_size: int) -> np.ndarray:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,7 +17,8 @@ from torch.utils.data import DataLoader, Sampler
 from ..boxes import check_image_size
 from ..settings import setting
 from .augment import AugmentConfig
-from .dataset import DetectionDataset, SampleKey
+from .dataset import BatchBuffers, DetectionDataset, SampleKey, float_images
+from .gpu_augment import DeviceAugmenter, DeviceAugmentLoader, EncodedDetectionDataset, augment_device
 from .segment import SegmentationDataset
 from .shapes import generate_shapes_dataset
 from .sources import resolve_source
@@ -52,6 +54,10 @@ class DataConfig:
                                  "rather than one mask per object", off_flags=("--no-overlap",))
     mask_ratio: int = setting(4, "segmentation: target masks at 1/N of the image size (4: the prototypes' size)",
                               min=1, max=32)
+    augment_device: Literal["loader", "cuda", "cpu"] = setting(
+        "loader", "where training images are decoded and augmented: loader (its processes, OpenCV), cuda (nvJPEG "
+        "and batched tensor operations on the GPU; the loader processes only read files), cpu (that tensor path "
+        "on the CPU); the tensor path augments boxes only: no segmentation, --rect or --cache")
 
 
 def default_workers() -> int:
@@ -118,13 +124,20 @@ def build_loaders(
     names = run_class_names(names, config)
     loaders = Loaders(names, str(root))
     if "train" in splits:
+        on_device = augment is not None and config.augment_device != "loader"
+        device = augment_device(config.augment_device, rect=config.rect, cache=config.cache,
+                                masks=masks) if on_device else None
         loaders.train_index = verify_split(source.train, nc, "train")
         dataset, extra = _dataset_class(loaders.train_index, config, masks, root, "train")
+        if device is not None:
+            dataset = EncodedDetectionDataset
         train_set = dataset(_classes(loaders.train_index, config), img_size, batch_size,
                             augment=augment is not None, hyp=augment, rect=config.rect, pad=0.0,
                             stride=stride, seed=seed, names=names, cache_mb=config.cache_mb,
                             cache=config.cache, **extra)
         loaders.train = make_loader(train_set, batch_size, True, workers, seed, rank, world_size)
+        if device is not None:
+            loaders.train = DeviceAugmentLoader(loaders.train, DeviceAugmenter(train_set.hyp, img_size, device))
     if "val" in splits:
         same = source.val == source.train and loaders.train_index is not None
         loaders.val_index = loaders.train_index if same else verify_split(source.val, nc, "val")
@@ -219,6 +232,21 @@ class EpochBatchSampler(Sampler[list[SampleKey]]):
             yield [(int(i), epoch, mosaic) for i in (shard if len(shard) else batch[:1])]
 
 
+class WorkerLoader(DataLoader):
+    """A DataLoader whose worker processes send images as uint8 (a quarter of the bytes through shared
+    memory, the costliest part of a float batch) and that turns them to float32 0..1 here, into reused
+    batch memory, pinned with CUDA (see :func:`~yolotrain.data.dataset.float_images`): batches are what
+    the dataset's ``collate`` gives in one process."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffers = BatchBuffers()
+
+    def __iter__(self) -> Iterator[tuple]:
+        for imgs, *rest in super().__iter__():
+            yield (float_images(imgs, self.buffers), *rest)
+
+
 def make_loader(
     dataset: DetectionDataset, batch_size: int, shuffle: bool, workers: int, seed: int = 0, rank: int = 0,
     world_size: int = 1,
@@ -226,14 +254,18 @@ def make_loader(
     """DataLoader over ``dataset`` with seeded batches; persistent workers when ``workers > 0``.
 
     ``batch_size`` is the global batch; with ``world_size > 1`` this process gets its share of it.
+    Batches are pinned with CUDA: collated or converted into pinned memory, so nothing is copied to pin them.
     """
-    return DataLoader(
+    sampler = EpochBatchSampler(dataset, batch_size, shuffle, seed, rank, world_size)
+    if not workers:
+        return DataLoader(dataset, batch_sampler=sampler, pin_memory=torch.cuda.is_available(),
+                          collate_fn=functools.partial(type(dataset).collate, buffers=BatchBuffers()))
+    return WorkerLoader(
         dataset,
-        batch_sampler=EpochBatchSampler(dataset, batch_size, shuffle, seed, rank, world_size),
+        batch_sampler=sampler,
         num_workers=workers,
-        collate_fn=type(dataset).collate,
-        pin_memory=torch.cuda.is_available(),
-        persistent_workers=workers > 0,
+        collate_fn=functools.partial(type(dataset).collate, uint8=True),
+        persistent_workers=True,
         # No cv2.setNumThreads in workers: after the parent has used OpenCV's thread pool, calling it
         # in a forked child deadlocks.
     )

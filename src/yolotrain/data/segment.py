@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import augment as A
-from .dataset import DetectionDataset, SampleKey
+from .dataset import BatchBuffers, DetectionDataset, SampleKey
 from .verify import DataWarning, LabelIndex
 
 DEFAULT_MASK_RATIO = 4
@@ -97,11 +97,13 @@ class SegmentationDataset(DetectionDataset):
         return img, labels, self.im_files[index], shapes, masks
 
     @staticmethod
-    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray, Path, Any, np.ndarray]]
+    def collate(batch: Sequence[tuple[np.ndarray, np.ndarray, Path, Any, np.ndarray]], uint8: bool = False,
+                buffers: BatchBuffers | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, list[Path], list[Any], torch.Tensor]:
-        """``(imgs, targets)`` as :meth:`DetectionDataset.collate`, the paths and shapes of the images, and
-        their masks concatenated: ``[B, h, w]`` overlap maps or ``[N, h, w]`` binary masks."""
-        imgs, targets = DetectionDataset.collate([item[:2] for item in batch])
+        """``(imgs, targets)`` as :meth:`DetectionDataset.collate` (``uint8``, ``buffers`` as there), the paths and
+        shapes of the images, and their masks concatenated: ``[B, h, w]`` overlap maps or ``[N, h, w]`` binary
+        masks."""
+        imgs, targets = DetectionDataset.collate([item[:2] for item in batch], uint8, buffers)
         masks = torch.from_numpy(np.concatenate([item[4] for item in batch]).astype(np.float32))
         return imgs, targets, [item[2] for item in batch], [item[3] for item in batch], masks
 

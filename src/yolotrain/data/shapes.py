@@ -6,7 +6,7 @@ whose bounding boxes are the objects' boxes, so detection and segmentation model
 Generation is deterministic: the same parameters give byte-identical files. The dataset is written
 once to a cache folder keyed by its parameters and reused after.
 
-Run ``python -m yolotrain.data.shapes [--root DIR]`` to generate it and print its path.
+Run ``yolotrain data shapes [--root DIR]`` to generate it and print its path.
 """
 
 from __future__ import annotations

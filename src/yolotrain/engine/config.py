@@ -73,8 +73,8 @@ class TrainConfig:
     autoanchor: bool = setting(True, "check the anchors against the training labels before training; refit "
                                "them when the best possible recall is below 0.98", off_flags=("--noautoanchor",))
     amp: Literal["auto", "off", "bf16", "fp16"] = setting(
-        "auto", "mixed precision: auto = fp16 on CUDA (as the reference), off on the CPU; bf16 runs the "
-        "convolutions in bfloat16 (fast on CPUs with AVX512-BF16/AMX and on recent GPUs)")
+        "auto", "mixed precision: auto = fp16 on CUDA (as the reference), bf16 on CPUs with native bfloat16 "
+        "(AVX512-BF16 or AMX), else off (float32); the run's first line says which")
     channels_last: bool = setting(True, "channels-last (NHWC) memory layout for the model and batches, the "
                                   "layout oneDNN and cuDNN convolutions run fastest in")
     compile: bool = setting(False, "torch.compile the training forward and backward: faster steps after a "

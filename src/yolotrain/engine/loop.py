@@ -21,6 +21,7 @@ from ..data.dataset import ImageReadError
 from ..eval.classify import ClassifyMetrics
 from ..eval.predict import predict
 from ..eval.val import val
+from ..model.yolo import PRECISIONS
 from . import distributed as D
 from .optim import apply_warmup, warmup_iterations
 from .plots import TRAIN_BATCH_PLOTS, save_train_batch
@@ -150,7 +151,7 @@ def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[st
     trainer._fire("on_fit_epoch_end", trainer, epoch, row, score)
     state.save(trainer.save_dir / "weights", epoch, metrics, improved,
                {"names": trainer.names, "img_size": cfg.data.img_size, "train_args": cfg.to_dict(),
-                "dataset": trainer.dataset_record})
+                "dataset": trainer.dataset_record, "precision": PRECISIONS[trainer.amp_dtype or torch.float32]})
     # results.csv, results.png and the loggers are written by the default callbacks here (loggers.py).
     trainer._fire("on_model_save", trainer, trainer.save_dir / "weights" / "last", epoch, final,
                   state.best_fitness, score)

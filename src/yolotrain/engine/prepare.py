@@ -19,27 +19,55 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def native_bf16() -> str | None:
+    """The CPU's instructions that compute in bfloat16 natively (``AMX`` or ``AVX512-BF16``), else None.
+
+    oneDNN runs bf16 convolutions on any AVX-512 CPU, but without these it converts to float32 and back,
+    which is slower than float32 itself."""
+    if torch.cpu._is_amx_tile_supported():
+        return "AMX"
+    if torch.cpu._is_avx512_bf16_supported():
+        return "AVX512-BF16"
+    return None
+
+
 def autocast_dtype(amp: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of an ``amp`` setting on ``device`` (``None``: full float32)."""
+    """The autocast dtype of an ``amp`` setting on ``device`` (``None``: full float32).
+
+    ``auto`` is float16 on CUDA (as the reference) and bfloat16 on CPUs with native bf16 instructions:
+    the study in ``benchmarks/results/bf16_study.md`` found bf16 training's mAP50-95 within the seed
+    spread of float32's there, at about twice the step speed."""
     if amp == "auto":
-        return torch.float16 if device.type == "cuda" else None
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if device.type == "cpu" and native_bf16() else None
     if amp == "fp16" and device.type != "cuda":
         raise ConfigError("amp fp16 needs a CUDA device; on the CPU use amp bf16")
     return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
 
 
-def grad_scaler(device: torch.device, amp_dtype: torch.dtype | None,
-                log: Callable[[str], None] | None) -> torch.amp.GradScaler:
-    """cuDNN autotuning, the mixed-precision notice (``log``, on rank 0); the gradient scaler."""
+def precision_line(amp: str, amp_dtype: torch.dtype | None, device: torch.device) -> str:
+    """The run's first line: the precision it trains in, and why (``--amp auto`` decides by the device)."""
+    if amp_dtype is None:
+        why = ("--amp auto: this CPU has no native bfloat16 instructions" if amp == "auto" and device.type == "cpu"
+               else f"--amp {amp}")
+        return f"Precision: float32 on {device.type} ({why})"
+    name = str(amp_dtype).removeprefix("torch.")
+    if device.type == "cpu" and amp_dtype == torch.bfloat16:
+        native = native_bf16()
+        why = (f"--amp {amp}: native on this CPU ({native}); --amp off for float32" if native else
+               f"--amp {amp}: this CPU has no native bfloat16, so expect it to be slower than float32")
+    else:
+        why = f"--amp {amp}"
+    return f"Precision: {name} mixed precision on {device.type} ({why})"
+
+
+def grad_scaler(device: torch.device, amp_dtype: torch.dtype | None) -> torch.amp.GradScaler:
+    """cuDNN autotuning; the gradient scaler."""
     if device.type == "cuda":
         # Training batches keep a few shapes (square, or the rect/multi-scale sizes), so timing the
         # cuDNN algorithms once per shape pays back within the first epoch (the reference does too).
         torch.backends.cudnn.benchmark = True
-    if amp_dtype is not None and log is not None:
-        slow = (device.type == "cpu" and amp_dtype == torch.bfloat16
-                and not torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        log(f"Mixed precision: {str(amp_dtype).removeprefix('torch.')} autocast on {device.type}"
-            + ("; this CPU has no native bfloat16, so expect it to be slower than float32" if slow else ""))
     # Only float16 needs loss scaling: bfloat16 has float32's exponent range, so gradients do not underflow.
     return torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
 

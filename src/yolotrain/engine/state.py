@@ -36,7 +36,8 @@ class TrainState:
     def save(self, weights: Path, epoch: int, metrics: dict[str, float], improved: bool,
              run: dict[str, Any]) -> None:
         """``weights/last`` with the training state, and ``weights/best`` first when ``improved``; ``run``
-        is the metadata that does not change from epoch to epoch (names, image size, settings, dataset)."""
+        is the metadata that does not change from epoch to epoch (names, image size, settings, dataset, the
+        precision trained in)."""
         assert self.ema is not None, "only rank 0 saves checkpoints"
         for name, tensor in self.ema.module.state_dict().items():
             if tensor.dtype.is_floating_point and not bool(torch.isfinite(tensor).all()):
@@ -44,7 +45,8 @@ class TrainState:
                                     f"last good checkpoint. Lower --lr0.")
         metadata = {"names": run["names"], "img_size": run["img_size"], "epoch": epoch,
                     "train_args": run["train_args"], "metrics": metrics, "best_fitness": self.best_fitness,
-                    "ema_updates": self.ema.updates, "history": self.history, "dataset": run["dataset"]}
+                    "ema_updates": self.ema.updates, "history": self.history, "dataset": run["dataset"],
+                    "precision": run["precision"]}
         # best before last: a kill between the two repeats the epoch on resume, and so its best save.
         targets = [("best", None)] if improved else []
         targets.append(("last", self.resume_state()))

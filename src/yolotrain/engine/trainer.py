@@ -41,7 +41,7 @@ from .loop import (
     silence_loader_death_signals,
 )
 from .optim import build_optimizer, lr_lambda
-from .prepare import autocast_dtype, freeze_layers, grad_scaler, seed_everything
+from .prepare import autocast_dtype, freeze_layers, grad_scaler, precision_line, seed_everything
 from .results import TrainingError, TrainResult
 from .resume import (
     RESUME_NAMES,
@@ -156,6 +156,8 @@ class Trainer:
     def setup(self) -> None:
         """Data, model, optimiser, EMA and loss, ready for :meth:`train_batch`; :meth:`fit` calls it."""
         cfg, ctx = self.config, self.ctx
+        if ctx.is_main:
+            self._log(precision_line(cfg.amp, self.amp_dtype, self.device))
         D.init_process_group(ctx, self.device)
         # Per-rank seeds: augmentations differ by sample index already, global RNGs differ by rank.
         seed_everything(cfg.seed + ctx.rank)
@@ -187,7 +189,7 @@ class Trainer:
         self.lf = lr_lambda(cfg.epochs, optim.lrf, optim.cos_lr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=self.lf)
         ema = ModelEMA(model, cfg.ema.decay, cfg.ema.tau) if ctx.is_main else None
-        scaler = grad_scaler(self.device, self.amp_dtype, self._log if ctx.is_main else None)
+        scaler = grad_scaler(self.device, self.amp_dtype)
         self.state = TrainState(model, ema, optimizer, scheduler, scaler, accumulate)
         self.criterion, self.val_criterion = criteria(self, model, ema)
         self.save_dir = (self.resume_from.parent.parent if self.resume_from is not None

@@ -1,0 +1,48 @@
+"""The loader benchmark and profile scripts keep working: a few coco128 images, tiny sizes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COCO128 = ROOT.parent / "shared" / "datasets" / "coco128"
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (COCO128 / "images").is_dir(), reason="needs ../shared coco128")]
+
+
+def run(script: str, tmp_path: Path, *args: str) -> None:
+    pytest.importorskip("yolov5", reason="the benchmark compares with the reference package")
+    env = {**os.environ, "YOLO_CONFIG_DIR": str(tmp_path), "YOLOV5_CONFIG_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--images", "8", *args], check=True,
+                   env=env, cwd=tmp_path, capture_output=True, timeout=600)
+
+
+def test_the_loader_benchmark_runs(tmp_path):
+    run("bench_loader.py", tmp_path, "--sizes", "64", "--workers", "0", "1", "--epochs", "1", "--batch-size", "4",
+        "--out", str(tmp_path / "loader.json"))
+    report = json.loads((tmp_path / "loader.json").read_text())
+    assert report["cpu_model"] and "8 images" in report["what"]
+    assert [(row["img_size"], row["workers"]) for row in report["results"]] == [(64, 0), (64, 1)]
+    for row in report["results"]:
+        for cache in ("none", "ram"):
+            ours, ref = row[f"yolotrain_{cache}"], row[f"reference_{cache}"]
+            assert all(side["img_s"] > 0 and side["img_per_core_s"] > 0 for side in (ours, ref))
+            # Ratios of the rates as the table publishes them (both rounded: to 2 decimals, rates to 0.1).
+            assert row[f"ratio_{cache}"] == pytest.approx(ours["img_s"] / ref["img_s"], abs=0.01)
+            assert row[f"ratio_{cache}_per_core"] == pytest.approx(ours["img_per_core_s"] / ref["img_per_core_s"],
+                                                                   abs=0.01)
+
+
+def test_the_loader_profile_runs(tmp_path):
+    run("profile_loader.py", tmp_path, "--sizes", "64", "--samples", "8", "--batch-size", "4",
+        "--out", str(tmp_path / "profile.md"))
+    text = (tmp_path / "profile.md").read_text()
+    assert "| stage | yolotrain 64 | reference 64 |" in text
+    assert "| JPEG decode |" in text and "| **total** |" in text and "- 64 px: reading and decoding" in text
