@@ -4,13 +4,14 @@ For each model × image size it measures, on the same fixed mosaic batch of coco
 
 - **floor**: our model's forward + backward alone (float32, the default NCHW layout, a plain sum as loss);
 - **ours**: the trainer's real step (``Trainer.train_batch``: targets, loss, backward, clipping,
-  optimiser, EMA; one optimiser step per batch) with the default settings, and with ``--amp bf16``;
+  optimiser, EMA; one optimiser step per batch) with the default settings (``--amp auto``: bf16 on CPUs
+  with native bf16, float32 elsewhere; the setup block records which), and in float32 (``--amp off``);
 - **reference**: the ``yolov5`` 7.0.14 package's model, ``ComputeLoss``, ``smart_optimizer`` groups,
   gradient clipping and ``ModelEMA``, in the order its ``train.py`` runs them;
 
 alternating the contenders in every round so that machine drift falls on all of them alike, and
 reporting each one's median. Then, for the end-to-end rows, whole commands in subprocesses
-(mosaic on, 2 loader workers, same data and weights): ``yolotrain train`` (default, and ``--amp bf16``)
+(mosaic on, 2 loader workers, same data and weights): ``yolotrain train`` (default, and ``--amp off``)
 against the reference's ``train.py``, each run for 3 epochs with ``--noval`` (validation after the
 last epoch only; the steady-state epoch is the time between the first and second rows of its
 ``results.csv``) and for 3 epochs validating every epoch (the whole short fine-tuning command).
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -38,10 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import COCO128, ROOT, alias_numpy_trapz, reference_env
+from common import COCO128, ROOT, alias_numpy_trapz, cpu_model, reference_env
 from common import WEIGHTS_DIR as WEIGHTS
 
 from yolotrain.data.sources import link_subset
+from yolotrain.engine.prepare import autocast_dtype
 
 BATCH = 16
 # Runs the reference's train.py as a program, with numpy 2's name for the function it calls, and with
@@ -240,7 +241,7 @@ def end_to_end(version: str, img_size: int, data: Path, work: Path, reference_ro
     runs: dict[str, dict[str, dict]] = {}
     for label in ("noval", "val"):
         runs[label] = {}
-        sides = ("ours", "ours_bf16", "reference")
+        sides = ("ours", "ours_fp32", "reference")
         shift = len(runs) % len(sides)
         for side in sides[shift:] + sides[:shift]:
             name = f"{version}{img_size}-{side}-{label}"
@@ -255,30 +256,30 @@ def end_to_end(version: str, img_size: int, data: Path, work: Path, reference_ro
             else:
                 project = work / "ours"
                 argv = [sys.executable, "-m", "yolotrain", "train", "--model", source, "--project", str(project),
-                        *common, *(["--amp", "bf16"] if side == "ours_bf16" else [])]
+                        *common, *(["--amp", "off"] if side == "ours_fp32" else [])]
             runs[label][side] = run_command(argv, env, work, project / name / "results.csv")
     return runs
 
 
 def summarise(setup: dict, steps: dict, e2e: dict, epochs: int) -> tuple[dict, str]:
     """Ratios and the Markdown table from the raw measurements."""
-    rows, table = [], ["| model | img | floor ms | ours ms | ours/floor | ours bf16 ms | reference ms | "
-                       "reference/floor | step speed-up | bf16 step speed-up |", "|---" * 10 + "|"]
+    rows, table = [], ["| model | img | floor ms | ours ms | ours/floor | ours float32 ms | reference ms | "
+                       "reference/floor | step speed-up | float32 step speed-up |", "|---" * 10 + "|"]
     for key, s in steps.items():
-        floor, ours, bf16, ref = (s[n]["wall_s"] for n in ("floor", "ours", "ours_bf16", "reference"))
-        row = {"config": key, "floor_ms": floor * 1e3, "ours_ms": ours * 1e3, "ours_bf16_ms": bf16 * 1e3,
+        floor, ours, fp32, ref = (s[n]["wall_s"] for n in ("floor", "ours", "ours_fp32", "reference"))
+        row = {"config": key, "floor_ms": floor * 1e3, "ours_ms": ours * 1e3, "ours_fp32_ms": fp32 * 1e3,
                "reference_ms": ref * 1e3, "ours_over_floor": ours / floor, "reference_over_floor": ref / floor,
-               "step_speedup": ref / ours, "bf16_step_speedup": ref / bf16,
-               "images_per_s": {"ours": BATCH / ours, "ours_bf16": BATCH / bf16, "reference": BATCH / ref}}
+               "step_speedup": ref / ours, "fp32_step_speedup": ref / fp32,
+               "images_per_s": {"ours": BATCH / ours, "ours_fp32": BATCH / fp32, "reference": BATCH / ref}}
         rows.append(row)
         model, img = key.split("@")
         table.append(f"| {model} | {img} | {floor * 1e3:.0f} | {ours * 1e3:.0f} | {ours / floor:.3f} | "
-                     f"{bf16 * 1e3:.0f} | {ref * 1e3:.0f} | {ref / floor:.3f} | {ref / ours:.2f}x | "
-                     f"{ref / bf16:.2f}x |")
+                     f"{fp32 * 1e3:.0f} | {ref * 1e3:.0f} | {ref / floor:.3f} | {ref / ours:.2f}x | "
+                     f"{ref / fp32:.2f}x |")
     e2e_rows = []
     if e2e:
-        table += ["", f"| model | img | steady epoch s: ours / bf16 / reference | speed-up (bf16) | {epochs} epochs "
-                  "with val s: ours / bf16 / reference | speed-up (bf16) | CPU s: ours / reference | "
+        table += ["", f"| model | img | steady epoch s: ours / float32 / reference | speed-up (float32) | {epochs} "
+                  "epochs with val s: ours / float32 / reference | speed-up (float32) | CPU s: ours / reference | "
                   "peak RSS GB: ours / reference |", "|---|---|---|---|---|---|---|---|"]
     for key, runs in e2e.items():
         noval, full = runs["noval"], runs["val"]
@@ -287,9 +288,9 @@ def summarise(setup: dict, steps: dict, e2e: dict, epochs: int) -> tuple[dict, s
         command = {side: r["wall_s"] for side, r in full.items()}
         row = {"config": key, "steady_epoch_s": epoch,
                "steady_epoch_speedup": epoch["reference"] / epoch["ours"],
-               "steady_epoch_speedup_bf16": epoch["reference"] / epoch["ours_bf16"],
+               "steady_epoch_speedup_fp32": epoch["reference"] / epoch["ours_fp32"],
                "command_s": command, "command_speedup": command["reference"] / command["ours"],
-               "command_speedup_bf16": command["reference"] / command["ours_bf16"],
+               "command_speedup_fp32": command["reference"] / command["ours_fp32"],
                "command_cpu_s": {side: r["cpu_s"] for side, r in full.items()},
                "peak_rss_gb": {side: max(runs[k][side]["peak_rss_gb"] for k in runs) for side in full},
                "runs": runs}
@@ -297,10 +298,10 @@ def summarise(setup: dict, steps: dict, e2e: dict, epochs: int) -> tuple[dict, s
         model, img = key.split("@")
         cpu, rss = row["command_cpu_s"], row["peak_rss_gb"]
         table.append(
-            f"| {model} | {img} | {epoch['ours']:.1f} / {epoch['ours_bf16']:.1f} / {epoch['reference']:.1f} | "
-            f"{row['steady_epoch_speedup']:.2f}x ({row['steady_epoch_speedup_bf16']:.2f}x) | "
-            f"{command['ours']:.1f} / {command['ours_bf16']:.1f} / {command['reference']:.1f} | "
-            f"{row['command_speedup']:.2f}x ({row['command_speedup_bf16']:.2f}x) | "
+            f"| {model} | {img} | {epoch['ours']:.1f} / {epoch['ours_fp32']:.1f} / {epoch['reference']:.1f} | "
+            f"{row['steady_epoch_speedup']:.2f}x ({row['steady_epoch_speedup_fp32']:.2f}x) | "
+            f"{command['ours']:.1f} / {command['ours_fp32']:.1f} / {command['reference']:.1f} | "
+            f"{row['command_speedup']:.2f}x ({row['command_speedup_fp32']:.2f}x) | "
             f"{cpu['ours']:.0f} / {cpu['reference']:.0f} | {rss['ours']:.2f} / {rss['reference']:.2f} |")
     result = {"setup": setup, "steps": rows, "end_to_end": e2e_rows, "raw_steps": steps}
     return result, "\n".join(table) + "\n"
@@ -339,7 +340,8 @@ def main() -> None:
     reference_root = Path(yolov5.__file__).parent
     data = link_subset(COCO128 / "data.yaml", work / "data", a.images)
     setup = {"device": "cpu", "batch_size": BATCH, "images": a.images,
-             "cpu": platform.processor() or platform.machine(),
+             "cpu": cpu_model(),
+             "auto_precision": "bf16" if autocast_dtype("auto", torch.device("cpu")) else "fp32",
              "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
              "load_average_1min_at_start": os.getloadavg()[0], "rounds": a.rounds, "epochs": a.epochs}
     steps = {}
@@ -349,7 +351,7 @@ def main() -> None:
             contenders = {
                 "floor": floor_step(version, imgs),
                 "ours": our_step(model_source(version), data, size, work / "runs"),
-                "ours_bf16": our_step(model_source(version), data, size, work / "runs", amp="bf16"),
+                "ours_fp32": our_step(model_source(version), data, size, work / "runs", amp="off"),
                 "reference": reference_step(reference_root, version, data, size),
             }
             steps[f"yolov5{version}@{size}"] = time_alternating(contenders, a.rounds)
@@ -359,7 +361,7 @@ def main() -> None:
     if a.profile:
         version, size = a.profile.split("@")
         profiled = {"ours": our_step(model_source(version), data, int(size), work / "runs"),
-                    "ours_bf16": our_step(model_source(version), data, int(size), work / "runs", amp="bf16"),
+                    "ours_fp32": our_step(model_source(version), data, int(size), work / "runs", amp="off"),
                     "reference": reference_step(reference_root, version, data, int(size))}
         (out / "train_profile.md").write_text(f"# Where the training step spends its time: yolov5{version} at "
                                               f"{size}, batch {BATCH}, CPU\n\n" + profile_steps(profiled))

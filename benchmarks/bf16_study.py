@@ -28,7 +28,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import COCO128, ROOT, YOLOV5N
+from common import COCO128, ROOT, YOLOV5N, cpu_model
 
 # Each setup's arguments. Without --data, training takes the built-in shapes set and its defaults (the
 # set is generated into YOLOTRAIN_CACHE, which the study points at its temporary folder).
@@ -45,13 +44,6 @@ SETUPS = {
     "coco128-finetune-320": ["--model", str(YOLOV5N), "--data", str(COCO128 / "data.yaml"), "--img", "320"],
     "shapes-scratch-160": ["--model", "yolov5n"],
 }
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def native_bf16() -> dict[str, bool]:

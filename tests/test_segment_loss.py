@@ -5,9 +5,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from yolotrain import Yolov5
-from yolotrain.segment_loss import SegmentLoss
+from yolotrain.segment_loss import SegmentLoss, _box_pixels
 
 
 def sorted_targets(n: int, batch: int, nc: int, seed: int) -> torch.Tensor:
@@ -143,3 +145,21 @@ def test_autocast_outputs_are_scored_in_float32():
     loss = criterion(low, targets, masks)
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, criterion(exact, targets, masks))
+
+
+box_edges = st.one_of(st.integers(-3, 20).map(float), st.floats(-3.0, 20.0, allow_nan=False, width=32))
+
+
+@given(boxes=st.lists(st.tuples(box_edges, box_edges, box_edges, box_edges), max_size=6),
+       h=st.integers(1, 12), w=st.integers(1, 12))
+def test_the_mask_term_scores_exactly_the_pixels_the_reference_keeps(boxes, h, w):
+    """The BCE is computed only inside the boxes: the (box, pixel) pairs are those the reference's
+    crop_mask keeps (``x1 <= col < x2``, ``y1 <= row < y2``), on and off the pixel grid, partly outside
+    the mask or empty, in box then row-major order."""
+    xyxy = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+    box, pixel = _box_pixels(xyxy, h, w)
+    cols = torch.arange(w, dtype=torch.float32)[None, None, :]
+    rows = torch.arange(h, dtype=torch.float32)[None, :, None]
+    x1, y1, x2, y2 = xyxy[:, :, None].chunk(4, 1)
+    kept = ((cols >= x1) & (cols < x2) & (rows >= y1) & (rows < y2)).reshape(len(boxes), h * w).nonzero()
+    assert torch.equal(box, kept[:, 0]) and torch.equal(pixel, kept[:, 1])

@@ -53,7 +53,10 @@ def test_eval_mode_decodes_boxes_and_keeps_raw_mask_coefficients():
     assert tuple(decoded.shape) == (1, n, 5 + 3 + 32) and tuple(eval_proto.shape) == (1, 32, 16, 16)
     assert torch.equal(proto, eval_proto)
     # The boxes and scores are the detection decoding of the first 5+nc outputs; the coefficients stay raw.
-    boxes = Detect.decode(model.head, [m[..., :8] for m in maps])
+    head = model.head
+    detection_head = Detect(3, head.anchors * head.stride.view(-1, 1, 1), tuple(c.in_channels for c in head.m),
+                            tuple(int(s) for s in head.stride))
+    boxes = detection_head.decode([m[..., :8] for m in maps])
     torch.testing.assert_close(decoded[..., :8], boxes)
     coefficients = torch.cat([m[..., 8:].reshape(1, -1, 32) for m in maps], 1)
     torch.testing.assert_close(decoded[..., 8:], coefficients)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import cv2
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -14,6 +15,7 @@ from test_train import run_cli
 from yolotrain import Yolov5, train
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.data import generate_shapes_dataset
+from yolotrain.draw import draw_batch
 from yolotrain.engine import Trainer, resolve_config
 from yolotrain.interop import load_checkpoint
 
@@ -102,3 +104,23 @@ def test_detection_weights_start_a_segmentation_model(shapes, tmp_path, capsys):
     assert torch.equal(ours["model.24.m.0.bias"].view(3, -1)[:, :7], theirs["model.24.m.0.bias"].view(3, 7))
     assert f"Transferred {len(ours) - len([k for k in ours if '.proto.' in k])}/{len(ours)} tensors from" in \
         capsys.readouterr().out
+
+
+def test_the_first_training_batches_are_drawn_with_their_masks(shapes, tmp_path):
+    """train_batch0.jpg of a segmentation run is the batch the model saw with its boxes and its target masks
+    blended in: it differs from the same batch drawn with boxes only wherever a mask lies."""
+    batches = []
+    result = train(data=str(shapes), model="yolov5n-seg", epochs=1, project=str(tmp_path), val=False,
+                   callbacks={"on_train_batch_end": lambda trainer, epoch, batch, imgs, targets, loss:
+                              batches.append((imgs.clone(), targets.clone()))},
+                   **TINY)
+    drawn = [result.save_dir / f"train_batch{i}.jpg" for i in range(len(batches))]
+    assert len(batches) == 2 and all(path.is_file() for path in drawn)
+    imgs, targets = batches[0]
+    picture = cv2.imread(str(drawn[0]))
+    boxes_only = draw_batch(imgs, targets, ["circle", "rectangle"])
+    assert picture.shape == boxes_only.shape == (2 * 64, 2 * 64, 3)
+    # Blurred, JPEG's colour noise at sharp edges averages out; a blended mask is a shift over a whole region.
+    smooth = [cv2.GaussianBlur(p, (7, 7), 0).astype(int) for p in (picture, boxes_only)]
+    tinted = (abs(smooth[0] - smooth[1]).max(2) > 25).mean()
+    assert tinted > 0.03, f"only {tinted:.1%} of the pixels differ from the boxes-only drawing"

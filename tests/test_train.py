@@ -44,7 +44,7 @@ def test_train_writes_a_complete_run(tiny_data, tmp_path):
     run = tmp_path / "runs" / "exp"
     for name in ("weights/last.safetensors", "weights/last.json", "weights/last.state.pt",
                  "weights/best.safetensors", "weights/best.json", "results.csv", "results.png",
-                 "confusion_matrix.png", "PR_curve.png", "val_predictions/00000.jpg"):
+                 "confusion_matrix.png", "PR_curve.png", "val_predictions/00000.jpg", "train_batch0.jpg"):
         assert (run / name).is_file(), name
     rows = (run / "results.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("epoch,train_box,train_obj,train_cls,precision")

@@ -1,5 +1,5 @@
 """Boxes drawn onto images (OpenCV, no fonts needed): detections in prediction and validation
-pictures, ground truth in dataset previews. One colour per class everywhere."""
+pictures, ground truth in dataset previews and training batches. One colour per class everywhere."""
 
 from __future__ import annotations
 
@@ -64,3 +64,41 @@ def draw_masks(image: np.ndarray, masks: np.ndarray, classes: torch.Tensor | np.
         colour = np.array(class_colour(c), np.float32)
         out[mask] = (out[mask] * (1 - alpha) + colour * alpha).astype(np.uint8)
     return out
+
+
+def object_masks(masks: np.ndarray, n: int, shape: tuple[int, int], overlap: bool) -> np.ndarray:
+    """Bool ``[n, h, w]`` masks at the image's ``shape`` (h, w) from a sample's target masks at 1/mask_ratio;
+    row ``k`` of an overlap map is the pixels numbered ``k + 1``, as the loss reads them."""
+    per_object = masks[0] == np.arange(1, n + 1)[:, None, None] if overlap else masks.astype(bool)
+    resized = [cv2.resize(m.astype(np.uint8), shape[::-1], interpolation=cv2.INTER_NEAREST) for m in per_object]
+    return np.stack(resized).astype(bool) if n else np.zeros((0, *shape), bool)
+
+
+def draw_batch(imgs: torch.Tensor, targets: torch.Tensor, names: Sequence[str], masks: torch.Tensor | None = None,
+               overlap: bool = True, max_images: int = 16) -> np.ndarray:
+    """One BGR picture of a training batch (the reference's ``train_batch*.jpg``): the first ``max_images``
+    of ``imgs [B, 3, H, W]`` (RGB, uint8 or floats in 0..1) in a square grid, each with the boxes and class
+    names of its ``targets`` rows (image, class, cx, cy, w, h normalised) and, for a segmentation batch,
+    its target ``masks`` (``overlap``: one ``[B, h, w]`` numbered map per image, else ``[N, h, w]`` per
+    target row) blended in their class colours."""
+    n = min(imgs.shape[0], max_images)
+    pixels = imgs[:n].detach().float().cpu() * (255 if imgs.is_floating_point() else 1)
+    pixels = pixels.clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
+    targets = targets.detach().cpu()
+    h, w = pixels.shape[1:3]
+    tiles = []
+    for i in range(n):
+        rows = targets[:, 0] == i
+        labels = targets[rows, 1:].double()
+        image = cv2.cvtColor(pixels[i], cv2.COLOR_RGB2BGR)
+        if masks is not None:
+            own = (masks[i:i + 1] if overlap else masks[rows]).detach().cpu().numpy()
+            image = draw_masks(image, object_masks(own, len(labels), (h, w), overlap), labels[:, 0])
+        centres, sizes = labels[:, 1:3], labels[:, 3:5]
+        scale = torch.tensor([w, h, w, h], dtype=torch.float64)
+        boxes = torch.cat((centres - sizes / 2, centres + sizes / 2), 1) * scale
+        tiles.append(draw_detections(image, boxes, labels[:, 0], names))
+    cols = int(np.ceil(np.sqrt(n)))
+    grid_rows = -(-n // cols)
+    tiles += [np.full_like(tiles[0], 114)] * (grid_rows * cols - n)
+    return np.vstack([np.hstack(tiles[r * cols:(r + 1) * cols]) for r in range(grid_rows)])

@@ -3,8 +3,9 @@
 Semantics follow the reference's ``utils/segment/loss.py`` ``ComputeLoss``: every prediction assigned to
 a target combines the prototypes with its mask coefficients; the BCE against the target's mask, kept
 inside the target's box, averaged over the mask and divided by the box's area, is averaged per image and
-summed over images and levels, with the box gain over the batch size. Here the matches of all images
-are combined in one batched product (no loop over images), and nothing is written in place.
+summed over images and levels, with the box gain over the batch size. Here the BCE is computed only at
+the pixels inside each box (outside, the reference multiplies it by zero: the same sum, and the same
+gradient), each image's masks are one product, and nothing is written in place.
 """
 
 from __future__ import annotations
@@ -86,29 +87,38 @@ class SegmentLoss(YoloLoss):
             # The normalised box as the reference recovers it from grid units (the same rounding).
             grid_gain = torch.tensor([nx, ny, nx, ny], dtype=targets.dtype, device=targets.device)
             xywhn = (targets[target_index, 2:6] * grid_gain / grid_gain).to(proto.dtype)
-            logits = _per_image_products(predictions[:, -nm:], image, flat_proto).view(-1, mask_h, mask_w)
+            match, pixel = _box_pixels(_xywh_to_xyxy(xywhn * scale), mask_h, mask_w)
+            inside_logits = _inside_logits(predictions[:, -nm:], image, flat_proto, match, pixel)
             if self.overlap:
-                target = (masks[image] == mask_index[target_index].view(-1, 1, 1)).to(proto.dtype)
+                owner = mask_index[target_index]
+                inside_target = masks.reshape(batch_size, -1)[image[match], pixel] == owner[match]
             else:
-                target = masks[mask_index[target_index]].to(proto.dtype)
-            loss = F.binary_cross_entropy_with_logits(logits, target, reduction="none")
-            box = _xywh_to_xyxy(xywhn * scale)
-            area = xywhn[:, 2:].prod(1)
-            per_match = _inside_box(loss, box).mean(dim=(1, 2)) / area
-            # Averaged per image, summed over images: each match weighs 1 / (matches of its image).
+                inside_target = masks.reshape(masks.shape[0], -1)[mask_index[target_index][match], pixel]
+            # Per match: the mean over the whole mask (zeros outside the box), over the box's area, averaged
+            # over its image's matches; one weighted sum over the pixels inside the boxes.
             per_image = torch.bincount(image, minlength=batch_size).to(proto.dtype)
-            total = total + (per_match / per_image[image]).sum()
+            weight = 1 / (xywhn[:, 2:].prod(1) * (mask_h * mask_w) * per_image[image])
+            total = total + F.binary_cross_entropy_with_logits(
+                inside_logits, inside_target.to(proto.dtype), weight=weight[match], reduction="sum")
         return total
 
 
-def _per_image_products(coefficients: torch.Tensor, image: torch.Tensor, flat_proto: torch.Tensor) -> torch.Tensor:
-    """``coefficients[m] @ flat_proto[image[m]]`` for every match ``m`` (``[m, h*w]``; ``image`` sorted): one
-    product per image over that image's matches, as the reference computes them. Packing the matches into
-    a padded ``[B, most, nm]`` table for one batched product costs more than it saves: the padding is
-    computed too, and the gather back from ``[B, most, h*w]`` (and its scatter in backward) dominates."""
-    counts = torch.bincount(image, minlength=flat_proto.shape[0]).tolist()
-    return torch.cat([coefficients_of_image @ proto
-                      for coefficients_of_image, proto, count in zip(coefficients.split(counts), flat_proto, counts)
+def _inside_logits(coefficients: torch.Tensor, image: torch.Tensor, flat_proto: torch.Tensor,
+                   match: torch.Tensor, pixel: torch.Tensor) -> torch.Tensor:
+    """The mask logit ``coefficients[match] @ flat_proto[image[match]][:, pixel]`` of every ``(match, pixel)``
+    pair (``image`` and ``match`` sorted): one product per image over that image's matches, as the reference
+    computes them, of which only the pairs are kept. Packing the matches into a padded ``[B, most, nm]`` table
+    for one batched product costs more than it saves (the padding is computed too, and the gather back from
+    ``[B, most, h*w]`` dominates); so does joining the images' full products before picking the pairs."""
+    batch_size, _, area = flat_proto.shape
+    match_counts = torch.bincount(image, minlength=batch_size)
+    first_match = (match_counts.cumsum(0) - match_counts)[image[match]]
+    local = (match - first_match) * area + pixel
+    pair_counts = torch.bincount(image[match], minlength=batch_size).tolist()
+    return torch.cat([(coefficients_of_image @ proto).flatten()[local_of_image]
+                      for coefficients_of_image, proto, local_of_image, count in
+                      zip(coefficients.split(match_counts.tolist()), flat_proto, local.split(pair_counts),
+                          match_counts.tolist())
                       if count])
 
 
@@ -117,11 +127,17 @@ def _xywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
     return torch.cat((xy - wh / 2, xy + wh / 2), 1)
 
 
-def _inside_box(values: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-    """``values [n, h, w]`` with everything outside each row's box (``x1 <= col < x2``, ``y1 <= row < y2``)
-    set to zero, as the reference's ``crop_mask``."""
-    _, h, w = values.shape
-    x1, y1, x2, y2 = boxes[:, :, None].chunk(4, 1)
-    cols = torch.arange(w, device=values.device, dtype=boxes.dtype)[None, None, :]
-    rows = torch.arange(h, device=values.device, dtype=boxes.dtype)[None, :, None]
-    return values * ((cols >= x1) & (cols < x2) & (rows >= y1) & (rows < y2))
+def _box_pixels(boxes: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pixels inside each box of ``boxes [n, 4]`` (xyxy in pixels; ``x1 <= col < x2``, ``y1 <= row < y2``,
+    the reference's ``crop_mask``) as ``(box index, row * w + col)`` pairs, box by box, row by row. The
+    integer bounds are exact: ``col >= x1`` is ``col >= ceil(x1)`` and ``col < x2`` is ``col < ceil(x2)``."""
+    limits = torch.tensor([w, h, w, h], device=boxes.device, dtype=boxes.dtype)
+    x1, y1, x2, y2 = torch.minimum(boxes.ceil().clamp(min=0), limits).long().unbind(1)
+    widths, heights = (x2 - x1).clamp(min=0), (y2 - y1).clamp(min=0)
+    counts = widths * heights
+    box = torch.repeat_interleave(torch.arange(boxes.shape[0], device=boxes.device), counts)
+    offset = torch.arange(box.shape[0], device=boxes.device) - (counts.cumsum(0) - counts)[box]
+    box_width = widths[box]
+    rows = y1[box] + offset // box_width
+    cols = x1[box] + offset % box_width
+    return box, rows * w + cols

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..boxes import xywh_to_xyxy
-from ..draw import class_colour, draw_detections, draw_masks
+from ..draw import class_colour, draw_detections, draw_masks, object_masks
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from .augment import AugmentConfig
 from .classify import (
@@ -64,14 +64,6 @@ def draw_sample(img_rgb: np.ndarray, labels: np.ndarray, names: list[str],
         image = draw_masks(image, object_masks(masks, len(labels), (h, w), overlap), labels[:, 0])
     boxes = xywh_to_xyxy(torch.from_numpy(labels[:, 1:5]).double()) * torch.tensor([w, h, w, h])
     return draw_detections(image, boxes, labels[:, 0], names)
-
-
-def object_masks(masks: np.ndarray, n: int, shape: tuple[int, int], overlap: bool) -> np.ndarray:
-    """Bool ``[n, h, w]`` masks at the image's ``shape`` (h, w) from a sample's target masks at 1/mask_ratio;
-    row ``k`` of an overlap map is the pixels numbered ``k + 1``, as the loss reads them."""
-    per_object = masks[0] == np.arange(1, n + 1)[:, None, None] if overlap else masks.astype(bool)
-    resized = [cv2.resize(m.astype(np.uint8), shape[::-1], interpolation=cv2.INTER_NEAREST) for m in per_object]
-    return np.stack(resized).astype(bool) if n else np.zeros((0, *shape), bool)
 
 
 def save_preview(dataset: DetectionDataset, path: Path, n: int = 4) -> Path:

@@ -235,14 +235,15 @@ class DeviceAugmenter:
         matrices = warp_matrices(batch.warp, batch.canvas, self.size)
         composites = self.warp_tiles(self.atlas(batch), batch, offsets, matrices)
         imgs = torch.zeros((len(batch.flip), *composites.shape[1:]), dtype=composites.dtype, device=self.device)
-        imgs.index_add_(0, batch.composite_sample, composites * batch.composite_weight[:, None, None, None].float())
-        imgs = imgs.round_()
+        weighted = composites * batch.composite_weight[:, None, None, None].float()
+        imgs = imgs.index_add(0, batch.composite_sample, weighted)
+        imgs = imgs.round()
         if any((self.hyp.hsv_h, self.hyp.hsv_s, self.hyp.hsv_v)):
             imgs = hsv_gains(imgs, batch.hsv_gain)
         flip = batch.flip[:, :, None, None, None]
         imgs = torch.where(flip[:, 0], imgs.flip(-2), imgs)
         imgs = torch.where(flip[:, 1], imgs.flip(-1), imgs)
-        return imgs.div_(255), self.targets(batch, offsets, matrices)
+        return imgs.div(255), self.targets(batch, offsets, matrices)
 
     def decode(self, data: Sequence[torch.Tensor], orientation: Sequence[int]) -> list[torch.Tensor]:
         """``[3, h, w]`` uint8 RGB images on the device: JPEGs batched through nvJPEG on CUDA, the rest

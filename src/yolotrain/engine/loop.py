@@ -24,6 +24,7 @@ from ..eval.val import val
 from ..model.yolo import PRECISIONS
 from . import distributed as D
 from .optim import apply_warmup, warmup_iterations
+from .plots import TRAIN_BATCH_PLOTS, save_train_batch
 from .results import TrainResult
 
 if TYPE_CHECKING:
@@ -81,6 +82,9 @@ def run_epochs(trainer: Trainer) -> TrainResult:
             trainer._fire("on_train_batch_start", trainer, epoch, i)
             imgs, loss = trainer.train_batch(imgs, targets, epoch, i, step, masks)
             trainer._fire("on_train_batch_end", trainer, epoch, i, imgs, targets, loss)
+            if step < TRAIN_BATCH_PLOTS and cfg.eval.plots and ctx.is_main and trainer.model.task != "classify":
+                save_train_batch(trainer.save_dir / f"train_batch{step}.jpg", imgs, targets, trainer.names, masks,
+                                 cfg.data.overlap_mask)
             mean_loss = (mean_loss * i + trainer.step.loss_components(loss)) / (i + 1)
             seen += imgs.shape[0] * ctx.world_size
             if ctx.is_main:

@@ -1,9 +1,26 @@
-"""Training curves (results.png) from results.csv."""
+"""Training curves (results.png) from results.csv, and the first training batches as pictures."""
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
+
+import cv2
+import torch
+
+from ..draw import draw_batch
+
+# The first batches of a run drawn as train_batch0.jpg ... (the reference draws three).
+TRAIN_BATCH_PLOTS = 3
+
+
+def save_train_batch(path: Path, imgs: torch.Tensor, targets: torch.Tensor, names: Sequence[str],
+                     masks: torch.Tensor | None = None, overlap: bool = True) -> Path:
+    """``path`` (a JPEG): the batch as the model saw it, with its labels' boxes and names and, for a
+    segmentation batch, its target masks (see :func:`yolotrain.draw.draw_batch`)."""
+    cv2.imwrite(str(path), draw_batch(imgs, targets, names, masks, overlap))
+    return path
 
 
 def plot_results(csv_path: Path, out_path: Path) -> None:

@@ -58,19 +58,26 @@ class Detect(nn.Module):
         return maps
 
     def decode(self, maps: list[torch.Tensor]) -> torch.Tensor:
-        """Raw maps → ``[B, N, 5+nc]``: cx, cy, w, h in input pixels, sigmoid objectness and class scores."""
+        """Raw maps → ``[B, N, 5+nc+extra]``: cx, cy, w, h in input pixels, sigmoid objectness and class
+        scores, then the extra outputs as they are (a segmentation head's mask coefficients: they weight the
+        prototypes, a sigmoid follows their sum), each level's rows written once."""
         decoded = []
+        num_extra = self.no - self.nc - 5
         for i, p in enumerate(maps):
             if p.dtype == torch.bfloat16:
                 # bf16 keeps 8 significant bits: pixel coordinates would be off by up to 2 px at 640.
                 p = p.float()
             b, na, ny, nx, no = p.shape
             grid, anchor_grid = self._grid(nx, ny, i, p.dtype, p.device)
+            extra = []
+            if num_extra:
+                p, coefficients = p.split((self.nc + 5, num_extra), 4)
+                extra = [coefficients]
             xy, wh, conf = p.sigmoid().split((2, 2, self.nc + 1), 4)
             xy = (xy * 2 + grid) * self.stride[i]
             wh = wh * 2
             wh = wh * wh * anchor_grid  # a product, not pow(): LiteRT has no float pow kernel
-            decoded.append(torch.cat((xy, wh, conf), 4).view(b, na * ny * nx, no))
+            decoded.append(torch.cat((xy, wh, conf, *extra), 4).view(b, na * ny * nx, no))
         return torch.cat(decoded, 1)
 
     def _grid(self, nx: int, ny: int, level: int, dtype: torch.dtype,

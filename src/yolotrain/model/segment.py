@@ -29,7 +29,8 @@ class Proto(nn.Module):
 
 class Segment(Detect):
     """Detect head whose anchors also predict ``nm`` mask coefficients (after the class logits), and the
-    :class:`Proto` module those coefficients combine (``nm`` and ``npr`` as the reference names them)."""
+    :class:`Proto` module those coefficients combine (``nm`` and ``npr`` as the reference names them).
+    :meth:`Detect.decode` passes the coefficients through raw."""
 
     def __init__(self, num_classes: int, anchors: torch.Tensor, channels: tuple[int, ...],
                  strides: tuple[int, ...] = STRIDES, num_masks: int = NUM_MASKS, num_protos: int = NUM_PROTOS) -> None:
@@ -41,10 +42,3 @@ class Segment(Detect):
     def forward(self, features: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Raw maps ``[B, na, H/s, W/s, 5+nc+nm]`` per level and the prototypes ``[B, nm, H/4, W/4]``."""
         return super().forward(features), self.proto(features[0])
-
-    def decode(self, maps: list[torch.Tensor]) -> torch.Tensor:
-        """Raw maps → ``[B, N, 5+nc+nm]``: decoded boxes and scores as :meth:`Detect.decode`, then the raw
-        mask coefficients (no sigmoid: they weight the prototypes, a sigmoid follows their sum)."""
-        boxes = super().decode([p[..., :self.nc + 5] for p in maps])
-        coefficients = torch.cat([p[..., self.nc + 5:].reshape(p.shape[0], -1, self.nm) for p in maps], 1)
-        return torch.cat((boxes, coefficients.to(boxes.dtype)), 2)
