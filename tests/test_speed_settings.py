@@ -196,14 +196,15 @@ def test_the_training_benchmark_runs(tmp_path):
     run_benchmark("bench_train.py", tmp_path, "--out", str(tmp_path))
     result = json.loads((tmp_path / "train.json").read_text())
     (row,) = result["steps"]
+    assert result["setup"]["auto_precision"] == ("bf16" if autocast_dtype("auto", torch.device("cpu")) else "fp32")
     assert row["config"] == "yolov5n@64"
-    assert all(row[k] > 0 for k in ("floor_ms", "ours_ms", "ours_bf16_ms", "reference_ms"))
+    assert all(row[k] > 0 for k in ("floor_ms", "ours_ms", "ours_fp32_ms", "reference_ms"))
     assert row["step_speedup"] == pytest.approx(row["reference_ms"] / row["ours_ms"])
     assert row["ours_over_floor"] == pytest.approx(row["ours_ms"] / row["floor_ms"])
     assert row["images_per_s"]["ours"] == pytest.approx(row["images_per_s"]["reference"] * row["step_speedup"])
     assert "| yolov5n | 64 |" in (tmp_path / "train.md").read_text()
     profile = (tmp_path / "train_profile.md").read_text()
-    assert all(f"## {side}" in profile for side in ("ours", "ours_bf16", "reference"))
+    assert all(f"## {side}" in profile for side in ("ours", "ours_fp32", "reference"))
     assert "convolution" in profile
 
 

@@ -5,12 +5,16 @@ crops of the detections and a JSON of the run."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
+import itertools
 import json
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -522,7 +526,8 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
                    live: dict[int, LatestFrameReader], vid_stride: int) -> Generator[Result, None, list[str]]:
     """Predict every source item into ``outputs``, yielding each result; returns the files that could not be read.
 
-    Ctrl-C while a live source is read ends the run there, as the normal way to stop a stream.
+    Ctrl-C while a live source is read ends the run there, after the frame in hand, as the normal way to
+    stop a stream.
     """
     unreadable: list[str] = []
     for n, item in enumerate(items):
@@ -533,10 +538,14 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
             yield result
         elif isinstance(item, str):
             reader = live[n]
-            frames = ((index, frame, reader.fps) for index, frame in reader)
-            try:
-                yield from _predict_frames(predictor, outputs, frames, item, _live_name(item, n))
-            except KeyboardInterrupt:
+            with _first_ctrl_c_ends_the_stream() as stop:
+                frames = itertools.takewhile(lambda _: not stop.is_set(),
+                                             ((index, frame, reader.fps) for index, frame in reader))
+                try:
+                    yield from _predict_frames(predictor, outputs, frames, item, _live_name(item, n))
+                except KeyboardInterrupt:  # a second Ctrl-C, while the stream gave no frame
+                    break
+            if stop.is_set():
                 break
         elif _suffix(item) in VIDEO_FORMATS:
             if not (yield from _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), item.stem)):
@@ -550,6 +559,30 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
             outputs.image(item.name, image, result)
             yield result
     return unreadable
+
+
+@contextlib.contextmanager
+def _first_ctrl_c_ends_the_stream() -> Iterator[threading.Event]:
+    """An event a first Ctrl-C sets, so the stream loop stops between frames: each frame is then in the
+    video, the label files and the results alike, or in none. A second Ctrl-C interrupts at once (a
+    stream that sends no more frames). Off the main thread, where Python cannot catch signals, the
+    event is never set and Ctrl-C interrupts as usual."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    # None: a handler installed outside Python; Python's own then stands in for it.
+    previous = signal.getsignal(signal.SIGINT) or signal.default_int_handler
+
+    def request_stop(signum: int, frame: object) -> None:
+        stop.set()
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _predict_frames(predictor: Predictor, outputs: _Outputs, frames: Iterable[tuple[int, np.ndarray, float]],
