@@ -38,22 +38,14 @@ from pathlib import Path
 import torch
 from common import COCO128, ROOT, YOLOV5N, cpu_model
 
+from yolotrain.engine.prepare import native_bf16
+
 # Each setup's arguments. Without --data, training takes the built-in shapes set and its defaults (the
 # set is generated into YOLOTRAIN_CACHE, which the study points at its temporary folder).
 SETUPS = {
     "coco128-finetune-320": ["--model", str(YOLOV5N), "--data", str(COCO128 / "data.yaml"), "--img", "320"],
     "shapes-scratch-160": ["--model", "yolov5n"],
 }
-
-
-def native_bf16() -> dict[str, bool]:
-    flags = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    return {"avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-            "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
 
 
 def read_scores(results_csv: Path) -> dict[str, object]:
@@ -126,6 +118,7 @@ def main() -> None:
     previous = json.loads(json_path.read_text()) if json_path.is_file() else {}
     runs = [r for r in previous.get("runs", []) if previous.get("setup", {}).get("epochs") == args.epochs]
     done = {(r["setup"], r["amp"], r["seed"]) for r in runs}
+    # native_bf16: what --amp auto decides by (AMX, AVX512-BF16 or None).
     setup = {"cpu": cpu_model(), "cpus": torch.get_num_threads(), "native_bf16": native_bf16(),
              "torch": torch.__version__, "epochs": args.epochs, "seeds": args.seeds}
     with tempfile.TemporaryDirectory(prefix="bf16-study-") as folder:
