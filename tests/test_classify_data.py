@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 from yolotrain.data.classify import (
     ClassifyAugment,
     ClassifyDataset,
+    SampleBatch,
     build_classify_loaders,
     eval_transform,
     is_classify_folder,
+    normalise_batch,
     random_resized_crop,
     resolve_classify_source,
     write_shape_crops,
@@ -65,6 +67,36 @@ def test_the_eval_transform_is_the_reference_one(reference):
     for h, w in ((50, 80), (120, 31), (224, 224)):
         im = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
         torch.testing.assert_close(eval_transform(im, 64), classify_transforms(64)(im), rtol=0, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=st.integers(1, 5), h=st.integers(1, 40), w=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_a_batch_is_normalised_as_the_reference_normalises_each_image(reference, batch, h, w, seed):
+    from torchvision import transforms as T
+    from yolov5.utils.augmentations import IMAGENET_MEAN, IMAGENET_STD, ToTensor
+
+    per_image = T.Compose([ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    bgr = np.random.default_rng(seed).integers(0, 256, (batch, h, w, 3), dtype=np.uint8)
+    bgr[0, 0, 0] = (0, 128, 255)  # the extremes of the range in every batch
+    expected = torch.stack([per_image(im) for im in bgr])
+    torch.testing.assert_close(normalise_batch(bgr), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("augment", [None, ClassifyAugment()], ids=["eval", "train"])
+def test_a_loader_batch_is_the_stack_of_the_samples_made_together(crops, augment):
+    samples = resolve_classify_source(crops).splits["train"]
+    dataset = ClassifyDataset(samples, 40, augment, seed=5)
+    keys = [(i, 2, False) for i in (3, 0, 7, 1)]
+    batch = dataset.__getitems__(keys)
+    assert isinstance(batch, SampleBatch) and len(batch) == len(keys)
+    imgs, labels = ClassifyDataset.collate(batch)
+    assert imgs is batch.images  # taken as it is, not stacked again
+    expected = [dataset[key] for key in keys]
+    torch.testing.assert_close(imgs, torch.stack([im for im, _ in expected]), rtol=0, atol=0)
+    assert imgs.is_contiguous() and labels.tolist() == [label for _, label in expected] and labels.dtype == torch.int64
+    # Any other collate sees the samples themselves.
+    default_imgs, default_labels = torch.utils.data.default_collate(batch)
+    assert torch.equal(default_imgs, imgs) and torch.equal(default_labels, labels)
 
 
 def test_corrupt_images_are_named_counted_and_skipped(crops, tmp_path):

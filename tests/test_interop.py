@@ -233,6 +233,22 @@ class StorageIdPickler(pickle.Pickler):
         return ("storage", torch.float32, "0", "cpu", 4) if isinstance(obj, torch.Tensor) else None
 
 
+def test_tensors_read_have_memory_of_their_own_even_when_they_shared_a_storage(tmp_path):
+    base = torch.arange(24.0).view(4, 6)
+    saved = {"whole": base, "again": base.view(24), "row": base[1], "columns": base[:, 2:4], "transposed": base.t(),
+             "alone": torch.ones(5, dtype=torch.float16), "empty": torch.zeros(0), "flags": torch.tensor([True, False])}
+    path = tmp_path / "shared.pt"
+    torch.save(saved, path)
+    loaded = read_torch_file(path)
+    for key, value in saved.items():
+        assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), key
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in loaded.values() if t.numel())
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # no two share memory
+    assert all(t.data_ptr() % 64 == 0 for t in loaded.values() if t.numel())  # aligned as torch allocates
+    loaded["whole"] += 1
+    assert torch.equal(loaded["again"], base.view(24)) and torch.equal(loaded["row"], base[1])
+
+
 def test_malformed_checkpoint_internals_get_one_line_errors(tmp_path):
     state = tmp_path / "state.pt"
     torch.save({"w": torch.arange(4.0)}, state)

@@ -47,6 +47,9 @@ from .verify import CacheWarning, DataWarning, _writable, check_image, max_image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# As float32 per channel of a [B, 3, H, W] batch: the values the reference's Normalize subtracts and divides by.
+_MEAN = np.array(IMAGENET_MEAN, np.float32)[:, None, None]
+_STD = np.array(IMAGENET_STD, np.float32)[:, None, None]
 TRAIN_SPLIT = "train"
 # The split evaluated: ``test`` when the dataset has one, else ``val`` (the reference's classify/val.py).
 EVAL_SPLITS = ("test", "val")
@@ -302,10 +305,21 @@ def colour_jitter(rgb: torch.Tensor, jitter: float, rng: np.random.Generator) ->
     return rgb
 
 
+def normalise_batch(bgr: np.ndarray) -> torch.Tensor:
+    """BGR uint8 images ``[B, H, W, 3]`` → RGB float32 ``[B, 3, H, W]``, normalised with the ImageNet mean and
+    standard deviation: ``(x / 255 - mean) / std`` in float32, element for element what the reference's
+    ``ToTensor`` and ``Normalize`` give each image. Three numpy passes over the batch, on this thread: per
+    image, torch's parallel element-wise kernels cost more in starting their threads than in the arithmetic."""
+    out = np.empty((bgr.shape[0], 3, *bgr.shape[1:3]), np.float32)
+    np.divide(bgr[..., ::-1].transpose(0, 3, 1, 2), np.float32(255), out=out)
+    np.subtract(out, _MEAN, out=out)
+    np.divide(out, _STD, out=out)
+    return torch.from_numpy(out)
+
+
 def to_normalised_tensor(bgr: np.ndarray) -> torch.Tensor:
     """HWC BGR uint8 → CHW RGB float32, normalised with the ImageNet mean and standard deviation."""
-    rgb = torch.from_numpy(np.ascontiguousarray(bgr[..., ::-1].transpose(2, 0, 1))).float() / 255.0
-    return tvf.normalize(rgb, list(IMAGENET_MEAN), list(IMAGENET_STD))
+    return normalise_batch(bgr[None])[0]
 
 
 def eval_transform(bgr: np.ndarray, size: int) -> torch.Tensor:
@@ -315,6 +329,11 @@ def eval_transform(bgr: np.ndarray, size: int) -> torch.Tensor:
 
 def train_transform(bgr: np.ndarray, size: int, augment: ClassifyAugment, rng: np.random.Generator) -> torch.Tensor:
     """The reference's training transform: random resized crop, flips, colour jitter, ImageNet normalisation."""
+    return to_normalised_tensor(train_crop(bgr, size, augment, rng))
+
+
+def train_crop(bgr: np.ndarray, size: int, augment: ClassifyAugment, rng: np.random.Generator) -> np.ndarray:
+    """:func:`train_transform` before the normalisation: the augmented crop, HWC BGR uint8."""
     im = random_resized_crop(bgr, size, rng, (augment.scale_min, 1.0), (augment.ratio_min, 1 / augment.ratio_min))
     if rng.random() < augment.fliplr:
         im = im[:, ::-1]
@@ -323,8 +342,8 @@ def train_transform(bgr: np.ndarray, size: int, augment: ClassifyAugment, rng: n
     if augment.jitter > 0:
         rgb = colour_jitter(torch.from_numpy(np.ascontiguousarray(im[..., ::-1].transpose(2, 0, 1))), augment.jitter,
                             rng)
-        im = np.ascontiguousarray(rgb.numpy().transpose(1, 2, 0)[..., ::-1])
-    return to_normalised_tensor(im)
+        im = rgb.numpy().transpose(1, 2, 0)[..., ::-1]
+    return im
 
 
 class ClassifyDataset(Dataset):
@@ -377,18 +396,45 @@ class ClassifyDataset(Dataset):
             self._ram[index] = im
         return im
 
-    def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
+    def crop(self, key: int | SampleKey) -> tuple[np.ndarray, int]:
+        """The transformed image of a sample before its normalisation (HWC BGR uint8 ``[S, S, 3]``: the centre
+        crop, or the augmented one when training) and its class."""
         index, epoch = (key[0], key[1]) if isinstance(key, tuple) else (int(key), self.epoch)
         im = self.load_image(index)
         if self.augment is None:
-            return eval_transform(im, self.img_size), int(self.labels[index])
+            return centre_crop(im, self.img_size), int(self.labels[index])
         rng = np.random.default_rng([self.seed, epoch, index])
-        return train_transform(im, self.img_size, self.augment, rng), int(self.labels[index])
+        return train_crop(im, self.img_size, self.augment, rng), int(self.labels[index])
+
+    def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int]:
+        im, label = self.crop(key)
+        return to_normalised_tensor(im), label
+
+    def __getitems__(self, keys: Sequence[int | SampleKey]) -> SampleBatch:
+        """The samples of a loader's batch (the DataLoader's batched fetch), their crops normalised together."""
+        crops = np.empty((len(keys), self.img_size, self.img_size, 3), np.uint8)
+        labels = np.empty(len(keys), np.int64)
+        for i, key in enumerate(keys):
+            crops[i], labels[i] = self.crop(key)
+        return SampleBatch(normalise_batch(crops), torch.from_numpy(labels))
 
     @staticmethod
     def collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(images [B, 3, S, S], classes [B])``; a :class:`SampleBatch` is taken as it is, without a copy."""
+        if isinstance(batch, SampleBatch):
+            return batch.images, batch.labels
         imgs, labels = zip(*batch)
         return torch.stack(imgs), torch.tensor(labels, dtype=torch.int64)
+
+
+class SampleBatch(list):
+    """The samples of one batch, ``(image, class)`` pairs as ``dataset[i]`` gives each, made together: each image
+    is a row of ``images`` ``[B, 3, S, S]``, so a collate that knows this class hands the batch on without
+    stacking copies of its rows (any other collate sees a plain list of samples)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        super().__init__(zip(images, labels.tolist()))
+        self.images, self.labels = images, labels
 
 
 @dataclass(frozen=True)

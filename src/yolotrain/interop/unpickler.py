@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..checkpoint import CheckpointError
@@ -97,23 +98,34 @@ class _TensorType:
 
 
 class _StorageRecord:
-    """Raw little-endian bytes of one ``data/<key>`` record and its element type."""
+    """Raw little-endian bytes of one ``data/<key>`` record and its element type. ``lent``: a tensor holds
+    the record's memory itself (any other tensor of the record gets a copy)."""
 
     def __init__(self, data: bytes, dtype: torch.dtype) -> None:
         self.dtype = dtype
-        # bytearray: frombuffer needs a writable buffer to hand out a tensor without a warning.
-        self.flat = torch.frombuffer(bytearray(data), dtype=dtype) if data else torch.empty(0, dtype=dtype)
+        # Copied into memory of torch's allocator (aligned as every tensor's), by numpy: one thread, where a
+        # torch copy of a large record would start its parallel workers.
+        raw = torch.empty(len(data), dtype=torch.uint8)
+        np.copyto(raw.numpy(), np.frombuffer(data, np.uint8))
+        self.flat = raw.view(dtype)
+        self.lent = False
 
 
 def _rebuild_tensor(storage: _StorageRecord, offset: int, size: tuple[int, ...], stride: tuple[int, ...],
                     requires_grad: bool = False, backward_hooks: Any = None, metadata: Any = None) -> torch.Tensor:
-    """Same result as ``torch._utils._rebuild_tensor_v2``: a strided view copied into its own memory."""
+    """Same values as ``torch._utils._rebuild_tensor_v2``, in memory of its own: a tensor that is its whole
+    record, contiguous, takes the record's memory (read for it alone); any other view is copied out. No two
+    tensors share memory."""
     if not isinstance(storage, _StorageRecord):
         raise pickle.UnpicklingError(f"tensor rebuilt from {type(storage).__name__}, expected a storage record")
     try:
-        return torch.as_strided(storage.flat, tuple(size), tuple(stride), int(offset)).clone()
+        view = torch.as_strided(storage.flat, tuple(size), tuple(stride), int(offset))
     except RuntimeError as exc:
         raise pickle.UnpicklingError(f"tensor view outside its storage record: {exc}") from None
+    if storage.lent or not (offset == 0 and view.numel() == storage.flat.numel() > 0 and view.is_contiguous()):
+        return view.clone()
+    storage.lent = True
+    return view
 
 
 def _rebuild_parameter(data: torch.Tensor, requires_grad: bool = False, backward_hooks: Any = None,
