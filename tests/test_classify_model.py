@@ -16,6 +16,7 @@ from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.detector import Detector
 from yolotrain.interop import UnsupportedCheckpointError, load_model
+from yolotrain.model.blocks import Conv, fuse_convs
 from yolotrain.model.classify import Classifier, classifier_from
 
 
@@ -178,3 +179,23 @@ def test_reading_a_classifier_checkpoint_draws_no_random_weights(tmp_path):
         loaded = load_model(weights)
         assert torch.equal(torch.get_rng_state(), rng)
         assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
+
+
+def test_a_fused_classifier_has_the_weights_fuse_convs_gives_in_its_own_convolutions():
+    torch.manual_seed(0)
+    model = Classifier.from_name("yolov5n-cls", 7)
+    for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):  # statistics as training leaves them
+        for tensor, low in ((bn.running_mean, -1), (bn.running_var, 0.1), (bn.weight, 0.5), (bn.bias, -1)):
+            tensor.data.uniform_(low, low + 2)
+    expected = copy.deepcopy(model)
+    fuse_convs(expected)
+    convs = [m.conv for m in model.modules() if isinstance(m, Conv)]
+    assert model.fuse() is model and not model.training
+    assert [m.conv for m in model.modules() if isinstance(m, Conv)] == convs  # the same modules, not copies
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    fused, reference = model.state_dict(), expected.state_dict()
+    assert list(fused) == list(reference) and all(torch.equal(fused[k], reference[k]) for k in reference)
+    assert [p.requires_grad for p in model.parameters()] == [p.requires_grad for p in expected.parameters()]
+    imgs = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(imgs), expected(imgs), rtol=0, atol=0)
