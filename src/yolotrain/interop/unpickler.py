@@ -21,9 +21,7 @@ import _compat_pickle
 import collections
 import io
 import pickle
-import struct
 import zipfile
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,10 +50,6 @@ PLACEHOLDER_NAMES: frozenset[str] = frozenset({"numpy.dtype", "numpy.ndarray", "
 
 # First pickle of a file written by torch.save(..., _use_new_zipfile_serialization=False).
 LEGACY_TORCH_MAGIC = 0x1950A86A20F9469CFC6C
-
-# Fields of a zip record's local header (zipfile.structFileHeader) and its flag bits, as zipfile reads them.
-_NAME_LENGTH, _EXTRA_LENGTH = 10, 11
-_ENCRYPTED, _UTF8_NAME = 0x1, 0x800
 
 # Legacy typed storage classes name the element type of a storage record.
 _STORAGE_DTYPES: dict[str, torch.dtype] = {
@@ -104,12 +98,16 @@ class _TensorType:
 
 
 class _StorageRecord:
-    """Raw little-endian bytes of one ``data/<key>`` record (uint8, as :func:`_read_record` gives them) and its
-    element type. ``lent``: a tensor holds the record's memory itself (any other tensor of it gets a copy)."""
+    """Raw little-endian bytes of one ``data/<key>`` record and its element type. ``lent``: a tensor holds
+    the record's memory itself (any other tensor of the record gets a copy)."""
 
-    def __init__(self, data: torch.Tensor, dtype: torch.dtype) -> None:
+    def __init__(self, data: bytes, dtype: torch.dtype) -> None:
         self.dtype = dtype
-        self.flat = data.view(dtype)
+        # Copied into memory of torch's allocator (aligned as every tensor's), by numpy: one thread, where a
+        # torch copy of a large record would start its parallel workers.
+        raw = torch.empty(len(data), dtype=torch.uint8)
+        np.copyto(raw.numpy(), np.frombuffer(data, np.uint8))
+        self.flat = raw.view(dtype)
         self.lent = False
 
 
@@ -168,7 +166,7 @@ class RestrictedUnpickler(pickle.Unpickler):
     """Unpickler that builds only tensors, plain containers and inert placeholders (see module doc)."""
 
     def __init__(self, file: io.BufferedIOBase, source: str,
-                 records: Callable[[str], torch.Tensor] | None = None) -> None:
+                 records: Callable[[str], bytes] | None = None) -> None:
         super().__init__(file)
         self.source = source
         self._records = records
@@ -228,45 +226,13 @@ class RestrictedUnpickler(pickle.Unpickler):
         return self._storages[key]
 
 
-def _zip_records(archive: zipfile.ZipFile, prefix: str) -> Callable[[str], torch.Tensor]:
-    records = {info.filename: info for info in archive.infolist()}
-
-    def read(name: str) -> torch.Tensor:
-        info = records.get(prefix + name)
-        if info is None:
-            raise pickle.UnpicklingError(f"missing record {name}")
-        return _read_record(archive, info)
+def _zip_records(archive: zipfile.ZipFile, prefix: str, source: str) -> Callable[[str], bytes]:
+    def read(name: str) -> bytes:
+        try:
+            return archive.read(prefix + name)
+        except KeyError:
+            raise pickle.UnpicklingError(f"missing record {name}") from None
     return read
-
-
-def _read_record(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> torch.Tensor:
-    """The bytes of one record as uint8, in memory of torch's allocator (aligned as every tensor's).
-
-    A stored record (what ``torch.save`` writes) is read straight into that memory from its offset, its local
-    header and CRC-32 checked as :mod:`zipfile` checks them: for a file of hundreds of records, ``ZipFile.read``
-    costs more than the reading, and a copy. Other records (compressed, encrypted) go through ``ZipFile.read``.
-    """
-    out = torch.empty(info.file_size, dtype=torch.uint8)
-    if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & _ENCRYPTED:
-        np.copyto(out.numpy(), np.frombuffer(archive.read(info), np.uint8))
-        return out
-    handle = archive.fp
-    if handle is None:
-        raise zipfile.BadZipFile("the archive is closed")
-    handle.seek(info.header_offset)
-    header = handle.read(zipfile.sizeFileHeader)
-    if len(header) != zipfile.sizeFileHeader or header[:4] != zipfile.stringFileHeader:
-        raise zipfile.BadZipFile("Bad magic number for file header")
-    fields = struct.unpack(zipfile.structFileHeader, header)
-    name = handle.read(fields[_NAME_LENGTH]).decode("utf-8" if info.flag_bits & _UTF8_NAME else "cp437")
-    if name != info.orig_filename:
-        raise zipfile.BadZipFile(f"File name in directory {info.orig_filename!r} and header {name!r} differ.")
-    handle.seek(fields[_EXTRA_LENGTH], io.SEEK_CUR)
-    if handle.readinto(out.numpy()) != info.file_size:
-        raise EOFError(f"record {info.filename} is cut short")
-    if zlib.crc32(out.numpy()) != info.CRC:
-        raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")
-    return out
 
 
 def _check_record_sizes(archive: zipfile.ZipFile, source: str, disk_size: int) -> None:
@@ -305,7 +271,7 @@ def read_torch_file(path: str | Path) -> Any:
                 if order != b"little":
                     raise CheckpointError(f"{source}: big-endian checkpoints are not supported")
                 data = archive.read(pickles[0])
-                unpickler = RestrictedUnpickler(io.BytesIO(data), source, _zip_records(archive, prefix))
+                unpickler = RestrictedUnpickler(io.BytesIO(data), source, _zip_records(archive, prefix, source))
                 return unpickler.load()
         with path.open("rb") as handle:
             result = RestrictedUnpickler(handle, source).load()
