@@ -52,6 +52,12 @@ def match_by_iou(iou: torch.Tensor, det_cls: torch.Tensor, gt_cls: torch.Tensor,
     return valid & (first.gather(0, owner_index) == det_index)
 
 
+def labelled_class_detections(det_cls: torch.Tensor, gt_cls: torch.Tensor) -> torch.Tensor:
+    """Which detections (bool ``[n]``) are of a class among the labels: the only ones :func:`match_by_iou`
+    can pair, since an IoU with a label of another class counts as 0."""
+    return torch.isin(det_cls, gt_cls.to(det_cls))
+
+
 def interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     """COCO-style 101-point interpolated average precision of one PR curve.
 
@@ -311,11 +317,17 @@ class SegmentationStats(DetectionStats):
         self._mask_tp: list[torch.Tensor] = []
 
     def update_masks(self, detections: torch.Tensor, gt_boxes: torch.Tensor, gt_cls: torch.Tensor,
-                     pred_masks: torch.Tensor, gt_masks: torch.Tensor) -> None:
+                     pred_masks: torch.Tensor, gt_masks: torch.Tensor, masked: torch.Tensor | None = None) -> None:
         """Add one image: as :meth:`DetectionStats.update`, with the detections' and labels' binary masks
-        (``[n, h, w]``, ``[m, h, w]``, one resolution)."""
+        (``[n, h, w]``, ``[m, h, w]``, one resolution); with ``masked`` (bool ``[n]``, a superset of
+        :func:`labelled_class_detections`) ``pred_masks`` are those detections' only: the others' IoUs
+        would count for nothing."""
         self.update(detections, gt_boxes, gt_cls)
-        iou = mask_iou(gt_masks, pred_masks)
+        if masked is None:
+            iou = mask_iou(gt_masks, pred_masks)
+        else:
+            iou = gt_masks.new_zeros((gt_masks.shape[0], detections.shape[0]), dtype=torch.float32)
+            iou[:, masked] = mask_iou(gt_masks, pred_masks)
         tp = match_by_iou(iou, detections[:, 5], gt_cls.to(detections.device),
                           self.iou_thresholds.to(detections.device))
         self._mask_tp.append(tp.cpu())

@@ -48,7 +48,7 @@ from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_id
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
 from .label_masks import batch_label_masks, read_polygons
 from .masks import masks_in_original, masks_to_polygons, masks_to_rle, process_masks, split_overlap_mask
-from .metrics import ConfusionMatrix, DetectionStats, Metrics, SegmentationStats
+from .metrics import ConfusionMatrix, DetectionStats, Metrics, SegmentationStats, labelled_class_detections
 from .plots import plot_confusion_matrix, plot_curves
 
 
@@ -381,9 +381,10 @@ class _ImageScorer:
             gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
             gt_cls = per_image[i][:, 1]
             if self.segment:
-                pred_masks = process_masks(protos[i], det[:, 6:], det[:, :4], shape)
+                masked = labelled_class_detections(det[:, 5], gt_cls)
+                pred_masks = process_masks(protos[i], det[:, 6:], det[:, :4], shape, masked)
                 gt_masks = _at_size(label_masks[i].to(pred_masks.device), pred_masks.shape[1:])
-                self.stats.update_masks(det_native, gt_boxes, gt_cls, pred_masks, gt_masks)
+                self.stats.update_masks(det_native, gt_boxes, gt_cls, pred_masks, gt_masks, masked)
             else:
                 self.stats.update(det_native, gt_boxes, gt_cls)
             self.image_end(self.dataset.im_files[first + i], det_native)
