@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from yolotrain import Yolov5
-from yolotrain.model import Conv
+from yolotrain.model import Conv, Detect
 
 # Parameter counts of the reference implementation (unfused), per version and class count; P6 models
 # built from the reference's models/hub/yolov5*6.yaml (tests/test_parity_reference.py measures them live).
@@ -79,6 +81,23 @@ def test_decoding_matches_hand_computation():
     assert torch.allclose(first[:4], torch.tensor([4.0, 4.0, 10.0, 13.0]))
     assert torch.allclose(out[0, 5, :2], torch.tensor([12.0, 4.0]))  # anchor 0, cell (y=0, x=1)... of level 0
     assert torch.allclose(first[4:], torch.tensor([0.5, 0.5]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**16), st.integers(1, 5), st.integers(1, 6), st.integers(1, 6), st.integers(1, 90),
+       st.sampled_from([0, 32]), st.sampled_from([torch.float32, torch.bfloat16]))
+@example(seed=0, batch=4, ny=28, nx=36, nc=80, extra=32, dtype=torch.float32)  # a validation batch's maps
+@example(seed=0, batch=4, ny=28, nx=36, nc=80, extra=0, dtype=torch.float32)
+def test_decoding_into_one_output_is_decode_bit_for_bit(seed, batch, ny, nx, nc, extra, dtype):
+    """What eval-mode forward returns (each level written into one output) is the graph-friendly decode's
+    output bit for bit: any batch and map sizes and class counts, with mask coefficients or not, bf16 maps."""
+    g = torch.Generator().manual_seed(seed)
+    anchors = torch.tensor([[10.0, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119], [116, 90, 156, 198, 373, 326]])
+    head = Detect(nc, anchors.view(3, 3, 2), (8, 16, 32), extra_outputs=extra)
+    maps = [(torch.randn(batch, 3, max(ny >> k, 1), max(nx >> k, 1), head.no, generator=g) * 4).to(dtype)
+            for k in range(3)]
+    expected = head.decode(maps)
+    assert torch.equal(head.decode_into_one(maps), expected) and expected.dtype == torch.float32
 
 
 @pytest.mark.parametrize("bad", [(1, 3, 100, 64), (1, 3, 64, 70), (1, 1, 64, 64), (3, 64, 64)])

@@ -322,6 +322,8 @@ def val(
             hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
             seen += b
             batch_index += 1
+            # Let this batch's tensors go before the next one is loaded and run, not after.
+            batch = imgs = targets = preds = protos = maps = dets = label_masks = None
 
     metrics = scorer.stats.compute(names)
     metrics.speed = {k: t.total / max(seen, 1) * 1e3 for k, t in timers.items()}

@@ -186,8 +186,8 @@ class Yolov5(nn.Module):
             return outputs
         if self.task == "segment":
             maps, proto = outputs
-            return self.head.decode(maps), proto
-        return self.head.decode(outputs)
+            return self.head.decode_into_one(maps), proto
+        return self.head.decode_into_one(outputs)
 
     def _check_input(self, imgs: torch.Tensor) -> None:
         if imgs.ndim != 4 or imgs.shape[1] != self.in_channels:
