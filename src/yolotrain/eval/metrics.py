@@ -21,6 +21,9 @@ IOU_THRESHOLDS = torch.linspace(0.5, 0.95, 10)
 # Points on the confidence axis where precision / recall / F1 curves are sampled.
 CURVE_POINTS = 1000
 _EPS = 1e-16
+# The 101 recall points of interpolated AP and their spacings (made once: AP is taken per class and threshold).
+_AP_RECALLS = np.linspace(0, 1, 101)
+_AP_RECALL_STEPS = np.diff(_AP_RECALLS)
 
 
 def match_predictions(det_boxes: torch.Tensor, det_cls: torch.Tensor, gt_boxes: torch.Tensor,
@@ -66,9 +69,8 @@ def interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, n
     """
     mrec = np.concatenate(([0.0], recall, [1.0]))
     mpre = np.flip(np.maximum.accumulate(np.flip(np.concatenate(([1.0], precision, [0.0])))))
-    x = np.linspace(0, 1, 101)
-    y = np.interp(x, mrec, mpre)
-    ap = float(((y[1:] + y[:-1]) / 2 * np.diff(x)).sum())  # trapezoid rule
+    y = np.interp(_AP_RECALLS, mrec, mpre)
+    ap = float(((y[1:] + y[:-1]) / 2 * _AP_RECALL_STEPS).sum())  # trapezoid rule
     return ap, mpre, mrec
 
 
