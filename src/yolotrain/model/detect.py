@@ -50,12 +50,17 @@ class Detect(nn.Module):
 
     def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
         """Raw head maps ``[B, na, H/s, W/s, 5+nc]`` (logits) for each level."""
-        maps = []
+        return [view.contiguous() for view in self.map_views(features)]
+
+    def map_views(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`forward`'s maps as views of the convolutions' outputs (not contiguous when those are
+        channels-last): what :meth:`decode_into_one` reads without a copy."""
+        views = []
         for conv, x in zip(self.m, features):
             y = conv(x)
             b, _, ny, nx = y.shape
-            maps.append(y.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous())
-        return maps
+            views.append(y.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2))
+        return views
 
     def decode(self, maps: list[torch.Tensor]) -> torch.Tensor:
         """Raw maps → ``[B, N, 5+nc+extra]``: cx, cy, w, h in input pixels, sigmoid objectness and class
@@ -81,10 +86,10 @@ class Detect(nn.Module):
         return torch.cat(decoded, 1)
 
     def decode_into_one(self, maps: list[torch.Tensor]) -> torch.Tensor:
-        """:meth:`decode`'s output for the maps :meth:`forward` gives, bit for bit, each level written into its
-        rows of one output tensor: no per-level pieces and concatenations, so the largest transient is the
-        output itself (a 32-image segmentation batch's is 60 MB at 256 px). In-place writes into views: what
-        graphs (exports) trace is :meth:`decode`."""
+        """:meth:`decode`'s output for the maps :meth:`forward` gives, bit for bit, from those maps or their
+        :meth:`map_views`, each level written into its rows of one output tensor: no per-level pieces and
+        concatenations, so the largest transient is the output itself (a 32-image segmentation batch's is
+        60 MB at 256 px). In-place writes into views: what graphs (exports) trace is :meth:`decode`."""
         dtype = torch.float32 if maps[0].dtype == torch.bfloat16 else maps[0].dtype
         counts = [p.shape[1] * p.shape[2] * p.shape[3] for p in maps]
         out = torch.empty((maps[0].shape[0], sum(counts), self.no), dtype=dtype, device=maps[0].device)
@@ -100,7 +105,7 @@ class Detect(nn.Module):
                 torch.sigmoid(p[..., :scored], out=y[..., :scored])
                 y[..., scored:] = p[..., scored:]
             else:
-                y.copy_(p.sigmoid())
+                y.copy_(p.contiguous().sigmoid())
             y[..., :2].mul_(2).add_(grid).mul_(self.stride[i])
             wh = y[..., 2:4].mul_(2)
             wh.mul_(wh).mul_(anchor_grid)
