@@ -13,12 +13,15 @@ import pytest
 import torch
 
 from yolotrain import YoloLoss, Yolov5, train
-from yolotrain.checkpoint import read_checkpoint
+from yolotrain.checkpoint import read_checkpoint, save_checkpoint
+from yolotrain.cli import main
+from yolotrain.data.shapes import generate_shapes_dataset
 from yolotrain.engine.config import resolve_config
 from yolotrain.engine.optim import build_optimizer
 from yolotrain.engine.prepare import autocast_dtype, precision_line
 from yolotrain.engine.trainer import Trainer
 from yolotrain.eval.inference import load_inference_model
+from yolotrain.eval.inference import precision_line as inference_precision_line
 from yolotrain.settings import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +134,7 @@ def test_the_fused_optimiser_steps_like_the_per_tensor_loop():
 def test_half_inference_on_the_cpu_runs_bf16_and_decodes_in_float32():
     torch.manual_seed(0)
     model = Yolov5("n", num_classes=2).eval()
-    full, _ = load_inference_model(model, "cpu")
+    full, _ = load_inference_model(model, "cpu", half=False)
     half, _ = load_inference_model(model, "cpu", half=True)
     assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in conv_weights(half))
@@ -144,6 +147,35 @@ def test_half_inference_on_the_cpu_runs_bf16_and_decodes_in_float32():
     # activations, float32 decoding.
     torch.testing.assert_close(out[..., :4], ref[..., :4], rtol=0.02, atol=0.5)
     torch.testing.assert_close(out[..., 4:], ref[..., 4:], rtol=0, atol=0.02)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_val_and_predict_run_in_the_cpus_native_half_precision_unless_told(monkeypatch, tmp_path, capsys, native):
+    """--half auto (the default): bfloat16 where the CPU computes it natively, float32 elsewhere, and the
+    commands open with a line saying which; --half and --no-half decide for it, silently."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2).eval()
+    model.names = ["circle", "rectangle"]
+    chosen = {half: load_inference_model(model, "cpu", half=half) for half in (None, False, True)}
+    dtypes = {half: next(m.parameters()).dtype for half, (m, _) in chosen.items()}
+    assert dtypes == {None: torch.bfloat16 if native else torch.float32, False: torch.float32, True: torch.bfloat16}
+    line = inference_precision_line(*chosen[None])
+    assert line == ("Precision: bfloat16 on cpu (--half auto: native on this CPU (AVX512-BF16); --no-half for "
+                    "float32)" if native else
+                    "Precision: float32 on cpu (--half auto: this CPU has no native bfloat16 instructions)")
+    weights = save_checkpoint(tmp_path / "tiny", model)
+    data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=1, n_val=2, img_size=64) / "data.yaml"
+    image = next((data.parent / "images" / "val").iterdir())
+    common = ["--weights", str(weights), "--img", "64", "--device", "cpu", "--project", str(tmp_path / "runs")]
+    for command, source in (("val", ["--data", str(data), "--workers", "0"]), ("predict", ["--source", str(image)])):
+        capsys.readouterr()
+        assert main([command, *common, *source]) == 0
+        assert capsys.readouterr().out.splitlines()[0] == line
+        for told in ("--half", "--no-half"):
+            assert main([command, *common, *source, told]) == 0
+            assert "Precision:" not in capsys.readouterr().out
 
 
 needs_shared = pytest.mark.skipif(not (ROOT.parent / "shared" / "weights" / "yolov5n.pt").is_file(),
