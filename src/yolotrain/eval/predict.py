@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -647,6 +647,16 @@ def predict_config(args: argparse.Namespace) -> PredictConfig:
     return from_flat(PredictConfig, settings)
 
 
+def precision_announcement(half: bool | None) -> dict[str, Callable[[Predictor], None]] | None:
+    """The ``on_predict_start`` hook of the ``predict`` and ``track`` commands under ``--half auto`` (None
+    otherwise): their first line says which precision the model runs in."""
+    def announce(predictor: Predictor) -> None:
+        if line := precision_line(predictor.model, predictor.device):
+            print(line)
+
+    return {"on_predict_start": announce} if half is None else None
+
+
 def run_predict(args: argparse.Namespace) -> int:
     """Run ``yolotrain predict`` from parsed arguments; returns the process exit code."""
     config = predict_config(args)
@@ -655,10 +665,8 @@ def run_predict(args: argparse.Namespace) -> int:
     keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SourceWarning)
-        # With --half auto the first line says which precision was chosen.
-        opening = {"on_predict_start": lambda p: print(line) if (line := precision_line(p.model, p.device)) else None}
         results = predict(weights, list(config.source), save_dir=save_dir,
-                          callbacks=opening if config.half is None else None, **keywords)
+                          callbacks=precision_announcement(config.half), **keywords)
     for w in caught:
         print(f"warning: {w.message}")
     if results and isinstance(results[0], ClassifyResult):
