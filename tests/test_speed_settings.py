@@ -221,12 +221,12 @@ def test_the_segmentation_benchmark_runs(tmp_path):
     assert val["speedup"] == pytest.approx(val["ours_images_per_s"] / val["reference_images_per_s"])
     assert all(val["peak_rss_gb"][side] > 0 for side in ("ours", "reference"))
     assert val["fp32_speedup"] == pytest.approx(val["ours_fp32_images_per_s"] / val["reference_images_per_s"])
-    # The same network on the same images scores alike on both sides (parity, not speed), in float32 and
-    # with the defaults (bfloat16 on CPUs with native bf16).
+    # The same network on the same images scores alike on both sides in float32 (parity, not speed); the
+    # defaults (bfloat16 on CPUs with native bf16) move a few of the smoke run's detections at 64 px.
     (ours,), (ours_fp32,), (reference,) = (val["passes"][side] for side in ("ours", "ours_fp32", "reference"))
-    for side in (ours, ours_fp32):
-        assert abs(side["box_map"] - reference["box_map"]) < 0.01
-        assert abs(side["mask_map"] - reference["mask_map"]) < 0.01
+    for side, tolerance in ((ours_fp32, 0.01), (ours, 0.03)):
+        assert abs(side["box_map"] - reference["box_map"]) < tolerance
+        assert abs(side["mask_map"] - reference["mask_map"]) < tolerance
 
 
 @needs_shared
