@@ -2,8 +2,8 @@
 
 Measures (1) ``val`` end to end on coco128 (images/s, loading included) and (2) single-image
 predict latency (letterbox → model → NMS → boxes in original pixels) for ours (float32, and with
-``half``: bfloat16 on the CPU) and for the reference ``val.run`` / detect path (float32: its ``half``
-is CUDA-only), and writes the ratios to ``benchmarks/results/eval.json``.
+``half``: bfloat16 on the CPU, the default on CPUs with native bf16) and for the reference ``val.run`` /
+detect path (float32: its ``half`` is CUDA-only), and writes the ratios to ``benchmarks/results/eval.json``.
 
 The first val pass in a process pays one-off costs (lazy imports, oneDNN kernel set-up for each new
 input shape, a cold file cache) that would all fall on whichever side ran first, and other work on a
@@ -90,7 +90,7 @@ def main() -> None:
 
     common = dict(batch_size=32, device="cpu")
     sides = {
-        "ours": lambda: val(str(WEIGHTS), data, img_size=a.img, workers=0, verbose=False, **common),
+        "ours": lambda: val(str(WEIGHTS), data, img_size=a.img, workers=0, verbose=False, half=False, **common),
         "ours_half": lambda: val(str(WEIGHTS), data, img_size=a.img, workers=0, verbose=False, half=True, **common),
         "reference": lambda: reference_val.run(data=str(data), weights=str(WEIGHTS), imgsz=a.img, workers=0,
                                                plots=False, half=False, project=str(tmp), name="ref",
@@ -103,7 +103,7 @@ def main() -> None:
     ref_s, ref_r = min(passes["reference"], key=lambda p: p[0])
 
     image = cv2.imread(str(sorted((COCO128 / "images" / "train2017").glob("*.jpg"))[0]))
-    predictor = Predictor(str(WEIGHTS), img_size=a.img, device="cpu")
+    predictor = Predictor(str(WEIGHTS), img_size=a.img, device="cpu", half=False)
     half_predictor = Predictor(str(WEIGHTS), img_size=a.img, device="cpu", half=True)
     ref_model = attempt_load(str(WEIGHTS), device="cpu", fuse=True).eval()
 

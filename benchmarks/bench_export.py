@@ -61,7 +61,7 @@ def scored(weights, data: Path, img: int, rect: bool, image: np.ndarray | None, 
 
     # The exports measured here were written by this script: trusted, TorchScript and TensorRT included.
     options = {"img_size": img, "batch_size": 32, "workers": 0, "rect": rect, "verbose": False, "plots": False,
-               "trust_code": True}
+               "half": False, "trust_code": True}
     val(weights, data, **options)  # warm-up
     t = time.perf_counter()
     metrics = val(weights, data, **options)
@@ -69,7 +69,7 @@ def scored(weights, data: Path, img: int, rect: bool, image: np.ndarray | None, 
     images = len(list((data.parent / "images" / "val").iterdir()))
     result = {"mAP50-95": metrics.map, "mAP50": metrics.map50, "val_images_per_s": images / seconds, "val_s": seconds}
     if image is not None:
-        predictor = Predictor(weights, img_size=img, device="cpu", trust_code=True)
+        predictor = Predictor(weights, img_size=img, device="cpu", half=False, trust_code=True)
         result["predict_ms"] = latency(lambda: predictor.predict_image(image), repeats) * 1e3
     return result
 
@@ -82,7 +82,7 @@ def nms_agreement(path: Path, data: Path, img: int) -> dict:
     from yolotrain.interop import load_exported
 
     exported = load_exported(path)
-    model, _ = load_inference_model(str(WEIGHTS), "cpu")
+    model, _ = load_inference_model(str(WEIGHTS), "cpu", half=False)
     s = exported.nms_settings
     loader = build_val_loader(data, model.num_classes, img, 32, rect=True, workers=0)
     same = count = 0

@@ -14,7 +14,9 @@ on ``coco128-seg``, batch 16, overlap masks at 1/4:
 - **val**: ``val`` of the same network (our model, and the reference's ``SegmentationModel`` holding its
   weights) on the same images, loader construction included, box and mask metrics, each pass in a process
   of its own (so that its peak RSS is its own; both processes import both packages and build the network
-  alike); passes alternate and each side's fastest is reported.
+  alike); passes rotate and each side's fastest is reported. Ours runs twice: with its defaults (half
+  precision where the device computes it natively: bfloat16 on CPUs with AVX512-BF16 or AMX) and in
+  float32 (``half=False``, the reference's precision on the CPU).
 
     python benchmarks/bench_segment.py                  # about 6 minutes on 2 cores
     python benchmarks/bench_segment.py --smoke --out /tmp/segment.json   # tiny: checks the script runs
@@ -47,6 +49,8 @@ BATCH = 16
 MODEL_CFG = "yolov5n-seg.yaml"
 # The reference's segment/train.py run as a program with numpy 2's name for the function it calls;
 # nothing else in it changes.
+# Our val passes: the defaults (half=None: bf16 where native), and float32.
+OUR_VAL_SIDES = {"ours": None, "ours_fp32": False}
 REFERENCE_TRAIN = (
     "import sys, numpy as np; np.trapz = np.trapezoid; path = sys.argv[1]; sys.argv = sys.argv[1:]; "
     "exec(compile(open(path).read(), path, 'exec'), {'__name__': '__main__', '__file__': path})")
@@ -183,11 +187,11 @@ def val_pass(side: str, data: Path, img_size: int, reference_root: Path, work: P
 
     general.check_font = lambda *a, **k: None
     general.time = types.SimpleNamespace(time=lambda: 0.0)  # else its NMS drops boxes on a slow CPU
-    if side == "ours":
+    if side in OUR_VAL_SIDES:
         model = our_model().eval()
         started = time.perf_counter()
         result = val(model, data, img_size=img_size, batch_size=32, device="cpu", workers=0, plots=False,
-                     verbose=False)
+                     verbose=False, half=OUR_VAL_SIDES[side])
         return {"s": time.perf_counter() - started, "box_map": result.map, "mask_map": result.masks.map}
     model = reference_model(reference_root).eval()
     started = time.perf_counter()
@@ -200,11 +204,12 @@ def val_pass(side: str, data: Path, img_size: int, reference_root: Path, work: P
 
 
 def val_rows(data: Path, img_size: int, rounds: int, work: Path) -> dict[str, list[dict[str, float]]]:
-    """Each side's val passes, each in a process of its own (its peak RSS), the order flipping every round."""
+    """Each side's val passes, each in a process of its own (its peak RSS), the order rotating every round."""
     env = reference_train_env(work / "reference-config")
-    passes: dict[str, list[dict[str, float]]] = {"ours": [], "reference": []}
+    sides = [*OUR_VAL_SIDES, "reference"]
+    passes: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for r in range(rounds):
-        for side in ("ours", "reference") if r % 2 == 0 else ("reference", "ours"):
+        for side in sides[r % len(sides):] + sides[:r % len(sides)]:
             out = work / f"val-{side}-{r}.json"
             argv = [sys.executable, __file__, "--val-pass", side, "--data", str(data), "--img", str(img_size),
                     "--out", str(out)]
@@ -224,7 +229,7 @@ def main() -> None:
     p.add_argument("--command-rounds", type=int, default=2, help="whole commands per side, in alternating order")
     p.add_argument("--smoke", action="store_true", help="64 px, 16 images, 1 round, no commands")
     p.add_argument("--note", default="", help="how loaded the machine was, recorded with the results")
-    p.add_argument("--val-pass", choices=("ours", "reference"), help=argparse.SUPPRESS)  # one val, in a child
+    p.add_argument("--val-pass", choices=(*OUR_VAL_SIDES, "reference"), help=argparse.SUPPRESS)  # one val, in a child
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "segment.json"))
     a = p.parse_args()
@@ -260,6 +265,8 @@ def main() -> None:
                  "speedup": steps["reference"]["wall_s"] / steps["ours"]["wall_s"], "raw": steps},
         "val": {"ours_images_per_s": a.images / val_s["ours"], "reference_images_per_s": a.images / val_s["reference"],
                 "speedup": val_s["reference"] / val_s["ours"],
+                "ours_fp32_images_per_s": a.images / val_s["ours_fp32"],
+                "fp32_speedup": val_s["reference"] / val_s["ours_fp32"],
                 "peak_rss_gb": {side: max(p["peak_rss_gb"] for p in runs) for side, runs in passes.items()},
                 "passes": passes},
     }

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from common import COCO128, ROOT, YOLOV5N, cpu_model
 
-from yolotrain.engine.prepare import native_bf16
+from yolotrain.devices import native_bf16
 
 # Each setup's arguments. Without --data, training takes the built-in shapes set and its defaults (the
 # set is generated into YOLOTRAIN_CACHE, which the study points at its temporary folder).

@@ -1,17 +1,21 @@
 """What the doctor corpus tests (tests/test_doctor_*.py) share: the programs of one folder of
-tests/doctor_cases/, the doctor run on them as a real subprocess, their ``# doctor: ...`` marks, a
+tests/doctor_cases/, the doctor run on them, each in a process of its own, their ``# doctor: ...`` marks, a
 report's patches applied to a copy of a program that is then run again, and the checks every report
 (or a clean program's silence) must pass; also the IPython cell magic and the pytest plugin run on a
 snippet."""
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
+import queue
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stderr
@@ -52,7 +56,57 @@ def doctor_env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
 
 
+class _ForkServer:
+    """A ``doctor_fork_server.py`` process: runs one command at a time in a child forked from it."""
+
+    def __init__(self) -> None:
+        command = [sys.executable, str(Path(__file__).with_name("doctor_fork_server.py"))]
+        self.process = subprocess.Popen(command, env=doctor_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True)
+        self.output = Path(tempfile.mkdtemp(prefix="doctor-fork-"))
+
+    def run(self, argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+        stdout, stderr = self.output / "stdout", self.output / "stderr"
+        request = {"argv": argv, "cwd": str(cwd), "stdout": str(stdout), "stderr": str(stderr), "timeout": timeout}
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        assert answer, f"the fork server exited with code {self.process.wait()}"
+        returncode = json.loads(answer)["returncode"]
+        return subprocess.CompletedProcess(argv, returncode, stdout.read_text(), stderr.read_text())
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+        shutil.rmtree(self.output, ignore_errors=True)
+
+
+_idle_servers: queue.SimpleQueue[_ForkServer] = queue.SimpleQueue()
+_all_servers: list[_ForkServer] = []
+
+
+def run_forked(*argv: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``) in ``cwd`` with ``doctor_env()``, run in a
+    process forked from a server that has already imported torch and the doctor; one server per
+    concurrent caller, all closed when the test session ends."""
+    try:
+        server = _idle_servers.get_nowait()
+    except queue.Empty:
+        server = _ForkServer()
+        if not _all_servers:
+            atexit.register(lambda: [s.close() for s in _all_servers])
+        _all_servers.append(server)
+    try:
+        return server.run(list(argv), cwd, timeout)
+    finally:
+        _idle_servers.put(server)
+
+
 def run_doctor(*args: str, cwd: Path = ROOT, module: str = "inplace_doctor") -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS``; ``inplace_doctor`` runs in a forked process (``run_forked``), another
+    module as a fresh interpreter."""
+    if module == "inplace_doctor":
+        return run_forked("-m", module, *args, cwd=cwd)
     command = [sys.executable, "-m", module, *args]
     return subprocess.run(command, cwd=cwd, env=doctor_env(), capture_output=True, text=True, timeout=300)
 

@@ -179,7 +179,7 @@ def test_accuracy_equals_the_reference_classify_val_on_coco128_cls(reference, tm
     assert out.returncode == 0, out.stderr[-3000:]
     top1, top5 = json.loads(out.stdout.strip().splitlines()[-1])
 
-    metrics = yolotrain.val(str(weights), COCO128_CLS, batch_size=16, workers=0, fuse=False)
+    metrics = yolotrain.val(str(weights), COCO128_CLS, batch_size=16, workers=0, fuse=False, half=False)
     assert metrics.names == names
     assert (metrics.top1, metrics.top5) == pytest.approx((top1, top5), abs=1e-9)
     assert 0 < metrics.top1 < 1  # a discriminating model, not one class for every image

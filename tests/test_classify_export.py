@@ -57,7 +57,7 @@ def test_exports_give_the_logits_and_accuracy_of_torch(classifier, crops, tmp_pa
         logits = runner(imgs)
         assert logits.shape == expected.shape == (3, 2)
         torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
-    ours = val(classifier, str(crops), img_size=SIZE, verbose=False, plots=False)
+    ours = val(classifier, str(crops), img_size=SIZE, verbose=False, plots=False, half=False)  # as the export
     theirs = val(str(out), str(crops), img_size=SIZE, verbose=False, plots=False, trust_code=True)
     assert (theirs.top1, theirs.top5) == (ours.top1, ours.top5)
     assert theirs.confusion.tolist() == ours.confusion.tolist()

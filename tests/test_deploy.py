@@ -124,7 +124,9 @@ def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision
     model, data, _ = setup
     path = export_case(setup, fmt, precision)
     rect = fmt in DYNAMIC_FORMATS  # LiteRT and TorchScript graphs are fixed at one size: val letterboxes square
-    ours = val(model, str(data), img_size=SIZE, batch_size=4, workers=0, rect=rect, verbose=False, plots=False)
+    # The PyTorch side in float32, as the exports compared with it (half=None would be bf16 on some CPUs).
+    ours = val(model, str(data), img_size=SIZE, batch_size=4, workers=0, rect=rect, verbose=False, plots=False,
+               half=False)
     theirs = val(str(path), str(data), img_size=SIZE, batch_size=4, workers=0, verbose=False, plots=False,
                  trust_code=True)
     tolerance = 1e-3 if precision == "fp32" else 0.05
@@ -133,7 +135,7 @@ def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision
     assert theirs.map == pytest.approx(ours.map, abs=tolerance)
 
     images = sorted((data.parent / "images" / "val").iterdir())[:2]
-    expected = predict(model, images, img_size=SIZE, conf=0.3)
+    expected = predict(model, images, img_size=SIZE, conf=0.3, half=False)
     actual = predict(path, images, img_size=SIZE, conf=0.3, trust_code=True)
     assert sum(len(r.boxes) for r in expected) > 0
     for a, b in zip(expected, actual):

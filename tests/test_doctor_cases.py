@@ -1,4 +1,5 @@
-"""Runs the doctor CLI as a real subprocess on every program in tests/doctor_cases/.
+"""Runs the doctor CLI on every program in tests/doctor_cases/, each in a process of its own
+(forked from one that has imported torch: ``doctor_corpus.run_forked``).
 
 Each failing case marks its true sites with ``# doctor: saved OP`` and
 ``# doctor: modified OP`` comments (also in files listed by ``# doctor-files:``);
@@ -22,6 +23,7 @@ from pathlib import Path
 import inplace_doctor
 import pytest
 import torch
+from doctor_corpus import run_forked
 from inplace_doctor.report import Patch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,14 +84,15 @@ CLEAN_COMMANDS = [
 
 
 def _run(*args: str, device: str = "cpu") -> subprocess.CompletedProcess[str]:
-    # The doctor the tests import, whether installed or on the path, is the one the subprocess runs.
+    # The doctor the tests import, whether installed or on the path, is the one the process runs; on the
+    # CPU in a process forked from one that has imported torch (test_doctor.py runs `yolotrain doctor`
+    # and `python -m yolotrain.doctor` themselves, and checks they print what `python -m inplace_doctor` does).
+    if device == "cpu":
+        return run_forked("-m", "inplace_doctor", *args, timeout=120)
     path = os.pathsep.join([str(ROOT / "src"), str(Path(inplace_doctor.__file__).parents[1])])
     env = dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
-    if device == "cpu":
-        command = ["-m", "yolotrain.doctor", *args]
-    else:
-        start = f"import sys, torch; torch.set_default_device({device!r}); from yolotrain.doctor.cli import main; "
-        command = ["-c", start + "sys.exit(main(sys.argv[1:]))", *args]
+    start = f"import sys, torch; torch.set_default_device({device!r}); from yolotrain.doctor.cli import main; "
+    command = ["-c", start + "sys.exit(main(sys.argv[1:]))", *args]
     return subprocess.run(
         [sys.executable, *command],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
@@ -259,9 +262,7 @@ def fix_runs(results: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 
 def _run_python(*args: str) -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join([str(ROOT / "src"), str(Path(inplace_doctor.__file__).parents[1])])
-    env = dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return run_forked(*args, timeout=120)
 
 
 @pytest.mark.parametrize("name", FAILING)

@@ -1,9 +1,9 @@
 """The doctor on "element 0 of tensors does not require grad": the corpus in tests/doctor_cases/graph_cut/.
 
 Each failing program marks the lines that cut the loss's ancestry off the graph (``# doctor: cut``)
-and the backward that failed (``# doctor: failed``). The doctor runs as a real subprocess; its
-patches are then applied to a copy of the program, which must run to the end with nothing
-reported. ``clean_*`` programs must report nothing.
+and the backward that failed (``# doctor: failed``). The doctor runs as a process of its own
+(``doctor_corpus.run_forked``); its patches are then applied to a copy of the program, which must
+run to the end with nothing reported. ``clean_*`` programs must report nothing.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Each failing program marks the backward that freed the graph (``# doctor: freed``), the line that
 first used a tensor of the freed graph (``# doctor: carried``) and the backward that failed
 (``# doctor: failed``); ``# doctor-fix: detach|retain_graph`` says which fix is right. The doctor
-runs as a real subprocess; its patches are then applied to a copy of the program, which must run
-to the end with nothing reported. ``clean_*`` programs must report nothing.
+runs as a process of its own (``doctor_corpus.run_forked``); its patches are then applied to a copy
+of the program, which must run to the end with nothing reported. ``clean_*`` programs must report
+nothing.
 """
 
 from __future__ import annotations

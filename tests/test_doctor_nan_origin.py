@@ -3,8 +3,9 @@
 Each failing program marks the line of the first non-finite forward value (``# doctor: first OP``),
 of the op that made the NaN (``# doctor: forward OP``) or of the forward call that recorded the
 backward node whose gradient went non-finite (``# doctor: backward NODE``). The doctor runs as a
-real subprocess; its patch is applied to a copy of the program, which must then run to the end
-under ``--nan`` with nothing reported. ``clean_*`` programs must report nothing.
+process of its own (``doctor_corpus.run_forked``); its patch is applied to a copy of the program,
+which must then run to the end under ``--nan`` with nothing reported. ``clean_*`` programs must
+report nothing.
 """
 
 from __future__ import annotations

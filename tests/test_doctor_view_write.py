@@ -2,9 +2,10 @@
 
 Each failing program marks the line that made the leaf or view (``# doctor: made``) and the write
 (``# doctor: written``); ``# doctor-fix: no_grad|out_of_place|clone`` says which fix is right: the
-write under ``torch.no_grad()``, the write out of place, or the view cloned where it is made. The doctor runs as
-a real subprocess; its patches are then applied to a copy of the program, which must run to the end
-with nothing reported. ``clean_*`` programs must report nothing.
+write under ``torch.no_grad()``, the write out of place, or the view cloned where it is made. The
+doctor runs as a process of its own (``doctor_corpus.run_forked``); its patches are then applied to
+a copy of the program, which must run to the end with nothing reported. ``clean_*`` programs must
+report nothing.
 """
 
 from __future__ import annotations

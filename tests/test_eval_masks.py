@@ -54,6 +54,32 @@ def test_crop_keeps_pixel_indices_inside_each_box(reference, boxes):
                                                                                  size).bool())
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**16), st.sampled_from([1.0, 1e-7]), st.lists(st.booleans(), min_size=9, max_size=9))
+def test_kept_masks_are_the_references_rows_even_with_logits_at_the_sigmoid_tie(reference, seed, scale, keep):
+    """Masks without a sigmoid, of some detections only: the reference's masks of those detections, pixel for
+    pixel, also when logits lie where float32 sigmoid rounds to exactly 0.5 (coefficients scaled by 1e-7)."""
+    from yolov5.utils.segment.general import process_mask
+
+    proto, coefficients, boxes, size = random_case(seed, n=9)
+    coefficients = coefficients * scale
+    kept = torch.tensor(keep)
+    expected = process_mask(proto, coefficients, boxes.clone(), size).bool()
+    assert torch.equal(process_masks(proto, coefficients, boxes, size, kept), expected[kept])
+    assert torch.equal(process_masks(proto, coefficients, boxes, size), expected)
+
+
+def test_logits_at_the_sigmoid_tie_are_not_read_as_their_sign():
+    """A logit of 1e-8 is positive but its float32 sigmoid is exactly 0.5 (not a mask pixel), one of 1e-6
+    is a pixel: masks that took ``logits > 0`` or ``> SIGMOID_TIE`` everywhere would get one of them wrong."""
+    proto = torch.ones(1, 2, 2)
+    coefficients = torch.tensor([[1e-8], [1e-6 * 1.5], [-1e-8]])
+    boxes = torch.tensor([[0.0, 0.0, 8.0, 8.0]] * 3)
+    masks = process_masks(proto, coefficients, boxes, (8, 8))
+    assert masks.flatten(1).all(1).tolist() == [False, True, False]
+    assert not masks[0].any() and not masks[2].any()
+
+
 def test_mask_iou_is_the_references_and_symmetric(reference):
     from yolov5.utils.segment.general import mask_iou as reference_mask_iou
 

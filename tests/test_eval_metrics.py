@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from yolotrain.eval.masks import mask_iou
 from yolotrain.eval.metrics import (
@@ -11,6 +13,7 @@ from yolotrain.eval.metrics import (
     SegmentationStats,
     ap_per_class,
     interpolated_ap,
+    labelled_class_detections,
     match_by_iou,
     match_predictions,
 )
@@ -151,6 +154,27 @@ def test_mask_matching_is_the_reference_process_batch(reference, seed):
     expected = process_batch(dets, labels, IOU_THRESHOLDS, pred_masks.float(), gt_masks.float(), masks=True)
     ours = match_by_iou(mask_iou(gt_masks, pred_masks), dets[:, 5], gt_cls)
     assert expected.any() and torch.equal(ours, expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), st.integers(0, 5), st.integers(0, 30), st.integers(1, 4))
+def test_mask_stats_of_labelled_class_detections_only_are_those_of_all(seed, m, n, classes):
+    """Masks given for the detections of the labels' classes only (``masked``) score the same true positives,
+    bit for bit, as every detection's masks: the others' IoUs count as 0 whatever they are."""
+    g = torch.Generator().manual_seed(seed)
+    gt_masks = torch.rand(m, 12, 16, generator=g) > 0.5
+    pred_masks = torch.rand(n, 12, 16, generator=g) > 0.5
+    pred_masks[: n // 2] |= gt_masks[torch.randint(0, max(m, 1), (n // 2,), generator=g)] if m else False
+    gt_cls = torch.randint(0, classes, (m,), generator=g).float()
+    dets = torch.cat((torch.rand(n, 4, generator=g) * 10, torch.rand(n, 1, generator=g).sort(0, descending=True)[0],
+                      torch.randint(0, classes + 1, (n, 1), generator=g).float()), 1)
+    gt = torch.rand(m, 4, generator=g) * 10
+    masked = labelled_class_detections(dets[:, 5], gt_cls)
+    assert masked.tolist() == [c in gt_cls.tolist() for c in dets[:, 5].tolist()]
+    every, kept = SegmentationStats(nc=classes + 1), SegmentationStats(nc=classes + 1)
+    every.update_masks(dets, gt, gt_cls, pred_masks, gt_masks)
+    kept.update_masks(dets, gt, gt_cls, pred_masks[masked], gt_masks, masked)
+    assert torch.equal(every._mask_tp[0], kept._mask_tp[0])
 
 
 def test_segmentation_stats_table_has_box_and_mask_columns():

@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from yolotrain import Yolov5
-from yolotrain.model import Conv
+from yolotrain.model import Conv, Detect
 
 # Parameter counts of the reference implementation (unfused), per version and class count; P6 models
 # built from the reference's models/hub/yolov5*6.yaml (tests/test_parity_reference.py measures them live).
@@ -79,6 +81,50 @@ def test_decoding_matches_hand_computation():
     assert torch.allclose(first[:4], torch.tensor([4.0, 4.0, 10.0, 13.0]))
     assert torch.allclose(out[0, 5, :2], torch.tensor([12.0, 4.0]))  # anchor 0, cell (y=0, x=1)... of level 0
     assert torch.allclose(first[4:], torch.tensor([0.5, 0.5]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**16), st.integers(1, 5), st.integers(1, 6), st.integers(1, 6), st.integers(1, 90),
+       st.sampled_from([0, 32]), st.sampled_from([torch.float32, torch.bfloat16]), st.booleans())
+@example(seed=0, batch=4, ny=28, nx=36, nc=80, extra=32, dtype=torch.float32, views=True)  # a validation batch
+@example(seed=0, batch=4, ny=28, nx=36, nc=80, extra=0, dtype=torch.float32, views=True)
+@example(seed=0, batch=4, ny=28, nx=36, nc=80, extra=0, dtype=torch.float32, views=False)
+def test_decoding_into_one_output_is_decode_bit_for_bit(seed, batch, ny, nx, nc, extra, dtype, views):
+    """What eval-mode forward returns (each level written into one output, read from views of channels-last
+    convolution outputs) is the graph-friendly decode's output of the contiguous maps bit for bit: any
+    batch and map sizes and class counts, with mask coefficients or not, bf16 maps."""
+    g = torch.Generator().manual_seed(seed)
+    anchors = torch.tensor([[10.0, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119], [116, 90, 156, 198, 373, 326]])
+    head = Detect(nc, anchors.view(3, 3, 2), (8, 16, 32), extra_outputs=extra)
+    maps = []
+    for k in range(3):
+        shape = (batch, 3, max(ny >> k, 1), max(nx >> k, 1), head.no)
+        logits = (torch.randn(shape, generator=g) * 4).to(dtype)
+        if views:  # as map_views gives them: [B, 3 * no, ny, nx] channels-last, viewed and permuted
+            conv = logits.permute(0, 1, 4, 2, 3).reshape(batch, 3 * head.no, *shape[2:4])
+            conv = conv.contiguous(memory_format=torch.channels_last)
+            logits = conv.view(batch, 3, head.no, *shape[2:4]).permute(0, 1, 3, 4, 2)
+        maps.append(logits)
+    expected = head.decode([m.contiguous() for m in maps])  # forward's maps
+    assert torch.equal(head.decode_into_one(maps), expected) and expected.dtype == torch.float32
+
+
+@pytest.mark.parametrize("task", ["detect", "segment"])
+def test_eval_forward_is_the_decoded_maps_of_forward_maps(task):
+    """Eval forward (the head's outputs decoded without a contiguous copy) gives decode's numbers of the
+    raw maps bit for bit, on a channels-last model as validation runs it."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=3, task=task).eval().to(memory_format=torch.channels_last)
+    imgs = torch.rand(3, 3, 96, 128).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        outputs = model(imgs)
+        maps = model.forward_maps(imgs)
+    differentiable = model(imgs)  # with autograd: out of place, the same numbers
+    if task == "segment":
+        (outputs, proto), (maps, expected_proto), (differentiable, _) = outputs, maps, differentiable
+        assert torch.equal(proto, expected_proto)
+    assert torch.equal(outputs, model.head.decode(maps)) and torch.equal(differentiable, outputs)
+    assert differentiable.requires_grad
 
 
 @pytest.mark.parametrize("bad", [(1, 3, 100, 64), (1, 3, 64, 70), (1, 1, 64, 64), (3, 64, 64)])

@@ -1,10 +1,16 @@
 """Post-processing: score filtering, class-aware NMS, limits, and mapping boxes to original pixels."""
 
+import types
+
 import pytest
 import torch
+import torchvision.ops as nms_ops
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from yolotrain import nms as nms_module
 from yolotrain.boxes import xywh_to_xyxy
-from yolotrain.nms import non_max_suppression, scale_boxes_to_original
+from yolotrain.nms import MAX_WH, PER_CLASS_NMS_FROM, non_max_suppression, scale_boxes_to_original
 
 
 def rows(*boxes, nc=3):
@@ -137,3 +143,44 @@ def test_mask_coefficients_travel_with_their_boxes_as_in_the_reference(reference
         source = (xywh_to_xyxy(image[:, :4])[None] == a[:, None, :4]).all(2).float().argmax(1)
         torch.testing.assert_close(a[:, 6:], image[source, 5 + nc:])
     assert non_max_suppression(torch.zeros(1, 0, 5 + nc + nm), num_extra=nm)[0].shape == (0, 6 + nm)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 300), num_classes=st.integers(1, 12), levels=st.integers(1, 6), seed=st.integers(0, 2**16),
+       iou=st.sampled_from([0.3, 0.45, 0.6, 0.9]))
+def test_per_class_nms_keeps_the_rows_one_call_on_all_classes_keeps(n, num_classes, levels, seed, iou):
+    """Above PER_CLASS_NMS_FROM candidates NMS runs once per class; the kept rows and their order must be
+    those of the reference's single call on class-shifted boxes, ties in score (few score levels) and
+    identical boxes included."""
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.randint(0, 40, (n, 2), generator=g).float() * 8  # on a coarse grid: duplicates and overlaps
+    wh = torch.randint(1, 6, (n, 2), generator=g).float() * 16
+    scores = (torch.randint(1, levels + 1, (n,), generator=g).float() / levels).sort(descending=True).values
+    classes = torch.randint(0, num_classes, (n,), generator=g).float()
+    det = torch.cat((xy, xy + wh, scores[:, None], classes[:, None]), 1)
+    one_call = nms_ops.nms(det[:, :4] + det[:, 5:6] * MAX_WH, det[:, 4], iou)
+    per_class = nms_module._class_aware_nms(det, iou, agnostic=False, per_class_from=0)
+    assert torch.equal(per_class, one_call)
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_matches_reference_nms_with_more_candidates_than_the_per_class_threshold(reference, monkeypatch,
+                                                                                 multi_label):
+    """Thousands of candidates per image, scores in few levels (many ties): ours runs one NMS per class,
+    the reference one call on all classes; the detections are the same, in the same order."""
+    import yolov5.utils.general as general
+    from yolov5.utils.general import non_max_suppression as reference_nms
+
+    monkeypatch.setattr(general, "time", types.SimpleNamespace(time=lambda: 0.0))  # no time limit: all boxes
+
+    g = torch.Generator().manual_seed(5)
+    b, n, nc = 2, 2 * PER_CLASS_NMS_FROM, 20
+    xy = torch.rand(b, n, 2, generator=g) * 320
+    wh = torch.rand(b, n, 2, generator=g) * 60 + 4
+    probs = (torch.rand(b, n, 1 + nc, generator=g) * 8).ceil() / 8  # 8 levels: ties everywhere
+    pred = torch.cat((xy, wh, probs), 2)
+    ours = non_max_suppression(pred.clone(), 0.01, 0.5, multi_label=multi_label, max_det=300)
+    theirs = reference_nms(pred.clone(), 0.01, 0.5, multi_label=multi_label, max_det=300)
+    for a, r in zip(ours, theirs):
+        assert a.shape[0] == 300
+        assert torch.equal(a, r)

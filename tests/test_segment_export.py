@@ -104,14 +104,14 @@ def test_val_and_predict_on_exports_score_as_pytorch(reference, tmp_path, fmt):
     data = coco128_subset(tmp_path / "data", 4, COCO128_SEG)
     runner_path = exported(model, tmp_path, fmt).path
     rect = fmt != "torchscript"  # TorchScript graphs are fixed at one size: val letterboxes square
-    ours = val(model, data, img_size=SIZE, workers=0, rect=rect, verbose=False, plots=False)
+    ours = val(model, data, img_size=SIZE, workers=0, rect=rect, verbose=False, plots=False, half=False)
     theirs = val(runner_path, data, img_size=SIZE, workers=0, verbose=False, plots=False, trust_code=True)
     assert ours.map50 > 0 and ours.masks.map50 > 0
     for a, b in ((ours, theirs), (ours.masks, theirs.masks)):
         assert (b.map50, b.map) == pytest.approx((a.map50, a.map), abs=1e-3)
 
     images = sorted((data.parent / "images" / "val").iterdir())[:2]
-    expected = predict(model, images, img_size=SIZE, conf=0.3)
+    expected = predict(model, images, img_size=SIZE, conf=0.3, half=False)
     actual = predict(runner_path, images, img_size=SIZE, conf=0.3, trust_code=True)
     assert sum(len(r.boxes) for r in expected) > 0
     for a, b in zip(expected, actual):

@@ -62,3 +62,24 @@ def check_gpu_list(gpus: list[int]) -> None:
     if missing:
         raise ValueError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA device(s) present "
                          f"(no GPU {missing[0]})")
+
+
+def native_bf16() -> str | None:
+    """The CPU's instructions that compute in bfloat16 natively (``AMX`` or ``AVX512-BF16``), else None.
+
+    oneDNN runs bf16 convolutions on any AVX-512 CPU, but without these it converts to float32 and back,
+    which is slower than float32 itself."""
+    if torch.cpu._is_amx_tile_supported():
+        return "AMX"
+    if torch.cpu._is_avx512_bf16_supported():
+        return "AVX512-BF16"
+    return None
+
+
+def native_half(device: torch.device) -> torch.dtype | None:
+    """The half precision ``device`` computes natively, else None: float16 on CUDA, bfloat16 on CPUs with
+    native bf16 instructions (:func:`native_bf16`). What ``--amp auto`` trains in and ``val`` and
+    ``predict`` run in unless told otherwise."""
+    if device.type == "cuda":
+        return torch.float16
+    return torch.bfloat16 if device.type == "cpu" and native_bf16() else None

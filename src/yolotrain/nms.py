@@ -23,6 +23,10 @@ from .settings import setting
 MAX_NMS = 30000
 # Per-class coordinate shift for class-aware NMS: larger than any box side in pixels.
 MAX_WH = 7680
+# Candidates of one image above which one NMS per class beats one NMS on all classes: measured on coco128
+# at val's thresholds on a 2-core x86 CPU (per-class: 0.5x the time at 5000 candidates, 1.5x at 1000,
+# where its per-class calls cost more than they save).
+PER_CLASS_NMS_FROM = 3000
 
 
 def check_nms_limits(max_det: int, classes: Sequence[int] | None = None, num_classes: int | None = None) -> None:
@@ -87,6 +91,28 @@ def _candidates(x: torch.Tensor, conf: float, multi_label: bool, num_classes: in
     return torch.cat((boxes[keep], best[keep], cls_j[keep].to(x.dtype)), 1), keep
 
 
+def _class_aware_nms(det: torch.Tensor, iou: float, agnostic: bool,
+                     per_class_from: int = PER_CLASS_NMS_FROM) -> torch.Tensor:
+    """Rows of ``det`` (``[n, 6+]``: xyxy, score, class; sorted by score, highest first) that survive NMS,
+    as ascending row indices: the order of the reference's one call on all classes.
+
+    The reference shifts each class's boxes by class × :data:`MAX_WH` so that classes never overlap, then
+    runs one NMS, whose cost grows with kept boxes × candidates. Above ``per_class_from``
+    candidates each class runs its own NMS here, on the same shifted coordinates: the same float32
+    rounding, hence the same IoUs and the same kept boxes. torchvision's NMS visits boxes in a stable
+    score order, so with ``det`` sorted its kept rows come out in ascending row order, and so do the
+    classes' kept rows merged and sorted.
+    """
+    offsets = det[:, 5:6] * (0 if agnostic else MAX_WH)
+    boxes, scores = det[:, :4] + offsets, det[:, 4]
+    if agnostic or len(det) <= per_class_from:
+        return nms(boxes, scores, iou)
+    rows_by_class = det[:, 5].argsort(stable=True)  # each class's rows, still in score order
+    counts = torch.unique_consecutive(det[rows_by_class, 5], return_counts=True)[1]
+    kept = [rows[nms(boxes[rows], scores[rows], iou)] for rows in rows_by_class.split(counts.tolist())]
+    return torch.cat(kept).sort().values
+
+
 def non_max_suppression(
     prediction: torch.Tensor,
     conf: float = NMSConfig.conf,
@@ -135,11 +161,7 @@ def non_max_suppression(
             det, source = det[wanted], source[wanted]
         order = det[:, 4].argsort(descending=True)[:max_nms]
         det, source = det[order], source[order]
-        # Class-aware NMS in one call: shifting each class's boxes by class × MAX_WH keeps classes from
-        # overlapping. This is the reference's exact arithmetic (float32 rounding of the shifted
-        # coordinates included), so kept boxes agree with it one for one.
-        offsets = det[:, 5:6] * (0 if agnostic else MAX_WH)
-        kept = nms(det[:, :4] + offsets, det[:, 4], iou)[:max_det]
+        kept = _class_aware_nms(det, iou, agnostic)[:max_det]
         det = det[kept]
         if num_extra:  # the extra columns of the kept detections only, taken from the rows they came from
             det = torch.cat((det, x[source[kept], 5 + num_classes:]), 1)

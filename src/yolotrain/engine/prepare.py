@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ..devices import native_bf16, native_half
 from ..model import Yolov5
 from ..settings import ConfigError
 
@@ -19,18 +20,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def native_bf16() -> str | None:
-    """The CPU's instructions that compute in bfloat16 natively (``AMX`` or ``AVX512-BF16``), else None.
-
-    oneDNN runs bf16 convolutions on any AVX-512 CPU, but without these it converts to float32 and back,
-    which is slower than float32 itself."""
-    if torch.cpu._is_amx_tile_supported():
-        return "AMX"
-    if torch.cpu._is_avx512_bf16_supported():
-        return "AVX512-BF16"
-    return None
-
-
 def autocast_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of an ``amp`` setting on ``device`` (``None``: full float32).
 
@@ -38,9 +27,7 @@ def autocast_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     the study in ``benchmarks/results/bf16_study.md`` found bf16 training's mAP50-95 within the seed
     spread of float32's there, at about twice the step speed."""
     if amp == "auto":
-        if device.type == "cuda":
-            return torch.float16
-        return torch.bfloat16 if device.type == "cpu" and native_bf16() else None
+        return native_half(device)
     if amp == "fp16" and device.type != "cuda":
         raise ConfigError("amp fp16 needs a CUDA device; on the CPU use amp bf16")
     return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]

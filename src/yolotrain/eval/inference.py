@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..detector import Detector
-from ..devices import select_device
+from ..devices import native_bf16, native_half, select_device
 from ..interop.resolve import ModelSource, resolve_model
 from ..model import Yolov5
 from ..model.classify import Classifier
@@ -32,7 +32,7 @@ def one_weights(weights: Sequence[str]) -> str:
 
 
 def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.device | None = None,
-                         fuse: bool = True, half: bool = False,
+                         fuse: bool = True, half: bool | None = None,
                          trust_code: bool = False) -> tuple[Detector, torch.device]:
     """The detector :func:`~yolotrain.interop.resolve.resolve_model` finds for ``model_or_weights``, ready
     for inference, and the device its inputs go to. Exports (``.onnx``, OpenVINO ``.xml``, ``.tflite``,
@@ -44,8 +44,10 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
     The caller's model is never changed: fusing Conv+BN (faster inference, same outputs), the
     channels-last layout and the move to ``device``/half precision happen on a copy. ``half`` means
     float16 on CUDA (as the reference) and bfloat16 on the CPU, where oneDNN runs bf16 convolutions
-    natively on processors with AVX512-BF16/AMX. bf16 head maps are decoded in float32 (8 significant
-    bits would move boxes by pixels); fp16 ones in fp16, as the reference does.
+    natively on processors with AVX512-BF16/AMX; ``None`` (auto) is half precision where the device
+    computes it natively (:func:`~yolotrain.devices.native_half`), float32 elsewhere. bf16 head maps are
+    decoded in float32 (8 significant bits would move boxes by pixels); fp16 ones in fp16, as the
+    reference does.
 
     Raises:
         TypeError: ``model_or_weights`` is neither a detector nor a path.
@@ -63,12 +65,36 @@ def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.d
     # NHWC is the layout oneDNN and cuDNN convolutions run fastest in (measured on yolov5n at 640:
     # 1.2x on the CPU); the outputs are the same up to float rounding.
     model = model.to(memory_format=torch.channels_last)
-    if half:
-        model.to(torch.float16 if dev.type == "cuda" else torch.bfloat16)
+    dtype = inference_dtype(half, dev)
+    if dtype is not None:
+        model.to(dtype)
     for p in model.parameters():
         p.requires_grad_(False)
     _activations_in_place(model)
     return model, dev
+
+
+def inference_dtype(half: bool | None, device: torch.device) -> torch.dtype | None:
+    """The reduced precision a PyTorch model runs in on ``device`` (None: float32): ``half`` true means
+    float16 on CUDA and bfloat16 elsewhere; None (auto) the device's native half precision, if any."""
+    if half is None:
+        return native_half(device)
+    return (torch.float16 if device.type == "cuda" else torch.bfloat16) if half else None
+
+
+def precision_line(model: Detector, device: torch.device) -> str | None:
+    """The line ``val`` and ``predict`` open with when they chose the precision (``--half auto``): what
+    the PyTorch model runs in and why; None for an export, which runs in the precision it was saved in."""
+    if not isinstance(model, (Yolov5, Classifier)):
+        return None
+    dtype = next(model.parameters()).dtype
+    name = str(dtype).removeprefix("torch.")
+    if dtype == torch.float32:
+        why = ("--half auto: this CPU has no native bfloat16 instructions" if device.type == "cpu"
+               else "--half auto")
+        return f"Precision: float32 on {device.type} ({why})"
+    native = f": native on this CPU ({native_bf16()})" if device.type == "cpu" else ""
+    return f"Precision: {name} on {device.type} (--half auto{native}; --no-half for float32)"
 
 
 def _activations_in_place(model: nn.Module) -> None:

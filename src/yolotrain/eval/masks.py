@@ -25,10 +25,21 @@ import torch.nn.functional as F
 MASK_CHUNK = 32
 
 
+# Beyond this distance from 0 a float32 logit's sigmoid is above 0.5 (positive) or at most 0.5 (negative)
+# with any exp kernel; nearer 0, exp(-x) may round to 1 (sigmoid exactly 0.5) or not, as the kernel and the
+# value's place in the tensor (vectorised body or scalar tail) decide.
+SIGMOID_TIE = 1e-6
+
+
+def mask_logits(proto: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
+    """``[n, h, w]`` mask logits of ``[n, nm]`` coefficients over one image's ``[nm, h, w]`` prototypes."""
+    nm, h, w = proto.shape
+    return (coefficients.float() @ proto.float().reshape(nm, -1)).reshape(-1, h, w)
+
+
 def mask_probabilities(proto: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
     """``[n, h, w]`` mask probabilities of ``[n, nm]`` coefficients over one image's ``[nm, h, w]`` prototypes."""
-    nm, h, w = proto.shape
-    return (coefficients.float() @ proto.float().reshape(nm, -1)).sigmoid().reshape(-1, h, w)
+    return mask_logits(proto, coefficients).sigmoid()
 
 
 def _inside_boxes(boxes: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,19 +52,41 @@ def _inside_boxes(boxes: torch.Tensor, h: int, w: int) -> tuple[torch.Tensor, to
 
 
 def process_masks(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torch.Tensor,
-                  input_hw: tuple[int, int]) -> torch.Tensor:
+                  input_hw: tuple[int, int], keep: torch.Tensor | None = None) -> torch.Tensor:
     """Binary masks ``[n, h, w]`` (bool) at the prototype resolution, cropped to ``boxes`` (xyxy in the
-    ``input_hw`` network-input pixels): what validation compares with the labels' masks."""
+    ``input_hw`` network-input pixels): what validation compares with the labels' masks; with ``keep``
+    (bool ``[n]``) only those detections' masks.
+
+    The pixels of ``sigmoid(logits) > 0.5``, the reference's, read from the logits' sign without a sigmoid
+    unless a logit inside a box lies within :data:`SIGMOID_TIE` of 0: then the sigmoid of every logit is
+    taken as the reference takes it. The logits are one product over all the detections even with ``keep``:
+    a product of fewer rows may round differently.
+    """
     _, h, w = proto.shape
     scale = boxes.new_tensor((w / input_hw[1], h / input_hw[0], w / input_hw[1], h / input_hw[0]))
-    return _binary_in_boxes(mask_probabilities(proto, coefficients), boxes[:, :4] * scale)
+    logits = mask_logits(proto, coefficients)
+    kept, boxes = (logits, boxes) if keep is None else (logits[keep], boxes[keep])
+    rows, cols = _inside_boxes(boxes[:, :4] * scale, h, w)
+    masks = _crop_(kept > SIGMOID_TIE, rows, cols)
+    near_or_above = _crop_(kept >= -SIGMOID_TIE, rows, cols)
+    if int(torch.count_nonzero(near_or_above)) == int(torch.count_nonzero(masks)):  # no logit in a box near 0
+        return masks
+    probabilities = logits.sigmoid()
+    return _crop_((probabilities if keep is None else probabilities[keep]) > 0.5, rows, cols)
 
 
 def _binary_in_boxes(probabilities: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     """``probabilities [n, h, w] > 0.5`` inside ``boxes`` (the masks' pixels), False outside: the crop and
     the threshold in bool arithmetic, the same pixels as cropping the probabilities first."""
     rows, cols = _inside_boxes(boxes, *probabilities.shape[1:])
-    return (probabilities > 0.5) & rows & cols
+    return _crop_(probabilities > 0.5, rows, cols)
+
+
+def _crop_(masks: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``masks [n, h, w]`` (bool) made False, in place, outside each box's ``rows [n, h, 1]`` and ``cols
+    [n, 1, w]`` (bool): as products of their bytes, several times faster than a broadcast bool ``&``."""
+    masks.view(torch.uint8).mul_(rows.view(torch.uint8)).mul_(cols.view(torch.uint8))
+    return masks
 
 
 def upsampled_masks(proto: torch.Tensor, coefficients: torch.Tensor, boxes: torch.Tensor,

@@ -21,6 +21,9 @@ IOU_THRESHOLDS = torch.linspace(0.5, 0.95, 10)
 # Points on the confidence axis where precision / recall / F1 curves are sampled.
 CURVE_POINTS = 1000
 _EPS = 1e-16
+# The 101 recall points of interpolated AP and their spacings (made once: AP is taken per class and threshold).
+_AP_RECALLS = np.linspace(0, 1, 101)
+_AP_RECALL_STEPS = np.diff(_AP_RECALLS)
 
 
 def match_predictions(det_boxes: torch.Tensor, det_cls: torch.Tensor, gt_boxes: torch.Tensor,
@@ -52,6 +55,12 @@ def match_by_iou(iou: torch.Tensor, det_cls: torch.Tensor, gt_cls: torch.Tensor,
     return valid & (first.gather(0, owner_index) == det_index)
 
 
+def labelled_class_detections(det_cls: torch.Tensor, gt_cls: torch.Tensor) -> torch.Tensor:
+    """Which detections (bool ``[n]``) are of a class among the labels: the only ones :func:`match_by_iou`
+    can pair, since an IoU with a label of another class counts as 0."""
+    return torch.isin(det_cls, gt_cls.to(det_cls))
+
+
 def interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     """COCO-style 101-point interpolated average precision of one PR curve.
 
@@ -60,9 +69,8 @@ def interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, n
     """
     mrec = np.concatenate(([0.0], recall, [1.0]))
     mpre = np.flip(np.maximum.accumulate(np.flip(np.concatenate(([1.0], precision, [0.0])))))
-    x = np.linspace(0, 1, 101)
-    y = np.interp(x, mrec, mpre)
-    ap = float(((y[1:] + y[:-1]) / 2 * np.diff(x)).sum())  # trapezoid rule
+    y = np.interp(_AP_RECALLS, mrec, mpre)
+    ap = float(((y[1:] + y[:-1]) / 2 * _AP_RECALL_STEPS).sum())  # trapezoid rule
     return ap, mpre, mrec
 
 
@@ -311,11 +319,17 @@ class SegmentationStats(DetectionStats):
         self._mask_tp: list[torch.Tensor] = []
 
     def update_masks(self, detections: torch.Tensor, gt_boxes: torch.Tensor, gt_cls: torch.Tensor,
-                     pred_masks: torch.Tensor, gt_masks: torch.Tensor) -> None:
+                     pred_masks: torch.Tensor, gt_masks: torch.Tensor, masked: torch.Tensor | None = None) -> None:
         """Add one image: as :meth:`DetectionStats.update`, with the detections' and labels' binary masks
-        (``[n, h, w]``, ``[m, h, w]``, one resolution)."""
+        (``[n, h, w]``, ``[m, h, w]``, one resolution); with ``masked`` (bool ``[n]``, a superset of
+        :func:`labelled_class_detections`) ``pred_masks`` are those detections' only: the others' IoUs
+        would count for nothing."""
         self.update(detections, gt_boxes, gt_cls)
-        iou = mask_iou(gt_masks, pred_masks)
+        if masked is None:
+            iou = mask_iou(gt_masks, pred_masks)
+        else:
+            iou = gt_masks.new_zeros((gt_masks.shape[0], detections.shape[0]), dtype=torch.float32)
+            iou[:, masked] = mask_iou(gt_masks, pred_masks)
         tp = match_by_iou(iou, detections[:, 5], gt_cls.to(detections.device),
                           self.iou_thresholds.to(detections.device))
         self._mask_tp.append(tp.cpu())

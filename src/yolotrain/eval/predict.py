@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -44,7 +44,7 @@ from ..settings import (
     setting,
 )
 from .classify import ClassifyPredictor, ClassifyResult
-from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
+from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights, precision_line
 from .masks import masks_in_original, masks_to_polygons, scale_masks_to_original, upsampled_masks
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
@@ -67,7 +67,8 @@ class PredictConfig:
                                    "--imgsz H W only when square)", flags=("--img", "--img-size", "--imgsz"))
     nms: NMSConfig = field(default_factory=NMSConfig)
     device: str | None = setting(None, "cpu, cuda, 0 ... (default: GPU if available)")
-    half: bool = setting(False, "half-precision inference: float16 on CUDA, bfloat16 on the CPU")
+    half: bool | None = setting(None, "half-precision inference: float16 on CUDA, bfloat16 on the CPU "
+                                  "(default: where the device computes it natively, else float32)")
     save: bool = setting(True, "save annotated images and videos (--nosave: only what the other --save "
                          "options ask for and predictions.json)", off_flags=("--nosave",))
     save_txt: bool = setting(False, "also write YOLO-format labels/*.txt (each row ends with its score; "
@@ -207,7 +208,8 @@ class Predictor:
 
     def __init__(self, model_or_weights: ModelOrWeights, img_size: int | None = None, conf: float = NMSConfig.conf,
                  iou: float = NMSConfig.iou, classes: Sequence[int] | None = None, max_det: int = NMSConfig.max_det,
-                 agnostic: bool = NMSConfig.agnostic, device: str | torch.device | None = None, half: bool = False,
+                 agnostic: bool = NMSConfig.agnostic, device: str | torch.device | None = None,
+                 half: bool | None = None,
                  trust_code: bool = False, retina_masks: bool = PredictConfig.retina_masks) -> None:
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half,
                                                        trust_code=trust_code)
@@ -392,7 +394,7 @@ def predict(
     max_det: int = NMSConfig.max_det,
     agnostic: bool = NMSConfig.agnostic,
     device: str | torch.device | None = PredictConfig.device,
-    half: bool = PredictConfig.half,
+    half: bool | None = PredictConfig.half,
     save_dir: str | os.PathLike | None = None,
     save_txt: bool = PredictConfig.save_txt,
     save_crop: bool = PredictConfig.save_crop,
@@ -419,6 +421,8 @@ def predict(
         img_size: long side of the network input (default: the model's training size, 640; 1280 for P6
             models); inputs are padded only to the next multiple of the largest stride (32; 64 for P6).
         conf, iou, classes, max_det, agnostic: NMS settings.
+        half: half-precision inference: float16 on CUDA, bfloat16 on the CPU; None (the default): where
+            the device computes it natively (CUDA; CPUs with AMX or AVX512-BF16), else float32.
         save_dir: where annotated images (same names), videos (``STEM.mp4``; ``cameraN.mp4`` for
             camera N, ``streamN.mp4`` for the stream at position N of ``source``), ``labels/*.txt``
             (with ``save_txt``; video frames as ``STEM_FRAME.txt``), crops and ``predictions.json`` go.
@@ -643,6 +647,16 @@ def predict_config(args: argparse.Namespace) -> PredictConfig:
     return from_flat(PredictConfig, settings)
 
 
+def precision_announcement(half: bool | None) -> dict[str, Callable[[Predictor], None]] | None:
+    """The ``on_predict_start`` hook of the ``predict`` and ``track`` commands under ``--half auto`` (None
+    otherwise): their first line says which precision the model runs in."""
+    def announce(predictor: Predictor) -> None:
+        if line := precision_line(predictor.model, predictor.device):
+            print(line)
+
+    return {"on_predict_start": announce} if half is None else None
+
+
 def run_predict(args: argparse.Namespace) -> int:
     """Run ``yolotrain predict`` from parsed arguments; returns the process exit code."""
     config = predict_config(args)
@@ -651,7 +665,8 @@ def run_predict(args: argparse.Namespace) -> int:
     keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SourceWarning)
-        results = predict(weights, list(config.source), save_dir=save_dir, **keywords)
+        results = predict(weights, list(config.source), save_dir=save_dir,
+                          callbacks=precision_announcement(config.half), **keywords)
     for w in caught:
         print(f"warning: {w.message}")
     if results and isinstance(results[0], ClassifyResult):

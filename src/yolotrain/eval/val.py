@@ -45,10 +45,10 @@ from ..settings import (
 )
 from .classify import ClassifyMetrics, val_classifier
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
-from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights
+from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights, precision_line
 from .label_masks import batch_label_masks, read_polygons
 from .masks import masks_in_original, masks_to_polygons, masks_to_rle, process_masks, split_overlap_mask
-from .metrics import ConfusionMatrix, DetectionStats, Metrics, SegmentationStats
+from .metrics import ConfusionMatrix, DetectionStats, Metrics, SegmentationStats, labelled_class_detections
 from .plots import plot_confusion_matrix, plot_curves
 
 
@@ -79,7 +79,8 @@ class ValConfig:
     rect: bool = setting(True, "rectangular batches in the reference's order (--no-rect: square letterbox)")
     device: str | None = setting(None, "cpu, cuda, 0 ... (default: GPU if available)")
     workers: int | None = setting(None, "loader processes", min=0)
-    half: bool = setting(False, "half-precision inference: float16 on CUDA, bfloat16 on the CPU")
+    half: bool | None = setting(None, "half-precision inference: float16 on CUDA, bfloat16 on the CPU "
+                                  "(default: where the device computes it natively, else float32)")
     save_json: bool = setting(False, "COCO json + pycocotools evaluation (segmentation models: masks as RLE, segm too)")
     plots: bool = setting(True, "confusion matrix and P/R/F1/PR curves (--no-plots: skip them)")
     map_classes: bool = setting(False, "score a model with other classes on the data's classes, matched by name")
@@ -171,7 +172,7 @@ def val(
     save_json: bool = ValConfig.save_json,
     plots: bool = ValConfig.plots,
     verbose: bool = True,
-    half: bool = ValConfig.half,
+    half: bool | None = ValConfig.half,
     fuse: bool = True,
     map_classes: bool = ValConfig.map_classes,
     task: str = ValConfig.task,
@@ -207,7 +208,9 @@ def val(
             original image, the labels' polygons, and the 12 ``segm`` numbers too (``metrics.masks.coco``).
         plots: with ``save_dir``, draw the confusion matrix and P/R/F1/PR curves as PNGs.
         verbose: print the results table and speeds.
-        half: half-precision inference: float16 on CUDA, bfloat16 on the CPU (see
+        half: half-precision inference: float16 on CUDA, bfloat16 on the CPU; None (the default): where
+            the device computes it natively (CUDA; CPUs with AMX or AVX512-BF16), else float32, and with
+            ``verbose`` a ``Precision:`` line says which (see
             :func:`~yolotrain.eval.inference.load_inference_model`).
         fuse: fold BatchNorm into convolutions for inference (same outputs, faster).
         map_classes: score a model whose class count differs from the data's (an 80-class COCO model
@@ -234,6 +237,8 @@ def val(
         rect, conf, iou, save_dir, save_json, save_txt = False, NMSConfig.conf, NMSConfig.iou, None, False, False
     check_nms_limits(max_det)
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code)
+    if verbose and half is None and (line := precision_line(model, dev)):
+        print(line)
     if model.task == "classify":
         weights = model_or_weights if isinstance(model_or_weights, (str, os.PathLike)) else None
         return val_classifier(model, data, dev, img_size=img_size, batch_size=batch_size, workers=workers,
@@ -322,6 +327,8 @@ def val(
             hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
             seen += b
             batch_index += 1
+            # Let this batch's tensors go before the next one is loaded and run, not after.
+            batch = imgs = targets = preds = protos = maps = dets = label_masks = None
 
     metrics = scorer.stats.compute(names)
     metrics.speed = {k: t.total / max(seen, 1) * 1e3 for k, t in timers.items()}
@@ -381,9 +388,10 @@ class _ImageScorer:
             gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
             gt_cls = per_image[i][:, 1]
             if self.segment:
-                pred_masks = process_masks(protos[i], det[:, 6:], det[:, :4], shape)
+                masked = labelled_class_detections(det[:, 5], gt_cls)
+                pred_masks = process_masks(protos[i], det[:, 6:], det[:, :4], shape, masked)
                 gt_masks = _at_size(label_masks[i].to(pred_masks.device), pred_masks.shape[1:])
-                self.stats.update_masks(det_native, gt_boxes, gt_cls, pred_masks, gt_masks)
+                self.stats.update_masks(det_native, gt_boxes, gt_cls, pred_masks, gt_masks, masked)
             else:
                 self.stats.update(det_native, gt_boxes, gt_cls)
             self.image_end(self.dataset.im_files[first + i], det_native)

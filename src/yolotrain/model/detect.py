@@ -50,12 +50,17 @@ class Detect(nn.Module):
 
     def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
         """Raw head maps ``[B, na, H/s, W/s, 5+nc]`` (logits) for each level."""
-        maps = []
+        return [view.contiguous() for view in self.map_views(features)]
+
+    def map_views(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`forward`'s maps as views of the convolutions' outputs (not contiguous when those are
+        channels-last): what :meth:`decode_into_one` reads without a copy."""
+        views = []
         for conv, x in zip(self.m, features):
             y = conv(x)
             b, _, ny, nx = y.shape
-            maps.append(y.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous())
-        return maps
+            views.append(y.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2))
+        return views
 
     def decode(self, maps: list[torch.Tensor]) -> torch.Tensor:
         """Raw maps → ``[B, N, 5+nc+extra]``: cx, cy, w, h in input pixels, sigmoid objectness and class
@@ -79,6 +84,32 @@ class Detect(nn.Module):
             wh = wh * wh * anchor_grid  # a product, not pow(): LiteRT has no float pow kernel
             decoded.append(torch.cat((xy, wh, conf, *extra), 4).view(b, na * ny * nx, no))
         return torch.cat(decoded, 1)
+
+    def decode_into_one(self, maps: list[torch.Tensor]) -> torch.Tensor:
+        """:meth:`decode`'s output for the maps :meth:`forward` gives, bit for bit, from those maps or their
+        :meth:`map_views`, each level written into its rows of one output tensor: no per-level pieces and
+        concatenations, so the largest transient is the output itself (a 32-image segmentation batch's is
+        60 MB at 256 px). In-place writes into views: what graphs (exports) trace is :meth:`decode`."""
+        dtype = torch.float32 if maps[0].dtype == torch.bfloat16 else maps[0].dtype
+        counts = [p.shape[1] * p.shape[2] * p.shape[3] for p in maps]
+        out = torch.empty((maps[0].shape[0], sum(counts), self.no), dtype=dtype, device=maps[0].device)
+        scored = self.nc + 5
+        for i, (p, rows) in enumerate(zip(maps, out.split(counts, 1))):
+            p = p.float() if p.dtype == torch.bfloat16 else p
+            b, na, ny, nx, no = p.shape
+            grid, anchor_grid = self._grid(nx, ny, i, p.dtype, p.device)
+            y = rows.view(b, na, ny, nx, no)
+            # The sigmoid runs over the same runs of values as decode's: its vectorised and scalar paths may
+            # differ in the last bit.
+            if scored < no:
+                torch.sigmoid(p[..., :scored], out=y[..., :scored])
+                y[..., scored:] = p[..., scored:]
+            else:
+                y.copy_(p.contiguous().sigmoid())
+            y[..., :2].mul_(2).add_(grid).mul_(self.stride[i])
+            wh = y[..., 2:4].mul_(2)
+            wh.mul_(wh).mul_(anchor_grid)
+        return out
 
     def _grid(self, nx: int, ny: int, level: int, dtype: torch.dtype,
               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

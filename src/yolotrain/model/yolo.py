@@ -165,6 +165,10 @@ class Yolov5(nn.Module):
     def forward_maps(self, imgs: torch.Tensor) -> list[torch.Tensor] | tuple[list[torch.Tensor], torch.Tensor]:
         """Raw head maps whatever the mode (validation loss needs them in eval mode too); with the
         prototype masks, ``(maps, proto)``, for a segmentation model."""
+        return self.head(self._head_inputs(imgs))
+
+    def _head_inputs(self, imgs: torch.Tensor) -> list[torch.Tensor]:
+        """The feature maps the head (the last layer) takes, from every layer before it."""
         self._check_input(imgs)
         kept: dict[int, torch.Tensor] = {}
         x = imgs
@@ -173,21 +177,28 @@ class Yolov5(nn.Module):
                 x = [x if j == i - 1 else kept[j] for j in source]
             elif source != i - 1 and i > 0:
                 x = kept[source]
+            if i == len(self.model) - 1:
+                return x
             x = layer(x)
             if i in self.saved_outputs:
                 kept[i] = x
-        return x
+        raise AssertionError("the model has no layers")
 
     def forward(self, imgs: torch.Tensor) -> Any:
         """Train mode: the raw maps (segmentation: ``(maps, proto)``); eval mode: the decoded predictions
-        (segmentation: ``(decoded, proto)``)."""
-        outputs = self.forward_maps(imgs)
+        (segmentation: ``(decoded, proto)``), without autograd decoded from views of the head's outputs into
+        one tensor (no copies on the way), with it out of place (differentiable)."""
         if self.training:
-            return outputs
-        if self.task == "segment":
-            maps, proto = outputs
-            return self.head.decode(maps), proto
-        return self.head.decode(outputs)
+            return self.forward_maps(imgs)
+        features = self._head_inputs(imgs)
+        if torch.is_grad_enabled():
+            outputs = self.head(features)
+            maps, proto = outputs if self.task == "segment" else (outputs, None)
+            decoded = self.head.decode(maps)
+        else:
+            decoded = self.head.decode_into_one(self.head.map_views(features))
+            proto = self.head.proto(features[0]) if self.task == "segment" else None
+        return decoded if proto is None else (decoded, proto)
 
     def _check_input(self, imgs: torch.Tensor) -> None:
         if imgs.ndim != 4 or imgs.shape[1] != self.in_channels:

@@ -24,6 +24,7 @@ from ..eval.predict import (
     add_predict_arguments,
     check_display,
     expand_sources,
+    precision_announcement,
     predict,
     predict_config,
 )
@@ -233,7 +234,7 @@ def run_track(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SourceWarning)
         for result in track(weights, list(config.source), tracker, save_dir=save_dir, trail=track_settings.trail,
-                            stream=True, **keywords):
+                            stream=True, callbacks=precision_announcement(config.half), **keywords):
             frames[result.sequence] = max(frames.get(result.sequence, 0), result.mot_frame)
             count += 1
     for w in caught:
