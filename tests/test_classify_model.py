@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 import yolotrain
 from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.detector import Detector
 from yolotrain.interop import UnsupportedCheckpointError, load_model
-from yolotrain.model.blocks import Conv, fuse_convs
+from yolotrain.model.blocks import Conv
 from yolotrain.model.classify import Classifier, classifier_from
 
 
@@ -181,16 +182,22 @@ def test_reading_a_classifier_checkpoint_draws_no_random_weights(tmp_path):
         assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())
 
 
-def test_a_fused_classifier_has_the_weights_fuse_convs_gives_in_its_own_convolutions():
+@pytest.mark.parametrize("build", [lambda: Classifier.from_name("yolov5n-cls", 7), lambda: Yolov5("n", num_classes=3)],
+                         ids=["classifier", "detector"])
+def test_fusing_folds_each_batchnorm_as_torch_does_into_the_same_convolutions(build):
+    """fuse() gives every convolution the weights torch's ``fuse_conv_bn_eval`` folds, taken by the
+    convolution itself (no copy of each layer first); the outputs are those of the folded copies."""
     torch.manual_seed(0)
-    model = Classifier.from_name("yolov5n-cls", 7)
+    model = build()
     for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):  # statistics as training leaves them
         for tensor, low in ((bn.running_mean, -1), (bn.running_var, 0.1), (bn.weight, 0.5), (bn.bias, -1)):
             tensor.data.uniform_(low, low + 2)
-    expected = copy.deepcopy(model)
-    fuse_convs(expected)
+    expected = copy.deepcopy(model).eval()
+    for block in (m for m in expected.modules() if isinstance(m, Conv)):
+        block.conv, block.bn = fuse_conv_bn_eval(block.conv, block.bn), nn.Identity()
     convs = [m.conv for m in model.modules() if isinstance(m, Conv)]
-    assert model.fuse() is model and not model.training
+    model.fuse()
+    assert not model.training
     assert [m.conv for m in model.modules() if isinstance(m, Conv)] == convs  # the same modules, not copies
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     fused, reference = model.state_dict(), expected.state_dict()

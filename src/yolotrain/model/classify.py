@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from ..detector import Task
 from ..settings import setting
-from .blocks import Conv
+from .blocks import Conv, fuse_convs
 from .spec import MAX_CLASSES, build_layers, builtin_spec
 from .yolo import PRECISIONS, Yolov5, parse_version
 
@@ -308,17 +307,8 @@ class Classifier(nn.Module):
         return self
 
     def fuse(self) -> Classifier:
-        """Fold every YOLOv5 Conv's BatchNorm into its convolution (inference only); returns self in eval mode.
-
-        The weights :func:`~yolotrain.model.blocks.fuse_convs` gives (the same folding), taken by each
-        convolution in place of a folded copy of it: copying each layer first costs more than folding it."""
-        self.eval()
-        for module in self.modules():
-            if isinstance(module, Conv) and isinstance(module.bn, nn.BatchNorm2d):
-                conv, bn = module.conv, module.bn
-                conv.weight, conv.bias = fuse_conv_bn_weights(conv.weight, conv.bias, bn.running_mean, bn.running_var,
-                                                              bn.eps, bn.weight, bn.bias)
-                module.bn = nn.Identity()
+        """Fold every YOLOv5 Conv's BatchNorm into its convolution (inference only); returns self in eval mode."""
+        fuse_convs(self)
         return self
 
     def extra_repr(self) -> str:
