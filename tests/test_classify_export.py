@@ -85,7 +85,7 @@ def test_classifier_metadata_that_contradicts_the_logits_is_one_line(classifier,
     for entry in proto.metadata_props:
         if entry.key == "nc":
             entry.value = "3"
-        elif entry.key == "names":
+        elif entry.key == "class_names":
             entry.value = '["a", "b", "c"]'
     onnx.save(proto, str(path))
     with pytest.raises(CheckpointError, match="nc 3 of a classifier") as error:

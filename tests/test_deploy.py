@@ -301,7 +301,7 @@ def test_coreml_export_structure_and_metadata(setup, half):
     assert (inp.name, list(inp.type.multiArrayType.shape)) == ("images", [1, 3, 64, 96])
     assert (out.name, list(out.type.multiArrayType.shape)) == ("output0", [1, 3 * (8 * 12 + 4 * 6 + 2 * 3), 7])
     meta = dict(spec.description.metadata.userDefined)
-    assert json.loads(meta["names"]) == ["circle", "rectangle"] and json.loads(meta["img_size"]) == [64, 96]
+    assert json.loads(meta["class_names"]) == ["circle", "rectangle"] and json.loads(meta["img_size"]) == [64, 96]
     assert meta["precision"] == ("fp16" if half else "fp32")
     ops = {op.type for block in spec.mlProgram.functions["main"].block_specializations.values()
            for op in block.operations}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import json
 
@@ -61,8 +62,10 @@ def test_onnx_export_runs_in_onnxruntime_like_torch(tmp_path, named_model, dynam
     onnx.checker.check_model(proto)
     assert max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) >= 17
     meta = {p.key: p.value for p in proto.metadata_props}
-    assert json.loads(meta["names"]) == ["ant", "bee", "cow"] and meta["nc"] == "3"
-    assert json.loads(meta["stride"]) == [8, 16, 32] and json.loads(meta["img_size"]) == [128, 128]
+    assert json.loads(meta["class_names"]) == ["ant", "bee", "cow"] and meta["nc"] == "3"
+    assert json.loads(meta["strides"]) == [8, 16, 32] and json.loads(meta["img_size"]) == [128, 128]
+    # The reference's fields, as its DetectMultiBackend reads them: int(stride), a names literal
+    assert int(meta["stride"]) == 32 and ast.literal_eval(meta["names"]) == {0: "ant", 1: "bee", 2: "cow"}
     assert named_model.model[0].bn.__class__ is torch.nn.BatchNorm2d  # the caller's model is not fused
 
     runner = OnnxModel(path)
@@ -107,7 +110,7 @@ def test_torchscript_export_matches_and_carries_metadata(tmp_path, named_model):
     path = export(named_model, "torchscript", out=tmp_path / "m.torchscript", img_size=64)
     files = {"config.json": ""}
     scripted = torch.jit.load(str(path), _extra_files=files)
-    assert json.loads(json.loads(files["config.json"])["names"]) == ["ant", "bee", "cow"]
+    assert json.loads(json.loads(files["config.json"])["class_names"]) == ["ant", "bee", "cow"]
     imgs = torch.rand(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(scripted(imgs), fused(named_model)(imgs), atol=1e-5, rtol=0)

@@ -44,18 +44,20 @@ def edited(source: Path, out: Path, **fields: str | None) -> Path:
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"nc": "3", "names": '["a", "b", "c"]'},
+    ({"nc": "3", "class_names": '["a", "b", "c"]'},
      "its yolotrain metadata disagrees with its graph: strides [8, 16, 32], 3 anchors per level and nc 3 mean an "
      "output of [?, 252, 8], it gives [?, 252, 7]"),
-    ({"stride": "[8, 16, 64]"}, "disagrees with its graph: strides [8, 16, 64], 3 anchors per level and nc 2 mean "
-                                "an output of [?, 243, 7], it gives [?, 252, 7]"),
+    ({"strides": "[8, 16, 64]", "stride": "64"},
+     "disagrees with its graph: strides [8, 16, 64], 3 anchors per level and nc 2 mean an output of [?, 243, 7], "
+     "it gives [?, 252, 7]"),
     ({"anchors": "[[[10, 13], [16, 30]], [[30, 61], [62, 45]], [[116, 90], [156, 198]]]"},
      "2 anchors per level and nc 2 mean an output of [?, 168, 7], it gives [?, 252, 7]"),
     ({"img_size": "[128, 128]"}, "disagrees with its graph: img_size [128, 128], the graph takes [?, 3, 64, 64]"),
     ({"nc": "many"}, "yolotrain metadata field 'nc' must be an integer from 1 to 10000 (got 'many')"),
     ({"nc": "1000000000"}, "field 'nc' must be an integer from 1 to 10000"),
-    ({"names": None}, "yolotrain metadata field 'names' must be a list of 2 class names (missing)"),
-    ({"stride": "[" * 100_000}, "field 'stride' must be a list of 1 to 8 strides"),
+    ({"class_names": None}, "yolotrain metadata field 'class_names' must be a list of 2 class names (missing)"),
+    ({"stride": "16"}, "metadata field 'stride' must be the largest of 'strides' [8, 16, 32] (got '16')"),
+    ({"strides": "[" * 100_000}, "field 'strides' must be a list of 1 to 8 strides"),
     ({"anchors": "[[[1, 2]]]"}, "field 'anchors' must be 3 levels (one per stride)"),
     ({"nms": '{"max_det": -1}'}, "field 'nms' must be the NMS settings"),
 ])
@@ -67,9 +69,17 @@ def test_edited_onnx_metadata_is_one_line_at_load(exports, tmp_path, fields, mes
     assert "\n" not in str(info.value) and len(str(info.value)) < 400
 
 
+def test_exports_made_before_the_reference_readable_fields_still_load(exports, tmp_path):
+    # Earlier exports held our JSON lists under `names` and `stride`, without `class_names` and `strides`.
+    path = edited(exports["fixed"], tmp_path / "old.onnx", class_names=None, strides=None, names='["a", "b"]',
+                  stride="[8, 16, 32]")
+    model = load_exported(path)
+    assert (model.names, model.stride.tolist()) == (["a", "b"], [8, 16, 32])
+
+
 def test_metadata_that_only_the_run_can_contradict_is_one_line_in_predict(exports, tmp_path, capsys):
     # With a free image size the graph's box count is not known until it runs.
-    path = edited(exports["dynamic"], tmp_path / "edited.onnx", stride="[8, 16, 64]")
+    path = edited(exports["dynamic"], tmp_path / "edited.onnx", strides="[8, 16, 64]", stride="64")
     assert main(["predict", "--weights", str(path), "--source", str(exports["image"]), "--img", "64",
                  "--project", str(tmp_path / "runs")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -96,7 +106,8 @@ def test_openvino_metadata_and_runtime_errors_are_one_line(tmp_path):
         load_exported(xml)(torch.rand(1, 3, 100, 100))
     assert str(info.value).startswith(f"{xml}: OpenVINO runtime failed on a batch of shape [1, 3, 100, 100] (")
     text = xml.read_text()
-    xml.write_text(text.replace(json.dumps([8, 16, 32]), json.dumps([8, 16, 64]), 1))
+    xml.write_text(text.replace(json.dumps([8, 16, 32]), json.dumps([8, 16, 64]), 1)
+                   .replace('<stride value="32"', '<stride value="64"', 1))
     assert json.dumps([8, 16, 64]) in xml.read_text()
     with pytest.raises(CheckpointError, match="its yolotrain metadata disagrees with what it computed: strides "
                                               r"\[8, 16, 64\]"):

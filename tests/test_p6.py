@@ -108,7 +108,7 @@ def test_onnx_export_of_p6_runs_like_torch(p6_model, tmp_path, raw):
     outputs = [o.name for o in proto.graph.output]
     assert outputs == (["p3", "p4", "p5", "p6"] if raw else ["output0"])
     meta = {p.key: p.value for p in proto.metadata_props}
-    assert json.loads(meta["stride"]) == [8, 16, 32, 64] and meta["model"] == "yolov5n6"
+    assert json.loads(meta["strides"]) == [8, 16, 32, 64] and meta["stride"] == "64" and meta["model"] == "yolov5n6"
     imgs = torch.rand(1, 3, 192, 128)
     with torch.no_grad():
         expected = copy.deepcopy(p6_model).fuse()(imgs)

@@ -138,22 +138,28 @@ def _image_size(img_size: int | Sequence[int], stride: int = 32) -> tuple[int, i
 
 def export_metadata(model: Yolov5 | Classifier, size: tuple[int, int], raw: bool, dynamic_batch: bool,
                     dynamic_size: bool, precision: str = "fp32", nms: dict | None = None) -> dict[str, str]:
-    """String metadata stored with an export (read back by :class:`~yolotrain.interop.runtime.ExportedModel`)."""
-    if model.task == "classify":  # logits [B, nc]: no strides or anchors to record
-        return {"producer": "yolotrain", "model": model.arch, "task": "classify", "nc": str(model.num_classes),
-                "names": json.dumps(list(model.names)), "stride": json.dumps([model.max_stride]),
-                "img_size": json.dumps(list(size)), "raw": json.dumps(False),
-                "dynamic_batch": json.dumps(dynamic_batch), "dynamic_size": json.dumps(dynamic_size),
-                "precision": precision}
-    head = model.head
-    anchors = (head.anchors * head.stride.view(-1, 1, 1)).tolist()
-    names = list(getattr(model, "names", None) or [str(i) for i in range(head.nc)])
-    metadata = {
-        "producer": "yolotrain", "model": f"yolov5{model.version}", "nc": str(head.nc), "names": json.dumps(names),
-        "stride": json.dumps([int(s) for s in head.stride.tolist()]), "anchors": json.dumps(anchors),
-        "img_size": json.dumps(list(size)), "raw": json.dumps(raw), "dynamic_batch": json.dumps(dynamic_batch),
-        "dynamic_size": json.dumps(dynamic_size), "precision": precision,
-    }
+    """String metadata stored with an export (read back by :class:`~yolotrain.interop.runtime.ExportedModel`).
+
+    ``stride`` and ``names`` are written as the reference's ``export.py`` writes them (the largest stride
+    as a whole number, the names as a ``{index: name}`` Python literal), so that its ``DetectMultiBackend``
+    and ultralytics' ``AutoBackend`` read our files; ours are ``strides`` and ``class_names`` (JSON lists).
+    """
+    if model.task == "classify":  # logits [B, nc]: no anchors to record
+        names, strides = list(model.names), [model.max_stride]
+        metadata = {"producer": "yolotrain", "model": model.arch, "task": "classify", "nc": str(model.num_classes)}
+    else:
+        head = model.head
+        names = list(getattr(model, "names", None) or [str(i) for i in range(head.nc)])
+        strides = [int(s) for s in head.stride.tolist()]
+        anchors = (head.anchors * head.stride.view(-1, 1, 1)).tolist()
+        metadata = {"producer": "yolotrain", "model": f"yolov5{model.version}", "nc": str(head.nc),
+                    "anchors": json.dumps(anchors)}
+    metadata.update({
+        "stride": str(max(strides)), "names": repr(dict(enumerate(names))),
+        "strides": json.dumps(strides), "class_names": json.dumps(names),
+        "img_size": json.dumps(list(size)), "raw": json.dumps(raw and model.task != "classify"),
+        "dynamic_batch": json.dumps(dynamic_batch), "dynamic_size": json.dumps(dynamic_size), "precision": precision,
+    })
     if nms is not None:
         metadata["nms"] = json.dumps(nms)
     if model.task == "segment":

@@ -255,10 +255,18 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
         return value
 
     nc = field("nc", lambda v: _is_int(v) and 1 <= v <= MAX_CLASSES, f"an integer from 1 to {MAX_CLASSES}")
-    names = field("names", lambda v: isinstance(v, list) and len(v) == nc and all(isinstance(n, str) for n in v),
+    # Ours are `class_names` and `strides`; `names` and `stride` hold the reference's forms (a {index: name}
+    # literal, the largest stride) for its tools, and held our JSON lists in exports made before.
+    current = "class_names" in metadata or "strides" in metadata
+    names_key, strides_key = ("class_names", "strides") if current else ("names", "stride")
+    names = field(names_key, lambda v: isinstance(v, list) and len(v) == nc and all(isinstance(n, str) for n in v),
                   f"a list of {nc} class names")
-    stride = field("stride", lambda v: isinstance(v, list) and 1 <= len(v) <= 8
+    stride = field(strides_key, lambda v: isinstance(v, list) and 1 <= len(v) <= 8
                    and all(_is_int(s) and 1 <= s <= 1024 for s in v), "a list of 1 to 8 strides (whole numbers)")
+    largest = metadata.get("stride")
+    if current and largest != str(max(stride)):
+        raise CheckpointError(f"{path}: metadata field 'stride' must be the largest of 'strides' {stride} "
+                              f"({'missing' if largest is None else 'got ' + brief(largest)})")
     task = field("task", lambda v: v in ("detect", "segment", "classify"), '"detect", "segment" or "classify"',
                  "detect")
     anchors = [] if task == "classify" else field(  # a classifier has none
