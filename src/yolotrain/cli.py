@@ -26,7 +26,7 @@ from .eval.val import add_val_arguments, run_val
 from .interop import UnsafeCheckpointError
 from .interop.export import add_export_arguments, run_export
 from .loss import DivergenceError
-from .messages import shorten
+from .messages import one_line_warnings, shorten
 from .model import parse_version
 from .runs import RunInUseError
 from .settings import add_arguments, add_refused, check_refused
@@ -223,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # what a launcher of several processes passes on to each
     try:
-        return int(args.run(args) or 0)
+        with one_line_warnings(f"yolotrain {args.command}"):
+            return int(args.run(args) or 0)
     except KeyboardInterrupt:
         print("yolotrain: interrupted", file=sys.stderr)
         return 130

@@ -8,8 +8,12 @@ which the command line applies to every error it prints.
 
 from __future__ import annotations
 
+import contextlib
 import reprlib
-from typing import Any
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 # Longest error message printed: room for two long paths and an explanation.
 MAX_MESSAGE_CHARS = 1000
@@ -30,3 +34,22 @@ def shorten(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     if len(message) <= limit:
         return message
     return f"{message[:limit]}... ({len(message) - limit} more characters)"
+
+
+@contextlib.contextmanager
+def one_line_warnings(prefix: str, stream: TextIO | None = None) -> Iterator[None]:
+    """Within the block, each warning is shown as one line ``PREFIX: Category: message`` (no source file,
+    no source line: what a command's user reads is the message), and each text only once however many
+    places raise it. The filters in force (``-W``, ``PYTHONWARNINGS``) still decide which are shown."""
+    shown: set[tuple[type, str]] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:  # warnings.showwarning's form
+        text = " ".join(str(message).split())
+        if (category, text) in shown:
+            return
+        shown.add((category, text))
+        print(f"{prefix}: {category.__name__}: {shorten(text)}", file=stream or file or sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
