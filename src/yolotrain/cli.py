@@ -207,7 +207,16 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        unknown = [token for token in getattr(self, "_given", ()) if token.startswith("--")
+                   and token.partition("=")[0] not in self._option_string_actions]
+        if unknown and message.startswith("the following arguments are required"):
+            message = self._unrecognized(unknown)  # a misspelt required option: the misspelling is the news
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(self._given, namespace)
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
@@ -215,13 +224,17 @@ class CommandParser(argparse.ArgumentParser):
         parsed, extras = self.parse_known_args(argv, namespace)
         if extras:
             parser = self._command_parser(parsed)
-            option = next((extra.partition("=")[0] for extra in extras if extra.startswith("-")), None)
-            known = [flag for action in parser._actions if action.help != argparse.SUPPRESS
-                     for flag in action.option_strings if flag.startswith("--")]
-            close = closest_name(option, known) if option else None
-            hint = f"; did you mean {close}?" if close else ""
-            parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+            parser.error(parser._unrecognized(extras))
         return parsed
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        """``unrecognized arguments: ...``, with the option of this parser closest to the first unknown one."""
+        option = next((extra.partition("=")[0] for extra in extras if extra.startswith("-")), None)
+        known = [flag for action in self._actions if action.help != argparse.SUPPRESS
+                 for flag in action.option_strings if flag.startswith("--")]
+        close = closest_name(option, known) if option else None
+        hint = f"; did you mean {close}?" if close else ""
+        return f"unrecognized arguments: {' '.join(extras)}{hint}"
 
     def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
         """The parser of the (sub)command given, whose options an unrecognised one is compared with."""
@@ -261,7 +274,9 @@ def _setting_options(parser: argparse.ArgumentParser, key: str, value: str) -> l
     flags = dict.fromkeys(f"--{name}" for name in (key, key.replace("_", "-"), key.replace("-", "_")))
     flag = next((f for f in flags if f in parser._option_string_actions), None)
     if flag is None:
-        known = [f[2:] for f in parser._option_string_actions if f.startswith("--")]
+        # Both spellings, so that the closest is in the one the user writes (conf_thres, or conf-thres).
+        known = [name for f in parser._option_string_actions if f.startswith("--")
+                 for name in dict.fromkeys((f[2:], f[2:].replace("-", "_")))]
         parser.error(f"{key}={value}: {unknown_name_error(key, known)}")
     action = parser._option_string_actions[flag]
     if action.nargs == 0 or (action.nargs == "?" and value.lower() in _TRUTH):  # a switch
