@@ -109,7 +109,7 @@ def test_every_setting_has_one_option_with_its_default_in_the_help():
             assert f"(default {field.default})" in action.help, path
     reference_only = {flag.lstrip("-").replace("-", "_") for flag in UNSUPPORTED_TRAIN_OPTIONS}
     settings = set(flat_names(TrainConfig)) | set(flat_names(ResumeOptions))
-    commands = {"help", "config", "hyp", "resume", "evolve", "cfg", "local_rank"}
+    commands = {"help", "config", "hyp", "resume", "evolve", "cfg", "weights", "local_rank"}
     assert settings >= set(by_dest) - commands - reference_only
     args = train.parse_args(["--img", "320", "--no-val", "--mosaic", "0.5", "--optimizer", "Adam"])
     given = {k: v for k, v in vars(args).items() if k != "run"}

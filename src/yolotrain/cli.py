@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
+from . import __version__
 from .checkpoint import CheckpointError
 from .data import generate_shapes_dataset
 from .data.check import check_dataset
@@ -17,7 +20,7 @@ from .devices import check_gpu_list, gpu_list
 from .doctor.cli import main as doctor_main
 from .engine import train
 from .engine.autobatch import DEFAULT_FRACTION
-from .engine.config import TrainConfig
+from .engine.config import TrainConfig, add_weights_option, model_settings
 from .engine.distributed import DistributedError, launch_command
 from .engine.loggers import LoggerError
 from .engine.trainer import ResumeOptions, TrainingError
@@ -27,9 +30,8 @@ from .interop import UnsafeCheckpointError
 from .interop.export import add_export_arguments, run_export
 from .loss import DivergenceError
 from .messages import one_line_warnings, shorten
-from .model import parse_version
 from .runs import RunInUseError
-from .settings import add_arguments, add_refused, check_refused
+from .settings import add_arguments, add_refused, check_refused, closest_name, unknown_name_error
 from .track.run import add_track_arguments, run_track
 from .tuning import TuneError
 from .tuning.evolve import evolve
@@ -80,8 +82,9 @@ def _train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--evolve", type=int, nargs="?", const=300, metavar="N",
                    help="evolve the hyper-parameters over N training runs (300 alone) as the reference does, in "
                    "runs/evolve/exp: evolve.csv, hyp_evolve.yaml; the same command continues an interrupted one")
-    p.add_argument("--cfg", help="architecture to train from scratch: a model YAML, or yolov5s.yaml … for the "
-                   "published ones (the reference's spelling of --model)")
+    p.add_argument("--cfg", help="architecture to train: a model YAML, or yolov5s.yaml … for the published ones (the "
+                   "reference's spelling of --model); from scratch, or from --weights")
+    add_weights_option(p)
     # torch.distributed.launch passes it; the rank is read from LOCAL_RANK, as the reference reads it.
     p.add_argument("--local_rank", "--local-rank", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_refused(p, UNSUPPORTED_TRAIN_OPTIONS)
@@ -117,8 +120,9 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def train_settings(args: argparse.Namespace) -> dict[str, object]:
-    """The settings of parsed ``train`` options, with the reference's spellings (``--cfg``, ``--weights ''``)
-    turned into yolotrain's; an unsupported reference option is a ``ValueError`` saying why."""
+    """The settings of parsed ``train`` options, with the reference's spellings (``--cfg``, ``--weights``, and
+    ``--weights ''`` for none) turned into yolotrain's; an unsupported reference option, or a model option
+    that contradicts another, is a ``ValueError`` saying why."""
     check_refused(args, UNSUPPORTED_TRAIN_OPTIONS)
     settings = {k: v for k, v in vars(args).items()
                 if k not in ("command", "run", "config", "hyp", "resume", "cfg", "local_rank", "argv", "evolve")}
@@ -126,26 +130,7 @@ def train_settings(args: argparse.Namespace) -> dict[str, object]:
     if batch == -1 or (isinstance(batch, float) and 0 < batch < 1):  # AutoBatch at the reference's or this fraction
         settings["autobatch"] = DEFAULT_FRACTION if batch == -1 else settings.pop("batch_size")
         settings.pop("batch_size", None)
-    if settings.get("model") == "":  # the reference's --weights '': no weights, train from scratch
-        del settings["model"]
-    if args.cfg:
-        if "model" in settings:  # the architecture takes over the tensors of the weights that fit it
-            settings["pretrained"] = settings.pop("model")
-        settings["model"] = _architecture(args.cfg)
-    return settings
-
-
-def _architecture(cfg: str) -> str:
-    """``--cfg``: the YAML file when it exists; ``yolov5s.yaml`` (or ``models/yolov5s.yaml``, as the reference
-    finds it in its own folder) is the published architecture ``yolov5s``."""
-    path = Path(cfg)
-    if path.exists() or path.suffix not in (".yaml", ".yml"):
-        return cfg
-    try:
-        parse_version(path.stem)
-    except ValueError:
-        return cfg  # not a published name: the missing file is reported when the model is built
-    return path.stem
+    return model_settings(settings, args.cfg)
 
 
 def _val_parser(sub: argparse._SubParsersAction) -> None:
@@ -206,8 +191,109 @@ PARSERS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _train_parser, _tune_parser, _val_parser, _predict_parser, _track_parser, _export_parser, _data_parser)
 
 
+# Commands whose options are generated from typed settings: they also take them as key=value (data=coco.yaml).
+KEY_VALUE_COMMANDS = ("train", "tune", "val", "predict", "track", "export")
+_KEY_VALUE = re.compile(r"([A-Za-z][\w-]*)=(.*)", re.DOTALL)
+_TRUTH = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``yolotrain`` and its commands: options are spelt in full (``--epoch`` is not taken as
+    ``--epochs``), a misspelt one is answered with the closest, settings may be given as ``key=value``, and an
+    error is one line (the usage of ``train`` alone is dozens; ``--help`` shows it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        unknown = [token for token in getattr(self, "_given", ()) if token.startswith("--")
+                   and token.partition("=")[0] not in self._option_string_actions]
+        if unknown and message.startswith("the following arguments are required"):
+            message = self._unrecognized(unknown)  # a misspelt required option: the misspelling is the news
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(self._given, namespace)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        argv = self._options_of_settings(list(sys.argv[1:] if args is None else args))
+        parsed, extras = self.parse_known_args(argv, namespace)
+        if extras:
+            parser = self._command_parser(parsed)
+            parser.error(parser._unrecognized(extras))
+        return parsed
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        """``unrecognized arguments: ...``, with the option of this parser closest to the first unknown one."""
+        option = next((extra.partition("=")[0] for extra in extras if extra.startswith("-")), None)
+        known = [flag for action in self._actions if action.help != argparse.SUPPRESS
+                 for flag in action.option_strings if flag.startswith("--")]
+        close = closest_name(option, known) if option else None
+        hint = f"; did you mean {close}?" if close else ""
+        return f"unrecognized arguments: {' '.join(extras)}{hint}"
+
+    def _command_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The parser of the (sub)command given, whose options an unrecognised one is compared with."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            commands = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+            chosen = commands.choices.get(getattr(parsed, commands.dest, None)) if commands else None
+            if chosen is None:
+                return parser
+            parser = chosen
+
+    def _options_of_settings(self, argv: list[str]) -> list[str]:
+        """``key=value`` arguments of a settings command as its options: ``epochs=3`` is ``--epochs 3``,
+        ``img_size=320`` ``--img-size 320``, ``rect=true`` ``--rect`` and ``rect=false`` ``--no-rect``, a list
+        ``freeze=0,1`` ``--freeze 0 1``. A token that is an existing file, or the value an option before it
+        takes, is left as it is."""
+        commands = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if commands is None or not argv or argv[0] not in KEY_VALUE_COMMANDS:
+            return argv
+        parser = commands.choices[argv[0]]
+        expanded, takes_value = argv[:1], False
+        for index, token in enumerate(argv[1:], 1):
+            if token == "--":
+                return expanded + argv[index:]
+            match = _KEY_VALUE.fullmatch(token)
+            if match and not takes_value and not Path(token).exists():
+                expanded += _setting_options(parser, match[1], match[2])
+                continue
+            expanded.append(token)
+            action = parser._option_string_actions.get(token)
+            takes_value = action is not None and action.nargs is None
+        return expanded
+
+
+def _setting_options(parser: argparse.ArgumentParser, key: str, value: str) -> list[str]:
+    """The options ``key=value`` stands for (see :meth:`CommandParser._options_of_settings`)."""
+    flags = dict.fromkeys(f"--{name}" for name in (key, key.replace("_", "-"), key.replace("-", "_")))
+    flag = next((f for f in flags if f in parser._option_string_actions), None)
+    if flag is None:
+        # Both spellings, so that the closest is in the one the user writes (conf_thres, or conf-thres).
+        known = [name for f in parser._option_string_actions if f.startswith("--")
+                 for name in dict.fromkeys((f[2:], f[2:].replace("-", "_")))]
+        parser.error(f"{key}={value}: {unknown_name_error(key, known)}")
+    action = parser._option_string_actions[flag]
+    if action.nargs == 0 or (action.nargs == "?" and value.lower() in _TRUTH):  # a switch
+        if value.lower() not in _TRUTH:
+            parser.error(f"{key}={value}: expected true or false")
+        on = _TRUTH[value.lower()]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            return [flag if on else f"--no-{flag[2:]}"]
+        return [flag] if on else []
+    if action.nargs in ("+", "*"):
+        return [flag, *(part for part in value.split(",") if part)]
+    return [f"{flag}={value}"]
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="yolotrain", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="yolotrain", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"yolotrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in PARSERS:
         add(sub)

@@ -82,10 +82,16 @@ def flat_names(cls: type) -> dict[str, str]:
     return names
 
 
+def closest_name(name: str, known: list[str]) -> str | None:
+    """The name of ``known`` closest to a misspelt ``name``, if one is close enough to be meant."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def unknown_name_error(name: str, known: list[str], where: str = "") -> ConfigError:
     """The error for a name that is not a setting, with the closest valid name when there is one."""
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    close = closest_name(name, known)
+    hint = f"; did you mean {close!r}?" if close else ""
     return ConfigError(f"{where}unknown setting {name!r}{hint}")
 
 
@@ -304,11 +310,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
                 group.add_argument(off, dest=f.name, action="store_false", default=argparse.SUPPRESS,
                                    help=argparse.SUPPRESS)
         elif typing.get_origin(base) is Literal:
-            kwargs["choices"] = typing.get_args(base)
+            kwargs.update(choices=typing.get_args(base), type=any_case(typing.get_args(base)))
         elif typing.get_origin(base) is tuple:
             item = typing.get_args(base)[0]
             if typing.get_origin(item) is Literal:  # names checked with the setting, which suggests the closest
-                kwargs.update(nargs="+", metavar="NAME")
+                kwargs.update(nargs="+", metavar="NAME", type=any_case(typing.get_args(item)))
             else:
                 kwargs.update(nargs="+", type=item, metavar=_METAVARS.get(item))
         else:
@@ -317,6 +323,17 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         if f.metadata.get("const") is not None:
             kwargs.update(nargs="?", const=f.metadata["const"])
         group.add_argument(*flags, **kwargs)
+
+
+def any_case(choices: tuple[Any, ...]) -> Any:
+    """The command-line type of a setting with fixed choices: a choice spelt in any case is that choice
+    (``--optimizer adam`` is ``Adam``), each of a comma-separated list; anything else is checked as given."""
+    spelt = {choice.lower(): choice for choice in choices if isinstance(choice, str)}
+
+    def choice(text: str) -> Any:
+        return ",".join(spelt.get(part.lower(), part) for part in text.split(","))
+
+    return choice
 
 
 def section_defaults(cls: type, prefix: str = "") -> dict[str, Any]:

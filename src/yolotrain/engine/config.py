@@ -21,6 +21,7 @@ exactly the values it started with.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import warnings
@@ -33,6 +34,7 @@ from ..data.augment import AugmentConfig
 from ..data.classify import is_classify_folder
 from ..data.loaders import DataConfig, default_workers
 from ..eval.val import EvalConfig
+from ..interop.resolve import names_architecture
 from ..loss import LossConfig
 from ..model import parse_version
 from ..model.classify import ClassifyConfig, is_classifier_name
@@ -47,11 +49,10 @@ class TrainConfig:
     """One training run. Build it with :func:`resolve_config`; sizes left at ``None`` follow the data."""
 
     model: str = setting("yolov5n", "yolov5n|s|m|l|x or n6..x6 (from scratch), a model YAML, or weights to "
-                         "fine-tune (yolov5n.pt: the official COCO weights, downloaded once)",
-                         flags=("--model", "--weights"))
+                         "fine-tune (yolov5n.pt: the official COCO weights, downloaded once)")
     pretrained: str | None = setting(None, "weights whose tensors of the same name and shape start --model's "
-                                     "architecture (--cfg yolov5n-seg.yaml --weights yolov5n.pt: a segmentation "
-                                     "model from detection weights)")
+                                     "architecture (on the command line: --model yolov5n-seg.yaml --weights "
+                                     "yolov5n.pt, a segmentation model from detection weights)")
     epochs: int | None = setting(None, "epochs (100; 30 on shapes)", min=1)
     device: str | None = setting(None, "cpu, cuda, cuda:N, GPUs 0,1 (a process each) or mps (a GPU when present)")
     seed: int = setting(0, "seed of the weights, the shuffling and the augmentations", min=0)
@@ -265,3 +266,64 @@ def with_runtime(config: TrainConfig, device: str | None = None, workers: int | 
     changed = dataclasses.replace(config, device=config.device if device is None else device, data=data)
     validate(changed)
     return changed
+
+
+# The command line's ``--weights`` (train and tune): the reference's spelling, alone or with an architecture.
+WEIGHTS_HELP = ("weights to fine-tune (the reference's --weights yolov5s.pt); after an architecture (--model or --cfg "
+                "yolov5n-seg.yaml), the weights whose tensors of the same name and shape start it")
+
+
+def add_weights_option(parser: argparse.ArgumentParser) -> None:
+    """``--weights FILE``, read by :func:`model_settings` with ``--model`` and ``--cfg``."""
+    parser.add_argument("--weights", default=argparse.SUPPRESS, metavar="FILE", help=WEIGHTS_HELP)
+
+
+def model_settings(settings: Mapping[str, Any], cfg: str | None = None) -> dict[str, Any]:
+    """``settings`` of parsed ``train`` or ``tune`` options with what the run starts from as ``model`` and
+    ``pretrained``: an architecture (``--model`` or the reference's ``--cfg``: a model YAML or a published name)
+    started from weights (``--weights``, ``--pretrained``, or ``--model`` naming weights), or either alone.
+    ``--weights`` alone is the weights to fine-tune, as in the reference; an empty value is none (the
+    reference's ``--weights ''``).
+
+    Raises:
+        ConfigError: two architectures, or two weights files, named in one line.
+    """
+    settings = dict(settings)
+    given = [("--cfg", cfg), *((f"--{key}", settings.pop(key, None)) for key in ("model", "weights", "pretrained"))]
+    architectures: list[tuple[str, str, str]] = []  # (flag, as given, the architecture)
+    weights: list[tuple[str, str]] = []
+    for flag, spec in given:
+        if not spec:
+            continue
+        architecture = published_architecture(spec)
+        if flag == "--cfg" or (flag != "--pretrained" and names_architecture(architecture)):
+            architectures.append((flag, spec, architecture))
+        else:
+            weights.append((flag, spec))
+    if len(architectures) > 1:
+        (flag, spec, _), (other_flag, other, _) = architectures[:2]
+        raise ConfigError(f"{flag} {spec} and {other_flag} {other} both name an architecture: give one, and the "
+                          "weights that start it with --weights")
+    if len(weights) > 1:
+        (flag, spec), (other_flag, other) = weights[:2]
+        raise ConfigError(f"{flag} {spec} and {other_flag} {other} are both weights: a run starts from one file "
+                          "(--model ARCHITECTURE --weights FILE starts an architecture from weights)")
+    if architectures:
+        settings["model"] = architectures[0][2]
+    if weights:
+        flag, spec = weights[0]
+        settings["pretrained" if architectures or flag == "--pretrained" else "model"] = spec
+    return settings
+
+
+def published_architecture(spec: str) -> str:
+    """The YAML file when it exists; ``yolov5s-seg.yaml`` (or ``models/yolov5s-seg.yaml``, as the reference finds it
+    in its own folder) that is no file is the published architecture ``yolov5s-seg``."""
+    path = Path(spec)
+    if path.exists() or path.suffix not in (".yaml", ".yml"):
+        return spec
+    try:
+        parse_version(path.stem)
+    except ValueError:
+        return spec  # not a published name: the missing file is reported when the model is built
+    return path.stem

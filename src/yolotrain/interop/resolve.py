@@ -100,6 +100,13 @@ def _torch_model(path: Path, names: Sequence[str] | None, use_ema: bool) -> Yolo
     return load_model(path, use_ema=use_ema)
 
 
+def names_architecture(spec: str | os.PathLike) -> bool:
+    """Whether ``spec`` is an architecture to build with random weights (a model YAML, or a name such as
+    ``yolov5n-seg`` that is no file), rather than weights."""
+    path = Path(spec)
+    return path.suffix.lower() in MODEL_YAML_SUFFIXES or _names_architecture(path)
+
+
 def _names_architecture(path: Path) -> bool:
     """Whether ``path`` is a bare name (no folder, no suffix) that is no file and no checkpoint set's stem."""
     return (path.name == str(path) and not path.suffix and not path.exists()

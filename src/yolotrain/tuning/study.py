@@ -28,7 +28,7 @@ import yaml
 from tqdm import tqdm
 
 from ..atomic import write_atomic
-from ..engine.config import HYP_SECTIONS, TrainConfig, resolve_config
+from ..engine.config import HYP_SECTIONS, TrainConfig, add_weights_option, model_settings, resolve_config
 from ..engine.results import TrainingError
 from ..engine.trainer import train
 from ..loss import DivergenceError
@@ -407,6 +407,7 @@ def add_tune_arguments(parser: Any) -> None:
     parser.add_argument("--hyp", help="hyper-parameter YAML (flat) every trial starts from")
     add_arguments(parser, TuneOptions)
     add_arguments(parser, TrainConfig)
+    add_weights_option(parser)
     for action in parser._actions:
         if action.dest == "project":
             action.help = f"parent of the tune folder (default {DEFAULT_PROJECT})"
@@ -418,5 +419,5 @@ def add_tune_arguments(parser: Any) -> None:
 def run_tune(args: Any) -> int:
     settings = {k: v for k, v in vars(args).items() if k not in ("command", "run", "config", "hyp", "argv")}
     options = {k: settings.pop(k) for k in [f.name for f in dataclasses.fields(TuneOptions)] if k in settings}
-    tune(args.config, hyp=args.hyp, **options, **settings)
+    tune(args.config, hyp=args.hyp, **options, **model_settings(settings))
     return 0
