@@ -8,7 +8,9 @@ which the command line applies to every error it prints.
 
 from __future__ import annotations
 
+import difflib
 import reprlib
+from collections.abc import Iterable
 from typing import Any
 
 # Longest error message printed: room for two long paths and an explanation.
@@ -30,3 +32,9 @@ def shorten(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     if len(message) <= limit:
         return message
     return f"{message[:limit]}... ({len(message) - limit} more characters)"
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``; did you mean 'X'?`` naming the closest of ``known`` to a misspelt ``name`` ('' when none is close)."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
