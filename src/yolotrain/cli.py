@@ -18,7 +18,7 @@ from .doctor.cli import main as doctor_main
 from .engine import train
 from .engine.autobatch import DEFAULT_FRACTION
 from .engine.config import TrainConfig
-from .engine.distributed import DistributedError, launch_command
+from .engine.distributed import DistributedError, launch_command, record_error_for_agent
 from .engine.loggers import LoggerError
 from .engine.trainer import ResumeOptions, TrainingError
 from .eval.predict import add_predict_arguments, run_predict
@@ -229,11 +229,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except USER_ERRORS + DOMAIN_ERRORS as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"yolotrain {args.command}: error: {shorten(str(message))}", file=sys.stderr)
-        return 1
+        return _error_line(f"yolotrain {args.command}: error: {shorten(str(message))}")
     except OSError as error:
         if error.errno != errno.ENAMETOOLONG:
             raise
-        print(f"yolotrain {args.command}: error: {shorten(str(error.filename or error))}: file name too long "
-              "(shorten --name, --project or the file names given)", file=sys.stderr)
-        return 1
+        return _error_line(f"yolotrain {args.command}: error: {shorten(str(error.filename or error))}: file name "
+                           "too long (shorten --name, --project or the file names given)")
+
+
+def _error_line(line: str) -> int:
+    """Print the one-line error (under torchrun, also for the agent's failure summary); the exit code."""
+    print(line, file=sys.stderr)
+    record_error_for_agent(line)
+    return 1
