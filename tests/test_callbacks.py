@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from yolotrain import predict, resolve_config, train
-from yolotrain.callbacks import HOOKS, CallbackError
+from yolotrain.callbacks import HOOKS, CallbackError, Callbacks
 from yolotrain.engine import Trainer, TrainResult
 from yolotrain.eval.predict import Predictor, Result
 from yolotrain.interop import load_checkpoint
@@ -148,3 +148,36 @@ def test_a_closed_stream_writes_what_it_predicted(recorded, tiny_data, tmp_path)
     first = next(stream)
     stream.close()
     assert [r["source"] for r in json.loads((tmp_path / "out" / "predictions.json").read_text())] == [first.path]
+
+
+@pytest.mark.parametrize("callbacks, message", [
+    ({"on_train_start": 5}, "callbacks['on_train_start'] must be a function or a list or tuple of functions, "
+                            "got int 5"),
+    ({"on_train_start": "print"}, "callbacks['on_train_start'] must be a function or a list or tuple of functions, "
+                                  "got str 'print'"),
+    ({"on_train_start": [print, None]}, "callbacks['on_train_start'][1] must be callable, got NoneType None"),
+    ({"on_trian_strat": print}, "unknown callback hook 'on_trian_strat'; did you mean 'on_train_start'?"),
+    ({"before_everything": print}, "unknown callback hook 'before_everything' (hooks: see yolotrain.callbacks.HOOKS)"),
+    ({5: print}, "callback hooks are named by strings, got int 5"),
+    ([print], "callbacks must be a mapping of hook names to a function or a list of functions"),
+])
+def test_callbacks_are_checked_when_given(tiny_data, tmp_path, callbacks, message):
+    """Checked when added, in one line, before anything is built or written (before: ``TypeError: 'int' object
+    is not iterable`` and the like from deep in the run)."""
+    with pytest.raises(ValueError) as raised:
+        train(data=str(tiny_data), epochs=1, project=str(tmp_path / "runs"), callbacks=callbacks, **FAST)
+    assert message in str(raised.value) and "\n" not in str(raised.value), raised.value
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Callbacks(callbacks)
+
+
+def test_callbacks_given_as_lists_and_tuples_run_in_order():
+    calls = []
+    hooks = Callbacks({"on_predict_end": (lambda r: calls.append(1), lambda r: calls.append(2)),
+                       "on_predict_start": [lambda p: calls.append(0)], "teardown": []})
+    hooks.run("on_predict_start", None)
+    hooks.run("on_predict_end", [])
+    assert calls == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"^callback for teardown must be callable, got int 3$"):
+        hooks.add("teardown", 3)

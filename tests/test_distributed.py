@@ -262,3 +262,16 @@ def test_a_restart_after_the_last_epoch_was_saved_finishes_at_once(tmp_path, mon
     assert (again.save_dir, again.epochs_run, again.metrics) == (first.save_dir, 0, first.metrics)
     assert (first.save_dir / "weights" / "last.safetensors").read_bytes() == saved
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [first.save_dir.name]
+
+
+def test_a_one_line_error_under_torchrun_is_the_agents_root_cause(tmp_path):
+    """A worker's one-line error becomes its error file: the agent's failure summary shows the line, not "To
+    enable traceback see ...". (The agent still prints its own ChildFailedError traceback: RELIABILITY.md.)"""
+    job = torchrun("--standalone", "--nproc_per_node", "1", "-m", "yolotrain", "train", "--img", "0",
+                   "--device", "cpu", cwd=tmp_path, log="error.log")
+    job.wait(timeout=300)
+    output = (tmp_path / "error.log").read_text()
+    line = "yolotrain train: error: data.img_size: must be at least 32, got 0"
+    assert job.returncode == 1, output[-3000:]
+    assert f"  traceback : {line}\n" in output and "To enable traceback see" not in output, output[-3000:]
+    assert not (tmp_path / "runs").exists()

@@ -193,3 +193,37 @@ def test_evolve_alone_means_300_generations_as_in_the_reference():
     assert build_parser().parse_args(["train", "--evolve"]).evolve == 300
     assert build_parser().parse_args(["train", "--evolve", "3"]).evolve == 3
     assert build_parser().parse_args(["train"]).evolve is None
+
+
+def _replace_value(text: str, line: int, column: int, value: str) -> str:
+    lines = text.splitlines()
+    fields = lines[line - 1].split(",")
+    fields[column] = f"{value:>20}"
+    lines[line - 1] = ",".join(fields)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    # NaN in a fitness column: numpy's "probabilities contain NaN" when the next parent was drawn.
+    (lambda text: _replace_value(text, 3, 2, "nan"), "line 3, column metrics/mAP_0.5: 'nan' is not a finite number"),
+    (lambda text: _replace_value(text, 2, 0, "inf"), "line 2, column metrics/precision: 'inf' is not a finite number"),
+    # Text: numpy's "could not convert string to float", naming neither the file nor the row.
+    (lambda text: _replace_value(text, 2, len(RESULT_COLUMNS), "fast"), "line 2, column lr0: 'fast' is not a finite"),
+    (lambda text: text.rsplit(",", 3)[0] + "\n", "line 3: 32 values, expected 35 (the file was cut or edited"),
+    (lambda text: "", "not an evolution of this layout (columns none"),
+])
+def test_a_corrupt_evolve_csv_is_one_line_naming_its_line_and_column(tune_data, tmp_path, capsys, corrupt, message):
+    from yolotrain.cli import main
+
+    save_dir = tmp_path / "runs" / "exp"
+    save_dir.mkdir(parents=True)
+    csv_path = save_dir / "evolve.csv"
+    hyp = dict.fromkeys(HYP_KEYS, 0.5) | {"lr0": 0.01, "momentum": 0.9, "anchor_t": 4.0, "warmup_epochs": 0.0}
+    append_row(csv_path, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7], hyp)
+    append_row(csv_path, [0.2, 0.3, 0.4, 0.5, 0.5, 0.6, 0.7], hyp)
+    csv_path.write_text(corrupt(csv_path.read_text()))
+    code = main(["train", "--evolve", "3", "--data", str(tune_data), *CLI_FAST, "--project", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"yolotrain train: error: {csv_path}") and message in err[0], err[0]
+    assert not (save_dir / "generations").exists()  # nothing trained

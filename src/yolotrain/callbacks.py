@@ -9,9 +9,10 @@ exception in a callback stops the run with a :class:`CallbackError` naming the h
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from .messages import brief, did_you_mean
 
 # Every hook, in the order one training epoch fires them, with what each callback receives.
 HOOKS: dict[str, str] = {
@@ -51,11 +52,19 @@ class CallbackError(RuntimeError):
 
 
 def check_hook(hook: str) -> None:
-    """Raise a one-line :class:`ValueError` naming the closest hook when ``hook`` is not one."""
+    """Raise a one-line :class:`ValueError` when ``hook`` is not a hook's name (naming the closest one)."""
+    if not isinstance(hook, str):
+        raise ValueError(f"callback hooks are named by strings, got {type(hook).__name__} {brief(hook)} "
+                         "(hooks: see yolotrain.callbacks.HOOKS)")
     if hook not in HOOKS:
-        close = difflib.get_close_matches(hook, HOOKS, n=1, cutoff=0)
-        raise ValueError(f"unknown callback hook {hook!r}; did you mean {close[0]!r}? (hooks: see "
-                         f"yolotrain.callbacks.HOOKS)")
+        raise ValueError(f"unknown callback hook {brief(hook)}{did_you_mean(hook, HOOKS)} (hooks: see "
+                         "yolotrain.callbacks.HOOKS)")
+
+
+def check_callback(fn: Any, where: str) -> None:
+    """Raise a one-line :class:`ValueError` when ``fn``, given as ``where``, cannot be called."""
+    if not callable(fn):
+        raise ValueError(f"{where} must be callable, got {type(fn).__name__} {brief(fn)}")
 
 
 def function_name(fn: Callback) -> str:
@@ -68,16 +77,27 @@ class Callbacks:
     def __init__(self, spec: CallbackSpec | None = None) -> None:
         # Each function with whether it is the user's (its errors are reported as a callback's).
         self._hooks: dict[str, list[tuple[Callback, bool]]] = {hook: [] for hook in HOOKS}
-        for hook, fns in (spec or {}).items():
-            for fn in [fns] if callable(fns) else list(fns):
+        if spec is None:
+            return
+        if not isinstance(spec, Mapping):
+            raise ValueError("callbacks must be a mapping of hook names to a function or a list of functions "
+                             f"({{'on_train_end': fn}}), got {type(spec).__name__} {brief(spec)}")
+        for hook, fns in spec.items():
+            check_hook(hook)
+            if callable(fns):
+                fns = [fns]
+            elif not isinstance(fns, (list, tuple)):
+                raise ValueError(f"callbacks[{hook!r}] must be a function or a list or tuple of functions, got "
+                                 f"{type(fns).__name__} {brief(fns)}")
+            for n, fn in enumerate(fns):
+                check_callback(fn, f"callbacks[{hook!r}][{n}]")
                 self.add(hook, fn)
 
     def add(self, hook: str, fn: Callback, *, user: bool = True) -> None:
         """Run ``fn`` at ``hook``. ``user=False`` marks yolotrain's own (the default loggers): their errors
         (a logger that cannot start, say) pass through as they are."""
         check_hook(hook)
-        if not callable(fn):
-            raise ValueError(f"callback for {hook} must be callable, got {type(fn).__name__}")
+        check_callback(fn, f"callback for {hook}")
         self._hooks[hook].append((fn, user))
 
     def extend(self, other: Callbacks) -> None:

@@ -21,7 +21,7 @@ from .doctor.cli import main as doctor_main
 from .engine import train
 from .engine.autobatch import DEFAULT_FRACTION
 from .engine.config import TrainConfig, add_weights_option, model_settings
-from .engine.distributed import DistributedError, launch_command
+from .engine.distributed import DistributedError, launch_command, record_error_for_agent
 from .engine.loggers import LoggerError
 from .engine.trainer import ResumeOptions, TrainingError
 from .eval.predict import add_predict_arguments, run_predict
@@ -29,9 +29,9 @@ from .eval.val import add_val_arguments, run_val
 from .interop import UnsafeCheckpointError
 from .interop.export import add_export_arguments, run_export
 from .loss import DivergenceError
-from .messages import one_line_warnings, shorten
+from .messages import closest_name, one_line_warnings, shorten
 from .runs import RunInUseError
-from .settings import add_arguments, add_refused, check_refused, closest_name, unknown_name_error
+from .settings import add_arguments, add_refused, check_refused, unknown_name_error
 from .track.run import add_track_arguments, run_track
 from .tuning import TuneError
 from .tuning.evolve import evolve
@@ -316,11 +316,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except USER_ERRORS + DOMAIN_ERRORS as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"yolotrain {args.command}: error: {shorten(str(message))}", file=sys.stderr)
-        return 1
+        return _error_line(f"yolotrain {args.command}: error: {shorten(str(message))}")
     except OSError as error:
         if error.errno != errno.ENAMETOOLONG:
             raise
-        print(f"yolotrain {args.command}: error: {shorten(str(error.filename or error))}: file name too long "
-              "(shorten --name, --project or the file names given)", file=sys.stderr)
-        return 1
+        return _error_line(f"yolotrain {args.command}: error: {shorten(str(error.filename or error))}: file name "
+                           "too long (shorten --name, --project or the file names given)")
+
+
+def _error_line(line: str) -> int:
+    """Print the one-line error (under torchrun, also for the agent's failure summary); the exit code."""
+    print(line, file=sys.stderr)
+    record_error_for_agent(line)
+    return 1

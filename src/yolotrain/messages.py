@@ -9,10 +9,11 @@ which the command line applies to every error it prints.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import reprlib
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
 # Longest error message printed: room for two long paths and an explanation.
@@ -53,3 +54,15 @@ def one_line_warnings(prefix: str, stream: TextIO | None = None) -> Iterator[Non
     with warnings.catch_warnings():
         warnings.showwarning = show
         yield
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``; did you mean 'X'?`` naming the closest of ``known`` to a misspelt ``name`` ('' when none is close)."""
+    close = closest_name(name, known)
+    return f"; did you mean {close!r}?" if close else ""
+
+
+def closest_name(name: str, known: Iterable[str]) -> str | None:
+    """The name of ``known`` closest to a misspelt ``name``, if one is close enough to be meant."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None

@@ -22,7 +22,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, TypeVar, Union
 
-from .messages import brief
+from .messages import brief, did_you_mean
 
 T = TypeVar("T")
 
@@ -82,17 +82,9 @@ def flat_names(cls: type) -> dict[str, str]:
     return names
 
 
-def closest_name(name: str, known: list[str]) -> str | None:
-    """The name of ``known`` closest to a misspelt ``name``, if one is close enough to be meant."""
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-    return close[0] if close else None
-
-
 def unknown_name_error(name: str, known: list[str], where: str = "") -> ConfigError:
     """The error for a name that is not a setting, with the closest valid name when there is one."""
-    close = closest_name(name, known)
-    hint = f"; did you mean {close!r}?" if close else ""
-    return ConfigError(f"{where}unknown setting {name!r}{hint}")
+    return ConfigError(f"{where}unknown setting {name!r}{did_you_mean(name, known)}")
 
 
 def _describe(tp: Any) -> str:

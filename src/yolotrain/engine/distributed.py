@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -123,6 +124,22 @@ def elastic_run_dir(ctx: DistributedContext, project: str | os.PathLike) -> Path
         except (OSError, ValueError):
             continue  # a marker being written, or of no run of ours
     return max(found)[1] if found else None  # a job id used again: its newest run
+
+
+def record_error_for_agent(message: str) -> None:
+    """Under torchrun's elastic agent, ``message`` (the one line the worker printed) as this worker's error
+    file, in the layout torch's ``@record`` writes: the agent's failure summary then shows the line as the
+    worker's ``traceback`` instead of "To enable traceback see: https://pytorch.org/docs/...". The agent's
+    own traceback, printed as it re-raises ``ChildFailedError``, cannot be avoided from a worker."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": message,
+                        "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
+    try:
+        Path(path).write_text(json.dumps(data))
+    except OSError:
+        pass  # the agent's summary then says less; the line itself is printed already
 
 
 def launch_command(processes: int, argv: Sequence[str]) -> list[str]:

@@ -15,6 +15,8 @@ from pathlib import Path
 import cv2
 import torch
 
+from ..detector import Detector
+from ..devices import select_device
 from ..eval.inference import ModelOrWeights, one_weights
 from ..eval.predict import (
     PredictConfig,
@@ -29,12 +31,12 @@ from ..eval.predict import (
     predict_config,
 )
 from ..eval.streams import frame_rate, is_stream
-from ..interop.resolve import weights_inputs
+from ..interop.resolve import resolve_model, weights_inputs
 from ..outputs import refuse_overwriting_inputs
 from ..runs import next_run_dir
 from ..settings import add_arguments, flat_names, flat_values, from_flat, setting
 from .config import TrackerConfig, tracker_config
-from .evaluate import evaluate_tracks
+from .evaluate import GroundTruthWarning, evaluate_tracks
 from .outputs import MOT_FOLDER, SequenceOutputs
 from .result import TrackResult
 from .trackers import ByteTracker, make_tracker
@@ -126,13 +128,28 @@ def track(
         weights = weights_inputs(model_or_weights) if isinstance(model_or_weights, (str, os.PathLike)) else []
         refuse_overwriting_inputs([("--project/--name", out)],
                                   weights + [("source", item) for item in items if isinstance(item, Path)])
+    model = _detector(model_or_weights, predict_settings)
     predict_settings.setdefault("conf", TRACK_CONF)
-    results = predict(model_or_weights, source, stream=True, save_dir=None, view_img=False,
+    results = predict(model, source, stream=True, save_dir=None, view_img=False,
                       line_width=line_width, **predict_settings)
     options = {"save_media": save, "save_txt": save_txt, "save_crop": save_crop, "view": view_img, "trail": trail,
                "draw_options": {"line_width": line_width, "hide_labels": hide_labels, "hide_conf": hide_conf}}
     tracked = _track_all(results, config, out, options)
     return tracked if stream else list(tracked)
+
+
+def _detector(model_or_weights: ModelOrWeights, predict_settings: dict) -> Detector:
+    """The model to track with, loaded once here (predict uses it as loaded); a classifier, which has no
+    boxes to track, is refused in one line before any source is read. A file's model runs where a file's
+    would (the best device), not where a model given in memory is left."""
+    model = resolve_model(model_or_weights, trust_code=predict_settings.get("trust_code", PredictConfig.trust_code))
+    if model.task == "classify":
+        what = model_or_weights if isinstance(model_or_weights, (str, os.PathLike)) else type(model).__name__
+        raise ValueError(f"track follows detected boxes from frame to frame: {what} is a classifier, which has no "
+                         "boxes to track; give detection or segmentation weights")
+    if model is not model_or_weights and predict_settings.get("device") is None:
+        predict_settings["device"] = select_device(None)
+    return model
 
 
 def _track_all(results: Iterator[Result], config: TrackerConfig, save_dir: Path | None,
@@ -229,30 +246,37 @@ def run_track(args: argparse.Namespace) -> int:
     keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
     if "conf" not in vars(args):
         del keywords["conf"]  # track()'s own default
-    frames: dict[str, int] = {}
+    frames: dict[str, set[int]] = {}  # the frames tracked of each sequence, which --eval scores
     count = 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SourceWarning)
         for result in track(weights, list(config.source), tracker, save_dir=save_dir, trail=track_settings.trail,
                             stream=True, callbacks=precision_announcement(config.half), **keywords):
-            frames[result.sequence] = max(frames.get(result.sequence, 0), result.mot_frame)
+            frames.setdefault(result.sequence, set()).add(result.mot_frame)
             count += 1
     for w in caught:
         print(f"warning: {w.message}")
     print(f"{count} images/frames in {len(frames)} sequence(s), {tracker.tracker_type}. Results saved to {save_dir}")
     if track_settings.eval is not None and frames:
-        scores = evaluate_tracks(track_settings.eval, save_dir / MOT_FOLDER, frames)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", GroundTruthWarning)
+            scores = evaluate_tracks(track_settings.eval, save_dir / MOT_FOLDER, frames)
+        for w in caught:
+            print(f"warning: {w.message}")
         (save_dir / "metrics.json").write_text(json.dumps(scores, indent=2))
+        if config.vid_stride > 1:
+            print(f"scored on the frames tracked alone (--vid-stride {config.vid_stride}: one frame in "
+                  f"{config.vid_stride}); the ground truth of the frames between is left out")
         print(format_scores(scores))
     return 0 if count else 1
 
 
 def format_scores(scores: dict[str, dict[str, float]]) -> str:
-    """A table of HOTA, MOTA, IDF1 ... per sequence, in percent (counts as they are)."""
+    """A table of HOTA, MOTA, IDF1 ... per sequence, in percent (counts, and the frames scored, as they are)."""
     fields = next(iter(scores.values())).keys()
     lines = [f"{'sequence':<16}" + "".join(f"{f:>8}" for f in fields)]
     for seq, values in scores.items():
-        cells = [f"{v:8.0f}" if f in ("IDSW", "IDs") else f"{100 * v:8.1f}" for f, v in values.items()]
+        cells = [f"{v:8.0f}" if f in ("IDSW", "IDs", "frames") else f"{100 * v:8.1f}" for f, v in values.items()]
         lines.append(f"{'all' if seq == 'COMBINED_SEQ' else seq:<16}" + "".join(cells))
     return "\n".join(lines)
 

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from ..atomic import write_atomic
 from ..engine.config import TrainConfig, read_settings_file, resolve_config
 from ..engine.trainer import train
+from ..messages import brief
 from ..runs import RunLock
 from ..settings import ConfigError, flat_values
 from .space import REFERENCE_META, UNUSED_REFERENCE_KEYS
@@ -69,13 +70,42 @@ def constrain(values: Mapping[str, float]) -> dict[str, float]:
 
 
 def read_rows(csv_path: Path) -> np.ndarray:
-    """The rows of ``evolve.csv`` (results then hyper-parameters), ``[0, columns]`` when absent."""
+    """The rows of ``evolve.csv`` (results then hyper-parameters), ``[0, columns]`` when absent.
+
+    Raises:
+        ConfigError: the file is not an evolution of this layout, or a row is short, long, or holds a value
+            that is not a finite number (named by its line and column).
+    """
+    columns = (*RESULT_COLUMNS, *HYP_KEYS)
     if not csv_path.exists():
-        return np.zeros((0, len(RESULT_COLUMNS) + len(HYP_KEYS)))
-    header = [name.strip() for name in csv_path.read_text().splitlines()[0].split(",")]
-    if header != [*RESULT_COLUMNS, *HYP_KEYS]:
-        raise ConfigError(f"{csv_path}: not an evolution of this layout (columns {', '.join(header[:8])} ...)")
-    return np.loadtxt(csv_path, ndmin=2, delimiter=",", skiprows=1)
+        return np.zeros((0, len(columns)))
+    lines = csv_path.read_text(errors="replace").splitlines()
+    header = [name.strip() for name in lines[0].split(",")] if lines else []
+    if header != list(columns):
+        raise ConfigError(f"{csv_path}: not an evolution of this layout (columns {', '.join(header[:8]) or 'none'} "
+                          f"...; expected {', '.join(columns[:3])} ...)")
+    rows = []
+    for line_number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.split(",")
+        if len(fields) != len(columns):
+            raise ConfigError(f"{csv_path}, line {line_number}: {len(fields)} values, expected {len(columns)} "
+                              "(the file was cut or edited; remove the line to train that generation again)")
+        rows.append([_csv_number(csv_path, line_number, name, text) for name, text in zip(columns, fields)])
+    return np.array(rows, dtype=float).reshape(-1, len(columns))
+
+
+def _csv_number(csv_path: Path, line_number: int, column: str, text: str) -> float:
+    """One value of ``evolve.csv``: a finite number, or a one-line error naming where it is."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not np.isfinite(value):
+        raise ConfigError(f"{csv_path}, line {line_number}, column {column}: {brief(text.strip())} is not a finite "
+                          "number (the file was edited; fix or remove the line to train that generation again)")
+    return value
 
 
 def append_row(csv_path: Path, results: Sequence[float], hyp: Mapping[str, float]) -> None:
