@@ -111,7 +111,7 @@ def split_samples(split: Path, names: Sequence[str]) -> list[Sample]:
             raise ValueError(f"{split / folder}: class folder {folder!r} is not one of the {len(names)} classes "
                              f"({', '.join(names[:5])}{' ...' if len(names) > 5 else ''})")
     walk = walk_folders([split / folder for folder in folders], IMG_FORMATS, broken_links=True)
-    repeats = walk.repeats(str(split))
+    repeats = walk.repeats(str(split), split)
     if repeats:
         warnings.warn(repeats, FolderWalkWarning, stacklevel=2)
     return [(path, index[folder]) for folder, found in zip(folders, walk.files) for path in found]

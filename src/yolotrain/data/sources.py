@@ -76,7 +76,7 @@ def list_images(spec: str | os.PathLike | list, base: Path | None = None) -> lis
     if listed:  # a folder walk lists each file once already; lists and single files may name it again
         files, repeated = unique_files(files)
         walk.repeated_files += repeated
-    repeats = walk.repeats(", ".join(map(str, specs)))
+    repeats = walk.repeats(", ".join(map(str, specs)), base)
     if repeats:
         warnings.warn(repeats, FolderWalkWarning, stacklevel=2)
     if not files:

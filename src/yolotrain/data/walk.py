@@ -39,20 +39,23 @@ class FolderWalk:
     repeated_folders: list[tuple[Path, Path]] = field(default_factory=list)  # (path not followed, listed as)
     repeated_files: list[tuple[Path, Path]] = field(default_factory=list)  # (path left out, listed as)
 
-    def repeats(self, name: str) -> str:
-        """One line naming what was left out (empty when nothing was)."""
+    def repeats(self, name: str, base: Path | None = None) -> str:
+        """One line naming what was left out (empty when nothing was); paths inside ``base`` relative to it."""
         parts = []
         if self.repeated_folders:
             parts.append(f"{len(self.repeated_folders)} folder link(s) not followed, each leading to a folder listed "
-                         f"already (a loop or a second path): {_shown(self.repeated_folders)}")
+                         f"already (a loop or a second path): {_shown(self.repeated_folders, base)}")
         if self.repeated_files:
             parts.append(f"{len(self.repeated_files)} second path(s) to files listed already, counted once: "
-                         f"{_shown(self.repeated_files)}")
+                         f"{_shown(self.repeated_files, base)}")
         return f"{name}: {'; '.join(parts)}" if parts else ""
 
 
-def _shown(pairs: Sequence[tuple[Path, Path]]) -> str:
-    shown = ", ".join(f"{path} -> {first}" for path, first in pairs[:SHOWN_REPEATS])
+def _shown(pairs: Sequence[tuple[Path, Path]], base: Path | None) -> str:
+    def short(path: Path) -> str:
+        return str(path.relative_to(base)) if base is not None and path.is_relative_to(base) else str(path)
+
+    shown = ", ".join(f"{short(path)} -> {short(first)}" for path, first in pairs[:SHOWN_REPEATS])
     return shown + (f" (+{len(pairs) - SHOWN_REPEATS} more)" if len(pairs) > SHOWN_REPEATS else "")
 
 
