@@ -19,11 +19,13 @@ from yolotrain.data.classify import build_classify_loaders, resolve_classify_sou
 from yolotrain.data.sources import list_images
 from yolotrain.data.verify import DataWarning
 from yolotrain.data.walk import FolderWalkWarning, walk_folders
+from yolotrain.engine import Trainer, resolve_config
 from yolotrain.eval import predict
 from yolotrain.eval.masks import masks_to_polygons, polygons_or_boxes
 from yolotrain.eval.predict import expand_sources
 from yolotrain.eval.val import _polygon_rows
 from yolotrain.model.classify import Classifier
+from yolotrain.settings import ConfigError
 
 # (h, w) of images at the limits: one pixel high or wide, one pixel in all, and very long ones.
 EXTREME_SHAPES = ((3, 2001), (1, 1), (2001, 3), (1, 3001), (2, 1))
@@ -283,7 +285,8 @@ def test_a_detection_dataset_given_to_a_classifier_says_so(tmp_path):
     data.write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/train",
                                     "names": ["a", "b"]}))
     for path in (data, root):
-        with pytest.raises(ValueError, match="detection dataset.*a classifier needs a folder of class folders"):
+        with pytest.raises(ValueError, match=r"is a (dataset YAML of a )?detection dataset.*: a classifier needs a "
+                           "folder of class folders"):
             resolve_classify_source(path)
     split_style = tmp_path / "roboflow"
     write_images(split_style / "train" / "images", 2)
@@ -291,3 +294,12 @@ def test_a_detection_dataset_given_to_a_classifier_says_so(tmp_path):
     with pytest.raises(ValueError, match="is a detection dataset"):
         build_classify_loaders(split_style, 32, 2, workers=0)
     assert not os.path.exists(tmp_path / "det" / "train.yolotrain.cache")
+
+
+def test_training_a_classifier_on_a_detection_yaml_names_it(tmp_path):
+    data = tmp_path / "data.yaml"
+    data.write_text(yaml.safe_dump({"path": str(tmp_path), "train": "images", "names": ["a", "b"]}))
+    trainer = Trainer(resolve_config(data=str(data), model="yolov5n-cls", epochs=1, project=str(tmp_path / "runs"),
+                                     img_size=64, batch_size=2, workers=0))
+    with pytest.raises(ConfigError, match=r"must be a folder of class folders .*, a dataset YAML of a detection"):
+        trainer.setup()

@@ -125,16 +125,15 @@ def empty_class_folders(split: Path, samples: Sequence[Sample], names: Sequence[
 
 
 def detection_layout(path: str | os.PathLike) -> str | None:
-    """Why ``path`` is a detection dataset rather than class folders (a dataset YAML, a folder of ``images/``, or
-    splits of ``images/`` and ``labels/``), as a line for an error; None when it is not one."""
+    """What kind of detection dataset ``path`` is, when it is one rather than class folders ("a dataset YAML of a
+    detection dataset", or a folder of ``images/``, or of splits holding ``images/`` and ``labels/``); else None."""
     p = Path(path).expanduser()
-    hint = "a classifier needs a folder of class folders (train/<class>/<image>, val/<class>/<image>)"
     if p.is_file() and p.suffix.lower() in (".yaml", ".yml"):
-        return f"{p} is a dataset YAML of a detection dataset: {hint}"
+        return "a dataset YAML of a detection dataset"
     if p.is_dir() and ((p / "images").is_dir() or any(
             {"images", "labels"} <= set(class_folders(p / s)) for s in (TRAIN_SPLIT, *EVAL_SPLITS, "valid")
             if (p / s).is_dir())):
-        return f"{p} is a detection dataset (images/ and labels/ folders): {hint}"
+        return "a detection dataset (images/ and labels/ folders)"
     return None
 
 
@@ -161,7 +160,8 @@ def resolve_classify_source(path: str | os.PathLike, names: Sequence[str] | None
     root = Path(path).expanduser()
     detection = detection_layout(root)
     if detection is not None:
-        raise ValueError(detection)
+        raise ValueError(f"{root} is {detection}: a classifier needs a folder of class folders "
+                         "(train/<class>/<image>, val/<class>/<image>)")
     if not root.is_dir():
         raise FileNotFoundError(f"classification dataset folder not found: {root}")
     folders = [s for s in (TRAIN_SPLIT, *EVAL_SPLITS) if (root / s).is_dir()]

@@ -87,8 +87,9 @@ def _classify_data(trainer: Trainer) -> None:
     root = cfg.data.path
     if root is None or not is_classify_folder(root):
         detection = None if root is None else detection_layout(root)
-        raise ConfigError(f"{cfg.model} is a classifier: " + (detection or "--data must be a folder of class folders "
-                          f"(train/<class>/*.jpg, val/<class>/*.jpg), got {root or 'none'}"))
+        raise ConfigError(f"{cfg.model} is a classifier: --data must be a folder of class folders "
+                          f"(train/<class>/*.jpg, val/<class>/*.jpg), got {root or 'none'}"
+                          + (f", {detection}" if detection else ""))
     if cfg.data.autobatch:
         raise ConfigError("--autobatch sizes detection batches; give a classifier's --batch-size")
     loaders = build_classify_loaders(root, cfg.data.img_size, cfg.data.batch_size,
