@@ -107,6 +107,15 @@ def test_a_link_never_takes_images_from_their_real_class(tmp_path):
     assert "1 second path(s) to files" in message and "ant/same.png" in message
 
 
+def test_a_real_folder_is_listed_at_its_own_path_before_a_link_to_it(tmp_path):
+    write_images(tmp_path / "r" / "b" / "sub", 1)
+    (tmp_path / "r" / "a").mkdir()
+    (tmp_path / "r" / "a" / "link").symlink_to("../b/sub")  # found before b/sub is, listed after it
+    walk = walk_folders([tmp_path / "r"], frozenset({"png"}))
+    assert walk.files == [[tmp_path / "r" / "b" / "sub" / "000.png"]]
+    assert walk.repeated_folders == [(tmp_path / "r" / "a" / "link", tmp_path / "r" / "b" / "sub")]
+
+
 def test_walks_follow_links_to_other_folders_once(tmp_path):
     extra = write_images(tmp_path / "elsewhere", 2, start=10)
     images = tmp_path / "data" / "images" / "train"

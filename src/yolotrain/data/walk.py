@@ -88,8 +88,9 @@ def walk_folders(roots: Sequence[str | os.PathLike], formats: frozenset[str] | N
     walk = FolderWalk(roots, [[] for _ in roots])
     held = _ancestors(roots)
     # Folders to list, smallest key first: (links followed to reach it, path). Children's keys are never
-    # smaller than their parent's, so folders are listed in this order overall.
-    queue: list[tuple[int, str, int]] = []
+    # smaller than their parent's, so folders are listed in this order overall, and a folder is claimed by
+    # the first of its paths listed: a real path before any through a link.
+    queue: list[tuple[int, str, int, Identity]] = []
     for i, root in enumerate(roots):
         try:
             identity = _identity(os.stat(root))
@@ -99,10 +100,14 @@ def walk_folders(roots: Sequence[str | os.PathLike], formats: frozenset[str] | N
             walk.repeated_folders.append((root, seen[identity]))
             continue
         seen[identity] = root
-        heapq.heappush(queue, (0, str(root), i))
+        heapq.heappush(queue, (0, str(root), i, identity))
     candidates: list[tuple[int, str, str, int, Identity | None]] = []  # (links, folder, name, root, identity)
     while queue:
-        links, folder, root_index = heapq.heappop(queue)
+        links, folder, root_index, identity = heapq.heappop(queue)
+        first = seen.setdefault(identity, Path(folder))
+        if first != Path(folder):  # a second path to it, queued before the first was listed
+            walk.repeated_folders.append((Path(folder), first))
+            continue
         walk.folders.append(Path(folder))
         try:
             with os.scandir(folder) as entries:
@@ -125,8 +130,7 @@ def walk_folders(roots: Sequence[str | os.PathLike], formats: frozenset[str] | N
                     if first != Path(entry.path):  # not a root met again inside another root
                         walk.repeated_folders.append((Path(entry.path), first))
                     continue
-                seen[identity] = Path(entry.path)
-                heapq.heappush(queue, (links + is_link, entry.path, root_index))
+                heapq.heappush(queue, (links + is_link, entry.path, root_index, identity))
             elif formats is None or Path(entry.name).suffix[1:].lower() in formats:
                 if not is_link:
                     if entry.is_file(follow_symlinks=False):
