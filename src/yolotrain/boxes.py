@@ -55,8 +55,8 @@ def letterbox_geometry(
     data pipeline, prediction and validation.
 
     The image is scaled by ``r = min(target / size)`` (capped at 1 without ``scaleup``), its sides
-    rounded to whole pixels, and centred; an odd border pixel goes to the bottom/right, as in the
-    reference. Works on ``(2,)`` or ``(n, 2)`` arrays of (w, h).
+    rounded to whole pixels (at least 1, for extreme aspect ratios), and centred; an odd border pixel
+    goes to the bottom/right, as in the reference. Works on ``(2,)`` or ``(n, 2)`` arrays of (w, h).
 
     Returns:
         ``r`` (``(..., 1)``), the resized (w, h) in whole pixels and the (left, top) padding, so that
@@ -67,7 +67,8 @@ def letterbox_geometry(
     r = (target / size).min(-1, keepdims=True)
     if not scaleup:  # never enlarge for evaluation: it only blurs and skews the metric
         r = np.minimum(r, 1.0)
-    resized = np.round(size * r)
+    # At least a pixel a side: a 2001 x 3 image fitted into 320 would round its height to 0.
+    resized = np.maximum(np.round(size * r), 1)
     pad = np.round((target - resized) / 2 - 0.1)
     return r, resized, pad
 

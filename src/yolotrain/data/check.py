@@ -29,6 +29,7 @@ from .classify import (
     ClassifyDataset,
     SplitCheck,
     check_split,
+    empty_class_folders,
     is_classify_folder,
     resolve_classify_source,
     split_samples,
@@ -188,6 +189,11 @@ def check_classify_dataset(data: str | os.PathLike, out_dir: str | os.PathLike,
     out = Path(out_dir)
     source = resolve_classify_source(data, splits=())
     samples = {split: split_samples(source.root / split, source.names) for split in source.folders}
+    for split, found in samples.items():  # training refuses these; the check names them and goes on
+        empty = empty_class_folders(source.root / split, found, source.names)
+        if empty:
+            warnings.warn(f"{source.root / split}: {len(empty)} class folder(s) without an image: {', '.join(empty)} "
+                          "(training refuses them)", DataWarning, stacklevel=2)
     refuse_overwriting_inputs([("--out", out)], dataset_inputs([p for s in samples.values() for p, _ in s], data))
     checks = {split: check_split(samples[split], source.root / split) for split in source.folders}
     images = {split: np.bincount([label for _, label in check.kept], minlength=len(source.names))

@@ -44,6 +44,7 @@ from .shapes import CLASS_NAMES as SHAPE_NAMES
 from .shapes import draw_sample
 from .sources import IMG_FORMATS
 from .verify import CacheWarning, DataWarning, _writable, check_image, max_image_pixels
+from .walk import FolderWalkWarning, walk_folders
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -97,9 +98,11 @@ def class_folders(split: Path) -> list[str]:
 
 
 def split_samples(split: Path, names: Sequence[str]) -> list[Sample]:
-    """Every image under each class folder of ``split`` (recursively, sorted), with its class index."""
+    """Every image under each class folder of ``split`` (recursively, following links to folders; sorted), with
+    its class index. Each image is listed once, under its real place when a link leads to it from elsewhere;
+    links that loop or lead to a folder listed already are not followed, named in one
+    :class:`~yolotrain.data.walk.FolderWalkWarning` (:func:`~yolotrain.data.walk.walk_folders`)."""
     index = {name: i for i, name in enumerate(names)}
-    samples: list[Sample] = []
     folders = class_folders(split)
     if not folders:
         raise ValueError(f"{split}: no class folders (expected {split.name}/<class name>/<image>)")
@@ -107,10 +110,31 @@ def split_samples(split: Path, names: Sequence[str]) -> list[Sample]:
         if folder not in index:
             raise ValueError(f"{split / folder}: class folder {folder!r} is not one of the {len(names)} classes "
                              f"({', '.join(names[:5])}{' ...' if len(names) > 5 else ''})")
-        for parent, _, files in sorted(os.walk(split / folder, followlinks=True)):
-            samples += [(Path(parent) / f, index[folder]) for f in sorted(files)
-                        if Path(f).suffix[1:].lower() in IMG_FORMATS]
-    return samples
+    walk = walk_folders([split / folder for folder in folders], IMG_FORMATS, broken_links=True)
+    repeats = walk.repeats(str(split), split)
+    if repeats:
+        warnings.warn(repeats, FolderWalkWarning, stacklevel=2)
+    return [(path, index[folder]) for folder, found in zip(folders, walk.files) for path in found]
+
+
+def empty_class_folders(split: Path, samples: Sequence[Sample], names: Sequence[str]) -> list[str]:
+    """The class folders of ``split`` without an image (torchvision's ``ImageFolder`` refuses them: a class
+    no image shows cannot be learnt, and would still take a share of every prediction)."""
+    counts = np.bincount([label for _, label in samples], minlength=len(names))
+    return [folder for folder in class_folders(split) if counts[names.index(folder)] == 0]
+
+
+def detection_layout(path: str | os.PathLike) -> str | None:
+    """What kind of detection dataset ``path`` is, when it is one rather than class folders ("a dataset YAML of a
+    detection dataset", or a folder of ``images/``, or of splits holding ``images/`` and ``labels/``); else None."""
+    p = Path(path).expanduser()
+    if p.is_file() and p.suffix.lower() in (".yaml", ".yml"):
+        return "a dataset YAML of a detection dataset"
+    if p.is_dir() and ((p / "images").is_dir() or any(
+            {"images", "labels"} <= set(class_folders(p / s)) for s in (TRAIN_SPLIT, *EVAL_SPLITS, "valid")
+            if (p / s).is_dir())):
+        return "a detection dataset (images/ and labels/ folders)"
+    return None
 
 
 def is_classify_folder(path: str | os.PathLike) -> bool:
@@ -130,9 +154,14 @@ def resolve_classify_source(path: str | os.PathLike, names: Sequence[str] | None
 
     Raises:
         FileNotFoundError: no such folder, or a split asked for that it does not have.
-        ValueError: a split without class folders, or a class folder that is not one of the classes.
+        ValueError: a detection dataset (:func:`detection_layout`), one class only, a split without class
+            folders, a class folder that is not one of the classes or a class folder without an image.
     """
     root = Path(path).expanduser()
+    detection = detection_layout(root)
+    if detection is not None:
+        raise ValueError(f"{root} is {detection}: a classifier needs a folder of class folders "
+                         "(train/<class>/<image>, val/<class>/<image>)")
     if not root.is_dir():
         raise FileNotFoundError(f"classification dataset folder not found: {root}")
     folders = [s for s in (TRAIN_SPLIT, *EVAL_SPLITS) if (root / s).is_dir()]
@@ -140,11 +169,18 @@ def resolve_classify_source(path: str | os.PathLike, names: Sequence[str] | None
         raise FileNotFoundError(f"{root}: no train/, val/ or test/ folder of class folders")
     source = ClassifySource(root, [], folders)
     source.names = [str(n) for n in names] if names is not None else class_folders(root / folders[0])
+    if names is None and len(source.names) < 2:
+        raise ValueError(f"{root / folders[0]}: one class folder ({', '.join(source.names)}): a classifier needs at "
+                         "least 2 classes, a folder of images for each")
     for split in splits:
         folder = source.eval_split if split == "val" else split
         if folder is None or folder not in folders:
             raise FileNotFoundError(f"{root}: no {'val/ or test/' if split == 'val' else split + '/'} folder")
         source.splits[split] = split_samples(root / folder, source.names)
+        empty = empty_class_folders(root / folder, source.splits[split], source.names)
+        if empty:
+            raise ValueError(f"{root / folder}: {len(empty)} class folder(s) without an image: {', '.join(empty)} "
+                             "(every class needs images; remove the folder or add images)")
     return source
 
 

@@ -17,6 +17,7 @@ import yaml
 from .. import yamlio
 from ..messages import brief
 from ..names import DuplicateClassNamesWarning, class_names, describe_repeats, repeated_names
+from .walk import SHOWN_REPEATS, FolderWalkWarning, unique_files, walk_folders
 
 IMG_FORMATS = frozenset({"bmp", "jpeg", "jpg", "png", "tif", "tiff", "webp"})
 
@@ -46,36 +47,67 @@ def img2label_path(image: str | os.PathLike) -> Path:
 
 
 def list_images(spec: str | os.PathLike | list, base: Path | None = None) -> list[Path]:
-    """List image files named by ``spec``: a folder (searched recursively), a ``.txt`` list of image
-    paths, a single image, or a list of any of these. Relative paths are resolved against ``base``.
+    """List image files named by ``spec``: a folder (searched recursively, following links to folders),
+    a ``.txt`` list of image paths, a single image, or a list of any of these. Relative paths are resolved
+    against ``base``. Each image is listed once: a link loop is not followed and a second path to an
+    image already listed is left out, both named in one :class:`~yolotrain.data.walk.FolderWalkWarning`
+    (:func:`~yolotrain.data.walk.walk_folders`), as are lines of a list that do not name an image.
 
     Raises:
         FileNotFoundError: a named folder or file does not exist, or no image is found.
     """
     specs = spec if isinstance(spec, (list, tuple)) else [spec]
-    files: list[Path] = []
+    folders: list[Path] = []
+    listed: list[Path] = []
     for s in specs:
         p = Path(s).expanduser()
         if base is not None and not p.is_absolute():
             p = base / p
         if p.is_dir():
-            files += [f for f in p.rglob("*") if f.suffix[1:].lower() in IMG_FORMATS and f.is_file()]
+            folders.append(p)
         elif p.is_file() and p.suffix.lower() == ".txt":
-            # Lists written by the reference tools use paths relative to the list's folder ("./images/..").
-            for line in p.read_text().splitlines():
-                line = line.strip()
-                if line:
-                    q = Path(line)
-                    files.append(q if q.is_absolute() else (p.parent / q))
+            listed += _list_file_images(p)
         elif p.is_file() and p.suffix[1:].lower() in IMG_FORMATS:
-            files.append(p)
+            listed.append(p)
         else:
             raise FileNotFoundError(f"dataset path does not exist: {p}")
-    files = sorted({Path(os.path.normpath(f)) for f in files if f.suffix[1:].lower() in IMG_FORMATS})
+    walk = walk_folders(folders, IMG_FORMATS)
+    files = sorted({Path(os.path.normpath(f)) for f in [*listed, *(f for found in walk.files for f in found)]})
+    if listed:  # a folder walk lists each file once already; lists and single files may name it again
+        files, repeated = unique_files(files)
+        walk.repeated_files += repeated
+    repeats = walk.repeats(", ".join(map(str, specs)), base)
+    if repeats:
+        warnings.warn(repeats, FolderWalkWarning, stacklevel=2)
     if not files:
         kinds = ", ".join(sorted(IMG_FORMATS))
         raise FileNotFoundError(f"no images ({kinds}) found in {', '.join(map(str, specs))}")
     return files
+
+
+def _list_file_images(path: Path) -> list[Path]:
+    """The images a ``.txt`` list names, one path a line, relative paths from the list's folder (as the
+    reference's tools write them: ``./images/..``); lines naming anything else (a folder, another list, the
+    list itself) are left out, named in one :class:`~yolotrain.data.walk.FolderWalkWarning`: a list names
+    images, it does not include."""
+    images: list[Path] = []
+    others: list[str] = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            q = Path(line)
+            q = q if q.is_absolute() else path.parent / q
+            if q.suffix[1:].lower() in IMG_FORMATS:
+                images.append(q)
+            else:
+                same = q.exists() and os.path.samefile(q, path)
+                others.append(f"{line} (this list itself)" if same else line)
+    if others:
+        shown = ", ".join(others[:SHOWN_REPEATS]) + (
+            f" (+{len(others) - SHOWN_REPEATS} more)" if len(others) > SHOWN_REPEATS else "")
+        warnings.warn(f"{path}: {len(others)} line(s) not naming an image ({', '.join(sorted(IMG_FORMATS))}) "
+                      f"left out: {shown}", FolderWalkWarning, stacklevel=3)
+    return images
 
 
 def _dataset_names(cfg: dict, path: Path) -> list[str]:

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..classify_loss import ClassifyLoss
-from ..data.classify import ClassifyAugment, SampleIndex, build_classify_loaders, is_classify_folder
+from ..data.classify import (
+    ClassifyAugment,
+    SampleIndex,
+    build_classify_loaders,
+    detection_layout,
+    is_classify_folder,
+)
 from ..data.fingerprint import dataset_record
 from ..data.loaders import build_loaders, run_class_names
 from ..data.shapes import generate_shapes_dataset
@@ -80,8 +86,10 @@ def _classify_data(trainer: Trainer) -> None:
     cfg = trainer.config
     root = cfg.data.path
     if root is None or not is_classify_folder(root):
+        detection = None if root is None else detection_layout(root)
         raise ConfigError(f"{cfg.model} is a classifier: --data must be a folder of class folders "
-                          f"(train/<class>/*.jpg, val/<class>/*.jpg), got {root or 'none'}")
+                          f"(train/<class>/*.jpg, val/<class>/*.jpg), got {root or 'none'}"
+                          + (f", {detection}" if detection else ""))
     if cfg.data.autobatch:
         raise ConfigError("--autobatch sizes detection batches; give a classifier's --batch-size")
     loaders = build_classify_loaders(root, cfg.data.img_size, cfg.data.batch_size,

@@ -166,6 +166,16 @@ def masks_to_polygons(masks: torch.Tensor | np.ndarray, strategy: str = "largest
     return polygons
 
 
+def polygons_or_boxes(polygons: list[np.ndarray], boxes: torch.Tensor | np.ndarray) -> list[np.ndarray]:
+    """Each detection's polygon, or where it has fewer than 3 points (a mask empty, one pixel or one line at its
+    resolution: no outline encloses an area) its box's corners ``x1 y1, x2 y1, x2 y2, x1 y2`` (``boxes`` xyxy
+    in the polygons' pixels): every detection gets a polygon a YOLO-seg label row (``class x1 y1 x2 y2 ...``,
+    at least 3 points) can hold."""
+    corners = (boxes.cpu().numpy() if isinstance(boxes, torch.Tensor) else np.asarray(boxes))[:, :4]
+    corners = corners.astype(np.float32)[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(-1, 4, 2)
+    return [polygon if len(polygon) >= 3 else box for polygon, box in zip(polygons, corners)]
+
+
 def masks_to_rle(masks: torch.Tensor | np.ndarray) -> list[dict]:
     """COCO run-length encodings (``{"size": [h, w], "counts": str}``) of binary masks ``[n, h, w]``.
 

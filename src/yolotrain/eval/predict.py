@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import itertools
 import json
 import math
@@ -28,6 +27,7 @@ from ..boxes import check_image_size, letterbox_geometry
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
+from ..data.walk import FolderWalkWarning, glob_files
 from ..draw import draw_detections, draw_masks
 from ..interop.resolve import weights_inputs
 from ..names import class_names
@@ -45,7 +45,13 @@ from ..settings import (
 )
 from .classify import ClassifyPredictor, ClassifyResult
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights, precision_line
-from .masks import masks_in_original, masks_to_polygons, scale_masks_to_original, upsampled_masks
+from .masks import (
+    masks_in_original,
+    masks_to_polygons,
+    polygons_or_boxes,
+    scale_masks_to_original,
+    upsampled_masks,
+)
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
@@ -100,8 +106,9 @@ class Result:
     ``boxes`` ``[n, 4]`` x1, y1, x2, y2 (float), ``scores`` ``[n]``, ``classes`` ``[n]`` (long), sorted
     by score; ``names`` maps class ids to names; ``frame`` is the frame index for videos and streams.
     A segmentation model's results also carry each detection's ``masks`` (bool ``[n, h, w]`` of the
-    original image) and ``polygons`` (its outline, ``(k, 2)`` float32 x, y pixels; ``(0, 2)`` for an
-    empty mask); both are None for a detector.
+    original image) and ``polygons`` (its outline, ``(k, 2)`` float32 x, y pixels, k >= 3; its box's
+    four corners when the mask is too small for an outline: empty, one pixel or one line); both are None
+    for a detector.
     ``image`` is the BGR image or frame predicted on, on the results of ``predict(stream=True)`` only
     (a list of results would hold every frame of a video).
     """
@@ -131,13 +138,13 @@ class Result:
 
     def yolo_lines(self) -> list[str]:
         """Rows ``class cx cy w h score`` normalised to the image, as YOLO label files hold them; for a
-        segmentation model ``class x1 y1 x2 y2 ... score`` (its outline; no row for an empty mask)."""
+        segmentation model ``class x1 y1 x2 y2 ... score`` (its outline, or its box's corners for a mask too
+        small for one): a row for every detection."""
         h, w = self.orig_shape
         if self.polygons is not None:
             scale = np.array((w, h), np.float64)
             return [" ".join([str(c), *(f"{v:.6f}" for v in (polygon / scale).reshape(-1)), f"{s:.5f}"])
-                    for c, polygon, s in zip(self.classes.tolist(), self.polygons, self.scores.tolist())
-                    if len(polygon)]
+                    for c, polygon, s in zip(self.classes.tolist(), self.polygons, self.scores.tolist())]
         b = self.boxes.double()
         xywh = torch.stack(((b[:, 0] + b[:, 2]) / 2 / w, (b[:, 1] + b[:, 3]) / 2 / h,
                             (b[:, 2] - b[:, 0]) / w, (b[:, 3] - b[:, 1]) / h), 1)
@@ -170,10 +177,12 @@ def expand_sources(source: Source | Sequence[Source]) -> list[Path | np.ndarray 
             continue
         text = os.fspath(item)
         if _GLOB_CHARS & set(text) and not Path(text).exists():
-            matches = sorted(glob.glob(text, recursive=True))
+            matches, walk = glob_files(text)  # a ** walk follows each real folder once: link loops end
+            if walk is not None and walk.repeats(text):
+                warnings.warn(walk.repeats(text), FolderWalkWarning, stacklevel=2)
             if not matches:
                 raise FileNotFoundError(f"no files match {text}")
-            out += [Path(m) for m in matches if Path(m).is_file()]
+            out += matches
         elif Path(text).is_dir():
             files = sorted(p for p in Path(text).iterdir()
                            if p.is_file() and _suffix(p) in IMG_FORMATS | VIDEO_FORMATS)
@@ -250,7 +259,7 @@ class Predictor:
         masks = polygons = None
         if self.segment:
             masks = self._masks(proto[0], det, boxes, x.shape[2:], gain, pad, (h0, w0))
-            polygons = masks_to_polygons(masks)
+            polygons = polygons_or_boxes(masks_to_polygons(masks), boxes)
         return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame,
                       masks, polygons, image)
 

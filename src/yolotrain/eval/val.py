@@ -47,7 +47,14 @@ from .classify import ClassifyMetrics, val_classifier
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights, precision_line
 from .label_masks import batch_label_masks, read_polygons
-from .masks import masks_in_original, masks_to_polygons, masks_to_rle, process_masks, split_overlap_mask
+from .masks import (
+    masks_in_original,
+    masks_to_polygons,
+    masks_to_rle,
+    polygons_or_boxes,
+    process_masks,
+    split_overlap_mask,
+)
 from .metrics import ConfusionMatrix, DetectionStats, Metrics, SegmentationStats, labelled_class_detections
 from .plots import plot_confusion_matrix, plot_curves
 
@@ -432,14 +439,14 @@ def _original_masks(proto: torch.Tensor, det: torch.Tensor, det_native: torch.Te
 
 def _polygon_rows(det: torch.Tensor, polygons: list[np.ndarray], shape: tuple[int, int], with_conf: bool) -> str:
     """YOLO-seg rows (``class x1 y1 x2 y2 ... [conf]``, normalised to the ``(h, w)`` image) of detections
-    and their mask outlines; a detection whose mask is empty inside its box has no outline and no row."""
+    and their mask outlines, a row for each: a mask too small for an outline (empty inside its box, one pixel
+    or one line) gives its box's corners (:func:`~.masks.polygons_or_boxes`)."""
     h, w = shape
     scale = np.array((w, h), np.float64)
     lines = []
-    for (score, cls), polygon in zip(det[:, 4:6].double().cpu().tolist(), polygons):
-        if len(polygon):
-            values = [cls, *(polygon / scale).reshape(-1).tolist()] + ([score] if with_conf else [])
-            lines.append(" ".join(f"{v:g}" for v in values) + "\n")
+    for (score, cls), polygon in zip(det[:, 4:6].double().cpu().tolist(), polygons_or_boxes(polygons, det[:, :4])):
+        values = [cls, *(polygon / scale).reshape(-1).tolist()] + ([score] if with_conf else [])
+        lines.append(" ".join(f"{v:g}" for v in values) + "\n")
     return "".join(lines)
 
 
