@@ -14,21 +14,36 @@ FILE_NAME_MAX_BYTES = 255
 MAX_NAME_BYTES = 200
 
 
-def next_run_dir(project: str | os.PathLike, name: str = "exp", exist_ok: bool = False) -> Path:
-    """``project/name``, or the first free ``project/nameN`` (N = 2, 3 ...) unless ``exist_ok``.
-
-    The folder is not created here.
+def run_dir(project: str | os.PathLike, name: str) -> Path:
+    """``project/name``, once both are checked: every command's run folder is made through here.
 
     Raises:
-        ValueError: a folder name longer than file systems allow (checked before any file is touched).
+        ValueError: ``name`` is not one plain folder name (empty, ``.``, ``..``, or holding a path
+            separator: the folder would not be ``project``'s child), or a folder name longer than file
+            systems allow (checked before any file is touched).
     """
+    separators = {"/", os.sep, os.altsep or "/"}
+    if name in ("", ".", "..") or separators & set(name) or "\0" in name:
+        raise ValueError(f"--name {brief(name)}: a run folder name is one folder name inside --project, "
+                         "without path separators, not '.' or '..'")
     for option, value in (("--project", os.fspath(project)), ("--name", name)):
         longest = max(Path(value).parts, key=lambda part: len(part.encode()), default="")
         limit = MAX_NAME_BYTES if option == "--name" else FILE_NAME_MAX_BYTES
         if len(longest.encode()) > limit:
             raise ValueError(f"{option}: the folder name {brief(longest)} is {len(longest.encode())} "
                              f"bytes long, more than the {limit} allowed")
-    base = Path(project) / name
+    return Path(project) / name
+
+
+def next_run_dir(project: str | os.PathLike, name: str = "exp", exist_ok: bool = False) -> Path:
+    """``project/name``, or the first free ``project/nameN`` (N = 2, 3 ...) unless ``exist_ok``.
+
+    The folder is not created here.
+
+    Raises:
+        ValueError: as :func:`run_dir`.
+    """
+    base = run_dir(project, name)
     if exist_ok or not base.exists():
         return base
     n = 2

@@ -32,7 +32,7 @@ from ..draw import draw_detections, draw_masks
 from ..interop.resolve import weights_inputs
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
-from ..outputs import refuse_overwriting_inputs
+from ..outputs import refuse_overwriting_inputs, unique_stems
 from ..runs import next_run_dir
 from ..settings import (
     add_arguments,
@@ -280,6 +280,13 @@ def _frames(path: Path, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray, 
         cap.release()
 
 
+def _output_stem(item: Path | np.ndarray | str, position: int) -> str:
+    """The stem a source item's outputs would carry before :func:`unique_stems`."""
+    if isinstance(item, np.ndarray):
+        return f"image{position}"
+    return _live_name(item, position) if isinstance(item, str) else item.stem
+
+
 def _live_name(source: str, position: int) -> str:
     """File stem for the outputs of a camera (``camera0``) or stream (``stream3``, by source position)."""
     return f"camera{source}" if source.isdigit() else f"stream{position}"
@@ -315,6 +322,7 @@ class _Outputs:
         self.save_txt = save_txt and save_dir is not None
         self.save_crop = save_crop and save_dir is not None
         self.draw_options = draw_options
+        self.stems: list[str] = []  # the stem each result's files carry, in result order
         if save_dir is not None:
             save_dir.mkdir(parents=True, exist_ok=True)
             if self.save_txt:
@@ -328,6 +336,7 @@ class _Outputs:
         return draw_detections(image, result.boxes, result.classes, result.names, result.scores, **self.draw_options)
 
     def image(self, name: str, image: np.ndarray, result: Result) -> None:
+        self.stems.append(Path(name).stem)
         if self.save_media or self.view:
             annotated = self.draw(image, result)
             if self.view:
@@ -341,6 +350,7 @@ class _Outputs:
 
     def frame(self, stem: str, image: np.ndarray, result: Result, writer: cv2.VideoWriter | None) -> None:
         """One video or stream frame: onto the annotated video, and its labels and crops as ``STEM_FRAME``."""
+        self.stems.append(stem)
         if writer is not None or self.view:
             annotated = self.draw(image, result)
             if self.view:
@@ -380,8 +390,11 @@ class _Outputs:
         return cv2.VideoWriter(str(self.save_dir / f"{stem}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
 
     def json(self, results: list[Result]) -> None:
+        """``predictions.json``: each result's entry (its ``source`` path) with ``saved_as``, the stem of the files
+        written for it (``STEM.jpg`` or ``STEM.mp4``, ``labels/STEM.txt`` or ``STEM_FRAME.txt``, crops)."""
         if self.save_dir is not None:
-            (self.save_dir / "predictions.json").write_text(json.dumps([r.to_dict() for r in results]))
+            entries = [r.to_dict() | {"saved_as": stem} for r, stem in zip(results, self.stems)]
+            (self.save_dir / "predictions.json").write_text(json.dumps(entries))
 
 
 def predict(
@@ -426,6 +439,9 @@ def predict(
         save_dir: where annotated images (same names), videos (``STEM.mp4``; ``cameraN.mp4`` for
             camera N, ``streamN.mp4`` for the stream at position N of ``source``), ``labels/*.txt``
             (with ``save_txt``; video frames as ``STEM_FRAME.txt``), crops and ``predictions.json`` go.
+            Sources of equal names get distinct outputs: the second ``x.jpg`` is saved as ``x_2.jpg``
+            (``labels/x_2.txt`` ...), in source order; ``predictions.json`` gives each result's ``source``
+            and the stem its files were ``saved_as``.
         save_crop: save each detection's box, cut from the original image, as
             ``crops/CLASS/STEM.jpg`` (``STEM2.jpg`` ... when several).
         hide_labels, hide_conf, line_width: drawing of the annotated outputs: boxes without labels,
@@ -534,11 +550,11 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
     stop a stream.
     """
     unreadable: list[str] = []
+    stems = unique_stems([_output_stem(item, n) for n, item in enumerate(items)])
     for n, item in enumerate(items):
         if isinstance(item, np.ndarray):
-            name = f"image{n}.jpg"
-            result = predictor.predict_image(item, name)
-            outputs.image(name, item, result)
+            result = predictor.predict_image(item, f"image{n}.jpg")
+            outputs.image(f"{stems[n]}.jpg", item, result)
             yield result
         elif isinstance(item, str):
             reader = live[n]
@@ -546,13 +562,13 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
                 frames = itertools.takewhile(lambda _: not stop.is_set(),
                                              ((index, frame, reader.fps) for index, frame in reader))
                 try:
-                    yield from _predict_frames(predictor, outputs, frames, item, _live_name(item, n))
+                    yield from _predict_frames(predictor, outputs, frames, item, stems[n])
                 except KeyboardInterrupt:  # a second Ctrl-C, while the stream gave no frame
                     break
             if stop.is_set():
                 break
         elif _suffix(item) in VIDEO_FORMATS:
-            if not (yield from _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), item.stem)):
+            if not (yield from _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), stems[n])):
                 unreadable.append(str(item))
         else:
             image = cv2.imread(str(item), cv2.IMREAD_COLOR)
@@ -560,7 +576,7 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
                 unreadable.append(str(item))
                 continue
             result = predictor.predict_image(image, str(item))
-            outputs.image(item.name, image, result)
+            outputs.image(stems[n] + item.suffix, image, result)
             yield result
     return unreadable
 

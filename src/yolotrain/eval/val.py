@@ -31,7 +31,7 @@ from ..data.sources import img2label_path
 from ..interop.resolve import weights_inputs
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
-from ..outputs import dataset_inputs, refuse_overwriting_inputs
+from ..outputs import dataset_inputs, refuse_overwriting_inputs, unique_stems
 from ..runs import next_run_dir
 from ..settings import (
     ConfigError,
@@ -221,7 +221,8 @@ def val(
             ``save_dir`` and the options that write files are ignored).
         save_txt: write ``labels/STEM.txt`` under ``save_dir`` for every image: one ``class cx cy w h``
             row per detection, normalised to the original image (an empty file when there is none); for
-            a segmentation model ``class x1 y1 x2 y2 ...``, its mask's outline.
+            a segmentation model ``class x1 y1 x2 y2 ...``, its mask's outline. Images of equal names in
+            different folders get ``STEM_2.txt``, ``STEM_3.txt`` ... in dataset order.
         save_conf: with ``save_txt``, append each detection's confidence to its row.
         single_cls: treat every class as one, in the labels and the predictions (the model's class
             count need not match the data's); the results are reported under one class.
@@ -362,6 +363,8 @@ class _ImageScorer:
         self.coco_dets: list[dict] = []
         if labels_dir is not None:
             labels_dir.mkdir(parents=True, exist_ok=True)
+            # Images of equal names in different folders get labels/x.txt, labels/x_2.txt ... in dataset order.
+            self.label_stems = unique_stems([Path(f).stem for f in dataset.im_files])
 
     def add_batch(self, dets: list[torch.Tensor], targets: torch.Tensor, first: int, shape: tuple[int, int],
                   protos: torch.Tensor | None = None, label_masks: list[torch.Tensor] | None = None) -> None:
@@ -408,7 +411,7 @@ class _ImageScorer:
                     item["segmentation"] = rle
                 self.coco_dets += found
             if self.labels_dir is not None:
-                stem = Path(self.dataset.im_files[first + i]).stem
+                stem = self.label_stems[first + i]
                 rows = (_polygon_rows(det_native, polygons, (h0, w0), self.save_conf) if self.segment
                         else _yolo_rows(det_native, (h0, w0), self.save_conf))
                 (self.labels_dir / f"{stem}.txt").write_text(rows)
