@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import cv2
 import pytest
 import torch
 
-from yolotrain import Yolov5
+from yolotrain import Yolov5, predict
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.cli import main
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop.formats import REGISTRY, export_metadata_of
-from yolotrain.runs import run_dir
+from yolotrain.runs import LOCK_NAME, run_dir
 
 SIZE = 64
 TORCHSCRIPT = ["--format", "torchscript", "--img", str(SIZE)]
@@ -170,3 +172,51 @@ def test_val_save_txt_gives_images_of_equal_names_label_files_of_their_own(tmp_p
                  "--save-txt", "--project", str(run.parent), "--name", run.name]) == 0
     stems = sorted(p.stem for p in (data / "images" / "train").iterdir())
     assert sorted(p.stem for p in (run / "labels").iterdir()) == sorted(stems + [f"{s}_2" for s in stems])
+
+
+# ------------------------------------------------------------------------------------ run folder locks
+HOLDER = """
+import sys
+from yolotrain.runs import RunLock
+with RunLock(sys.argv[1]):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("command", ["predict", "val", "track"])
+def test_a_second_writer_of_a_predict_val_or_track_folder_is_refused(tmp_path, data, checkpoint, command, capsys):
+    """Another process (here a second run's stand-in) holds the run folder: the command stops in the one line
+    train gives, before writing anything there."""
+    run = tmp_path / "runs" / "exp"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        source = ["--source", str(data / "images" / "val")]
+        extra = {"predict": [*source, "--save-txt"], "track": source,
+                 "val": ["--data", str(data / "data.yaml"), "--workers", "0", "--save-txt"]}[command]
+        assert main([command, "--weights", str(checkpoint), "--img", str(SIZE), *extra, "--project", str(run.parent),
+                     "--name", run.name, "--exist-ok"]) == 1
+        err = one_error(capsys, command)
+        assert f"{run} is being written by process {holder.pid}: wait for it to end or stop it" in err
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME]
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert main([command, "--weights", str(checkpoint), "--img", str(SIZE), *extra, "--project", str(run.parent),
+                 "--name", run.name, "--exist-ok"]) == 0
+    assert not (run / LOCK_NAME).exists() and len(list(run.iterdir())) > 0
+
+
+def test_a_predict_stream_holds_its_folder_until_it_ends(tmp_path, data, checkpoint):
+    images = sorted((data / "images" / "val").iterdir())
+    stream = predict(str(checkpoint), images, img_size=SIZE, save_dir=tmp_path / "out", stream=True)
+    next(stream)
+    assert (tmp_path / "out" / LOCK_NAME).is_file()
+    stream.close()
+    assert not (tmp_path / "out" / LOCK_NAME).exists()
+    unstarted = predict(str(checkpoint), images, img_size=SIZE, save_dir=tmp_path / "out", stream=True)
+    assert (tmp_path / "out" / LOCK_NAME).is_file()
+    del unstarted  # dropped before its first step: released when collected
+    assert not (tmp_path / "out" / LOCK_NAME).exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 
@@ -127,6 +128,15 @@ class RunLock:
         return (f"{self.folder} is being written by process {pid}" + ("" if alive else " (no longer running; "
                 "a process it started still holds the lock)") + f": wait for it to end or stop it (lock file "
                 f"{self.path})")
+
+
+def run_lock(folder: str | os.PathLike | None) -> contextlib.AbstractContextManager:
+    """What ``predict``, ``val`` and ``track`` hold while they write into their run folder ``folder``: its
+    :class:`RunLock`, or nothing when there is no folder or this process holds its lock already (a
+    training run validating into its own folder)."""
+    if folder is None or Path(folder).resolve() in _HELD:
+        return contextlib.nullcontext()
+    return RunLock(folder)
 
 
 def process_alive(pid: int) -> bool:

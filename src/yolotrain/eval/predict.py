@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,7 +34,7 @@ from ..interop.resolve import weights_inputs
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import refuse_overwriting_inputs, unique_stems
-from ..runs import next_run_dir
+from ..runs import next_run_dir, run_lock
 from ..settings import (
     add_arguments,
     add_refused,
@@ -490,17 +491,23 @@ def predict(
                                   weights + [("source", item) for item in items if isinstance(item, Path)])
     # Live sources are opened first, so one that cannot be opened stops the run before anything is written.
     live: dict[int, LatestFrameReader] = {}
+    # The run folder's lock, from here until the results are all written (one writer per run folder).
+    held = contextlib.ExitStack()
     try:
         for n, item in enumerate(items):
             if isinstance(item, str):
                 live[n] = LatestFrameReader(item, vid_stride)
+        held.enter_context(run_lock(save_dir))
         draw_options = {"line_width": line_width, "hide_labels": hide_labels, "hide_conf": hide_conf}
         outputs = _Outputs(Path(save_dir) if save_dir is not None else None, save_txt, save_crop, draw_options,
                            save, view_img)
     except BaseException:
         _close_readers(live)
+        held.close()
         raise
-    results = _predict_all(predictor, outputs, items, live, vid_stride, hooks)
+    results = _predict_all(predictor, outputs, items, live, vid_stride, hooks, held)
+    # A stream dropped before its first step never runs its cleanup: the lock is released when it is collected.
+    weakref.finalize(results, held.close)
     return results if stream else [replace(result, image=None) for result in results]
 
 
@@ -510,9 +517,10 @@ def _close_readers(live: dict[int, LatestFrameReader]) -> None:
 
 
 def _predict_all(predictor: Predictor, outputs: _Outputs, items: list[Path | np.ndarray | str],
-                 live: dict[int, LatestFrameReader], vid_stride: int, hooks: Callbacks) -> Iterator[Result]:
+                 live: dict[int, LatestFrameReader], vid_stride: int, hooks: Callbacks,
+                 held: contextlib.ExitStack) -> Iterator[Result]:
     """Each result in turn; however the iteration ends, ``predictions.json`` is written with the results so
-    far and the live readers are closed."""
+    far, the live readers are closed and the run folder's lock (in ``held``) is released."""
     results: list[Result] = []
     try:
         try:
@@ -523,6 +531,7 @@ def _predict_all(predictor: Predictor, outputs: _Outputs, items: list[Path | np.
             outputs.json(results)
     finally:
         _close_readers(live)
+        held.close()
     if unreadable:
         shown = ", ".join(unreadable[:5]) + (" ..." if len(unreadable) > 5 else "")
         warnings.warn(f"skipped {len(unreadable)} unreadable source file(s): {shown}", SourceWarning, stacklevel=3)
