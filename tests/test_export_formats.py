@@ -23,7 +23,8 @@ def write_metadata(job: ExportJob) -> None:
 
 def test_a_registered_format_is_exported_through_its_entry(model, tmp_path, monkeypatch):
     monkeypatch.setitem(REGISTRY, "probe", ExportFormat(name="probe", suffix=".probe", title="Probe",
-                                                        write=write_metadata, half=True))
+                                                        write=write_metadata, half=True,
+                                                        read_metadata=lambda path: json.loads(path.read_text())))
     path = export(model, "probe", out=tmp_path / "m.probe", img_size=64, half=True)
     written = json.loads(path.read_text())
     assert (written["precision"], written["img_size"], written["example"]) == ("fp16", "[64, 64]", [1, 3, 64, 64])

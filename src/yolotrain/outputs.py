@@ -5,12 +5,19 @@ path, the output lies inside an input folder, or an input lies inside an output 
 command would write over). Inputs are what is actually read: every file of a checkpoint set, the
 folders a dataset's images and labels are read from (not a dataset root, which may be the working
 folder), the dataset YAML, the settings files of ``train`` and the source files of ``predict``.
+
+Outputs replace only earlier outputs: a command writes into its own run folder (``--project``/``--name``,
+made by :func:`yolotrain.runs.run_dir`), or into a file named for it (``export --output``) that does not
+exist yet or is an earlier output of the same kind (an export of the same format, recognised by the
+metadata our exports carry); any other existing file there is refused unless the command is told to
+replace it (``--force``), and an input never is. Inputs of equal names get outputs of distinct names
+(:func:`unique_stems`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from .data.sources import img2label_path
@@ -20,6 +27,10 @@ Labelled = tuple[str, str | os.PathLike]
 
 class OutputOverlapError(ValueError):
     """An output path is, is inside, or contains one of the command's inputs."""
+
+
+class OutputExistsError(ValueError):
+    """A named output file exists and is not an earlier output of the same kind."""
 
 
 def dataset_inputs(image_files: Iterable[str | os.PathLike], data: str | os.PathLike | None = None) -> list[Labelled]:
@@ -51,3 +62,30 @@ def refuse_overwriting_inputs(outputs: Iterable[Labelled], inputs: Iterable[Labe
                 continue
             raise OutputOverlapError(f"the output {out} {relation} the input {path} ({label}); outputs never "
                                      f"overwrite inputs: choose another {option}")
+
+
+def refuse_replacing_others(outputs: Iterable[Labelled], earlier_output: Callable[[Path], bool], kind: str,
+                            force_flag: str) -> None:
+    """Raise :class:`OutputExistsError` (one line) for the first output that exists (a broken symbolic link
+    too) and is not an earlier output of the same ``kind`` by ``earlier_output``: a file the command did
+    not write is never replaced unless ``force_flag`` says so (the caller then skips this check)."""
+    for option, out in outputs:
+        path = Path(out)
+        if (path.exists() or path.is_symlink()) and not earlier_output(path):
+            raise OutputExistsError(f"the output {out} exists and is not {kind}; outputs replace only earlier "
+                                    f"outputs of their kind: choose another {option}, or pass {force_flag} to "
+                                    "replace it")
+
+
+def unique_stems(stems: Sequence[str]) -> list[str]:
+    """``stems`` made distinct in order, ignoring case (as some file systems do): a stem seen before
+    becomes ``STEM_2``, ``STEM_3`` ... (the first free one), so inputs of equal names never share outputs."""
+    taken: set[str] = set()
+    out = []
+    for stem in stems:
+        candidate, n = stem, 2
+        while candidate.casefold() in taken:
+            candidate, n = f"{stem}_{n}", n + 1
+        taken.add(candidate.casefold())
+        out.append(candidate)
+    return out

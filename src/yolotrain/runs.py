@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 
@@ -14,21 +15,36 @@ FILE_NAME_MAX_BYTES = 255
 MAX_NAME_BYTES = 200
 
 
-def next_run_dir(project: str | os.PathLike, name: str = "exp", exist_ok: bool = False) -> Path:
-    """``project/name``, or the first free ``project/nameN`` (N = 2, 3 ...) unless ``exist_ok``.
-
-    The folder is not created here.
+def run_dir(project: str | os.PathLike, name: str) -> Path:
+    """``project/name``, once both are checked: every command's run folder is made through here.
 
     Raises:
-        ValueError: a folder name longer than file systems allow (checked before any file is touched).
+        ValueError: ``name`` is not one plain folder name (empty, ``.``, ``..``, or holding a path
+            separator: the folder would not be ``project``'s child), or a folder name longer than file
+            systems allow (checked before any file is touched).
     """
+    separators = {"/", os.sep, os.altsep or "/"}
+    if name in ("", ".", "..") or separators & set(name) or "\0" in name:
+        raise ValueError(f"--name {brief(name)}: a run folder name is one folder name inside --project, "
+                         "without path separators, not '.' or '..'")
     for option, value in (("--project", os.fspath(project)), ("--name", name)):
         longest = max(Path(value).parts, key=lambda part: len(part.encode()), default="")
         limit = MAX_NAME_BYTES if option == "--name" else FILE_NAME_MAX_BYTES
         if len(longest.encode()) > limit:
             raise ValueError(f"{option}: the folder name {brief(longest)} is {len(longest.encode())} "
                              f"bytes long, more than the {limit} allowed")
-    base = Path(project) / name
+    return Path(project) / name
+
+
+def next_run_dir(project: str | os.PathLike, name: str = "exp", exist_ok: bool = False) -> Path:
+    """``project/name``, or the first free ``project/nameN`` (N = 2, 3 ...) unless ``exist_ok``.
+
+    The folder is not created here.
+
+    Raises:
+        ValueError: as :func:`run_dir`.
+    """
+    base = run_dir(project, name)
     if exist_ok or not base.exists():
         return base
     n = 2
@@ -112,6 +128,15 @@ class RunLock:
         return (f"{self.folder} is being written by process {pid}" + ("" if alive else " (no longer running; "
                 "a process it started still holds the lock)") + f": wait for it to end or stop it (lock file "
                 f"{self.path})")
+
+
+def run_lock(folder: str | os.PathLike | None) -> contextlib.AbstractContextManager:
+    """What ``predict``, ``val`` and ``track`` hold while they write into their run folder ``folder``: its
+    :class:`RunLock`, or nothing when there is no folder or this process holds its lock already (a
+    training run validating into its own folder)."""
+    if folder is None or Path(folder).resolve() in _HELD:
+        return contextlib.nullcontext()
+    return RunLock(folder)
 
 
 def process_alive(pid: int) -> bool:

@@ -24,6 +24,7 @@ from ..detector import Detector
 from ..draw import class_colour
 from ..interop.resolve import weights_inputs
 from ..outputs import refuse_overwriting_inputs
+from ..runs import run_lock
 from .plots import MAX_LABELLED_CLASSES, plot_normalised_matrix
 
 TOP_K = 5
@@ -121,39 +122,40 @@ def val_classifier(model: Detector, data: str | os.PathLike | DataLoader, device
         inputs = (weights_inputs(weights) if weights is not None else []) + [
             ("dataset images", folder) for folder in sorted({Path(f).parent for f in files})]
         refuse_overwriting_inputs([("--project/--name", out_dir)], inputs)
-    tops, labels, loss_sum, batches, seen = [], [], 0.0, 0, 0
-    timers = {"preprocess": 0.0, "inference": 0.0}
-    hooks.run("on_val_start", loader)
-    with torch.inference_mode():
-        clock = _clock(device)
-        for batch_index, (imgs, targets) in enumerate(loader):
-            imgs, targets = imgs.to(device, model.dtype, non_blocking=True), targets.to(device)
-            timers["preprocess"] += clock()
-            hooks.run("on_val_batch_start", batch_index, imgs, targets)
-            logits = model(imgs)
-            timers["inference"] += clock()
-            if criterion is not None:
-                loss_sum += float(criterion(logits.float(), targets))
-                batches += 1
-            top = logits.float().topk(min(TOP_K, logits.shape[1]), 1).indices
-            tops.append(top.cpu())
-            labels.append(targets.cpu())
-            seen += len(targets)
-            hooks.run("on_val_batch_end", batch_index, imgs, targets, logits)
-            clock()
-    metrics = accuracy_metrics(torch.cat(tops), torch.cat(labels), names)
-    metrics.speed = {k: v / max(seen, 1) * 1e3 for k, v in timers.items()}
-    if criterion is not None:
-        metrics.loss = loss_sum / max(batches, 1)
-    if verbose:
-        print(metrics.table(per_class=len(names) < 50 or out_dir is not None))
-        print("Speed: {:.1f}ms pre-process, {:.1f}ms inference per image".format(
-            metrics.speed["preprocess"], metrics.speed["inference"]))
-    if out_dir is not None and plots:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        plot_classify_confusion(metrics.confusion, names, out_dir / "confusion_matrix.png")
-    hooks.run("on_val_end", metrics)
-    return metrics
+    with run_lock(out_dir):  # one writer per run folder, until its results are written
+        tops, labels, loss_sum, batches, seen = [], [], 0.0, 0, 0
+        timers = {"preprocess": 0.0, "inference": 0.0}
+        hooks.run("on_val_start", loader)
+        with torch.inference_mode():
+            clock = _clock(device)
+            for batch_index, (imgs, targets) in enumerate(loader):
+                imgs, targets = imgs.to(device, model.dtype, non_blocking=True), targets.to(device)
+                timers["preprocess"] += clock()
+                hooks.run("on_val_batch_start", batch_index, imgs, targets)
+                logits = model(imgs)
+                timers["inference"] += clock()
+                if criterion is not None:
+                    loss_sum += float(criterion(logits.float(), targets))
+                    batches += 1
+                top = logits.float().topk(min(TOP_K, logits.shape[1]), 1).indices
+                tops.append(top.cpu())
+                labels.append(targets.cpu())
+                seen += len(targets)
+                hooks.run("on_val_batch_end", batch_index, imgs, targets, logits)
+                clock()
+        metrics = accuracy_metrics(torch.cat(tops), torch.cat(labels), names)
+        metrics.speed = {k: v / max(seen, 1) * 1e3 for k, v in timers.items()}
+        if criterion is not None:
+            metrics.loss = loss_sum / max(batches, 1)
+        if verbose:
+            print(metrics.table(per_class=len(names) < 50 or out_dir is not None))
+            print("Speed: {:.1f}ms pre-process, {:.1f}ms inference per image".format(
+                metrics.speed["preprocess"], metrics.speed["inference"]))
+        if out_dir is not None and plots:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            plot_classify_confusion(metrics.confusion, names, out_dir / "confusion_matrix.png")
+        hooks.run("on_val_end", metrics)
+        return metrics
 
 
 def _clock(device: torch.device) -> Callable[[], float]:

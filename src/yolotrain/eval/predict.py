@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,8 +33,8 @@ from ..draw import draw_detections, draw_masks
 from ..interop.resolve import weights_inputs
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
-from ..outputs import refuse_overwriting_inputs
-from ..runs import next_run_dir
+from ..outputs import refuse_overwriting_inputs, unique_stems
+from ..runs import next_run_dir, run_lock
 from ..settings import (
     add_arguments,
     add_refused,
@@ -289,6 +290,13 @@ def _frames(path: Path, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray, 
         cap.release()
 
 
+def _output_stem(item: Path | np.ndarray | str, position: int) -> str:
+    """The stem a source item's outputs would carry before :func:`unique_stems`."""
+    if isinstance(item, np.ndarray):
+        return f"image{position}"
+    return _live_name(item, position) if isinstance(item, str) else item.stem
+
+
 def _live_name(source: str, position: int) -> str:
     """File stem for the outputs of a camera (``camera0``) or stream (``stream3``, by source position)."""
     return f"camera{source}" if source.isdigit() else f"stream{position}"
@@ -324,6 +332,7 @@ class _Outputs:
         self.save_txt = save_txt and save_dir is not None
         self.save_crop = save_crop and save_dir is not None
         self.draw_options = draw_options
+        self.stems: list[str] = []  # the stem each result's files carry, in result order
         if save_dir is not None:
             save_dir.mkdir(parents=True, exist_ok=True)
             if self.save_txt:
@@ -337,6 +346,7 @@ class _Outputs:
         return draw_detections(image, result.boxes, result.classes, result.names, result.scores, **self.draw_options)
 
     def image(self, name: str, image: np.ndarray, result: Result) -> None:
+        self.stems.append(Path(name).stem)
         if self.save_media or self.view:
             annotated = self.draw(image, result)
             if self.view:
@@ -350,6 +360,7 @@ class _Outputs:
 
     def frame(self, stem: str, image: np.ndarray, result: Result, writer: cv2.VideoWriter | None) -> None:
         """One video or stream frame: onto the annotated video, and its labels and crops as ``STEM_FRAME``."""
+        self.stems.append(stem)
         if writer is not None or self.view:
             annotated = self.draw(image, result)
             if self.view:
@@ -389,8 +400,11 @@ class _Outputs:
         return cv2.VideoWriter(str(self.save_dir / f"{stem}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
 
     def json(self, results: list[Result]) -> None:
+        """``predictions.json``: each result's entry (its ``source`` path) with ``saved_as``, the stem of the files
+        written for it (``STEM.jpg`` or ``STEM.mp4``, ``labels/STEM.txt`` or ``STEM_FRAME.txt``, crops)."""
         if self.save_dir is not None:
-            (self.save_dir / "predictions.json").write_text(json.dumps([r.to_dict() for r in results]))
+            entries = [r.to_dict() | {"saved_as": stem} for r, stem in zip(results, self.stems)]
+            (self.save_dir / "predictions.json").write_text(json.dumps(entries))
 
 
 def predict(
@@ -435,6 +449,9 @@ def predict(
         save_dir: where annotated images (same names), videos (``STEM.mp4``; ``cameraN.mp4`` for
             camera N, ``streamN.mp4`` for the stream at position N of ``source``), ``labels/*.txt``
             (with ``save_txt``; video frames as ``STEM_FRAME.txt``), crops and ``predictions.json`` go.
+            Sources of equal names get distinct outputs: the second ``x.jpg`` is saved as ``x_2.jpg``
+            (``labels/x_2.txt`` ...), in source order; ``predictions.json`` gives each result's ``source``
+            and the stem its files were ``saved_as``.
         save_crop: save each detection's box, cut from the original image, as
             ``crops/CLASS/STEM.jpg`` (``STEM2.jpg`` ... when several).
         hide_labels, hide_conf, line_width: drawing of the annotated outputs: boxes without labels,
@@ -483,17 +500,23 @@ def predict(
                                   weights + [("source", item) for item in items if isinstance(item, Path)])
     # Live sources are opened first, so one that cannot be opened stops the run before anything is written.
     live: dict[int, LatestFrameReader] = {}
+    # The run folder's lock, from here until the results are all written (one writer per run folder).
+    held = contextlib.ExitStack()
     try:
         for n, item in enumerate(items):
             if isinstance(item, str):
                 live[n] = LatestFrameReader(item, vid_stride)
+        held.enter_context(run_lock(save_dir))
         draw_options = {"line_width": line_width, "hide_labels": hide_labels, "hide_conf": hide_conf}
         outputs = _Outputs(Path(save_dir) if save_dir is not None else None, save_txt, save_crop, draw_options,
                            save, view_img)
     except BaseException:
         _close_readers(live)
+        held.close()
         raise
-    results = _predict_all(predictor, outputs, items, live, vid_stride, hooks)
+    results = _predict_all(predictor, outputs, items, live, vid_stride, hooks, held)
+    # A stream dropped before its first step never runs its cleanup: the lock is released when it is collected.
+    weakref.finalize(results, held.close)
     return results if stream else [replace(result, image=None) for result in results]
 
 
@@ -503,9 +526,10 @@ def _close_readers(live: dict[int, LatestFrameReader]) -> None:
 
 
 def _predict_all(predictor: Predictor, outputs: _Outputs, items: list[Path | np.ndarray | str],
-                 live: dict[int, LatestFrameReader], vid_stride: int, hooks: Callbacks) -> Iterator[Result]:
+                 live: dict[int, LatestFrameReader], vid_stride: int, hooks: Callbacks,
+                 held: contextlib.ExitStack) -> Iterator[Result]:
     """Each result in turn; however the iteration ends, ``predictions.json`` is written with the results so
-    far and the live readers are closed."""
+    far, the live readers are closed and the run folder's lock (in ``held``) is released."""
     results: list[Result] = []
     try:
         try:
@@ -516,6 +540,7 @@ def _predict_all(predictor: Predictor, outputs: _Outputs, items: list[Path | np.
             outputs.json(results)
     finally:
         _close_readers(live)
+        held.close()
     if unreadable:
         shown = ", ".join(unreadable[:5]) + (" ..." if len(unreadable) > 5 else "")
         warnings.warn(f"skipped {len(unreadable)} unreadable source file(s): {shown}", SourceWarning, stacklevel=3)
@@ -543,11 +568,11 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
     stop a stream.
     """
     unreadable: list[str] = []
+    stems = unique_stems([_output_stem(item, n) for n, item in enumerate(items)])
     for n, item in enumerate(items):
         if isinstance(item, np.ndarray):
-            name = f"image{n}.jpg"
-            result = predictor.predict_image(item, name)
-            outputs.image(name, item, result)
+            result = predictor.predict_image(item, f"image{n}.jpg")
+            outputs.image(f"{stems[n]}.jpg", item, result)
             yield result
         elif isinstance(item, str):
             reader = live[n]
@@ -555,13 +580,13 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
                 frames = itertools.takewhile(lambda _: not stop.is_set(),
                                              ((index, frame, reader.fps) for index, frame in reader))
                 try:
-                    yield from _predict_frames(predictor, outputs, frames, item, _live_name(item, n))
+                    yield from _predict_frames(predictor, outputs, frames, item, stems[n])
                 except KeyboardInterrupt:  # a second Ctrl-C, while the stream gave no frame
                     break
             if stop.is_set():
                 break
         elif _suffix(item) in VIDEO_FORMATS:
-            if not (yield from _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), item.stem)):
+            if not (yield from _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), stems[n])):
                 unreadable.append(str(item))
         else:
             image = cv2.imread(str(item), cv2.IMREAD_COLOR)
@@ -569,7 +594,7 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
                 unreadable.append(str(item))
                 continue
             result = predictor.predict_image(image, str(item))
-            outputs.image(item.name, image, result)
+            outputs.image(stems[n] + item.suffix, image, result)
             yield result
     return unreadable
 

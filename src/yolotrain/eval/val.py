@@ -31,8 +31,8 @@ from ..data.sources import img2label_path
 from ..interop.resolve import weights_inputs
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
-from ..outputs import dataset_inputs, refuse_overwriting_inputs
-from ..runs import next_run_dir
+from ..outputs import dataset_inputs, refuse_overwriting_inputs, unique_stems
+from ..runs import next_run_dir, run_lock
 from ..settings import (
     ConfigError,
     add_arguments,
@@ -228,7 +228,8 @@ def val(
             ``save_dir`` and the options that write files are ignored).
         save_txt: write ``labels/STEM.txt`` under ``save_dir`` for every image: one ``class cx cy w h``
             row per detection, normalised to the original image (an empty file when there is none); for
-            a segmentation model ``class x1 y1 x2 y2 ...``, its mask's outline.
+            a segmentation model ``class x1 y1 x2 y2 ...``, its mask's outline. Images of equal names in
+            different folders get ``STEM_2.txt``, ``STEM_3.txt`` ... in dataset order.
         save_conf: with ``save_txt``, append each detection's confidence to its row.
         single_cls: treat every class as one, in the labels and the predictions (the model's class
             count need not match the data's); the results are reported under one class.
@@ -279,77 +280,78 @@ def val(
     num_masks = model.num_masks if segment else 0
     if segment and model.end_to_end:
         raise ValueError("a segmentation export with NMS inside has no mask coefficients: export it without --nms")
-    scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
-                          out_dir / "labels" if save_txt else None, save_conf, save_json,
-                          lambda path, det: hooks.run("on_val_image_end", path, det), segment)
-    timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
-    loss_sum, batches = torch.zeros(len(getattr(criterion, "component_names", "box obj cls".split()))), 0
-    dtype = model.dtype
-    if criterion is not None and not isinstance(model, torch.nn.Module):
-        raise ValueError("the validation loss needs a torch model (it reads the raw head maps)")
-    seen, batch_index = 0, 0
-    iterator = iter(loader)
-    hooks.run("on_val_start", loader)
-    with torch.inference_mode():
-        while True:
-            with timers["preprocess"]:
-                batch = next(iterator, None)
-                if batch is not None:
-                    imgs, targets = batch[0].to(dev, dtype, non_blocking=True), batch[1].to(dev)
+    with run_lock(out_dir):  # one writer per run folder, until its results are written
+        scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
+                              out_dir / "labels" if save_txt else None, save_conf, save_json,
+                              lambda path, det: hooks.run("on_val_image_end", path, det), segment)
+        timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
+        loss_sum, batches = torch.zeros(len(getattr(criterion, "component_names", "box obj cls".split()))), 0
+        dtype = model.dtype
+        if criterion is not None and not isinstance(model, torch.nn.Module):
+            raise ValueError("the validation loss needs a torch model (it reads the raw head maps)")
+        seen, batch_index = 0, 0
+        iterator = iter(loader)
+        hooks.run("on_val_start", loader)
+        with torch.inference_mode():
+            while True:
+                with timers["preprocess"]:
+                    batch = next(iterator, None)
+                    if batch is not None:
+                        imgs, targets = batch[0].to(dev, dtype, non_blocking=True), batch[1].to(dev)
+                        if single_cls:
+                            targets = torch.cat((targets[:, :1], torch.zeros_like(targets[:, 1:2]), targets[:, 2:]), 1)
+                if batch is None:
+                    break
+                b, _, h, w = imgs.shape
+                hooks.run("on_val_batch_start", batch_index, imgs, targets)
+                with timers["inference"]:
+                    if model.end_to_end:  # an export with NMS inside
+                        dets = model.detections(imgs, conf, iou, max_det, multi_label=True)
+                    elif criterion is None:
+                        preds, protos = model(imgs) if segment else (model(imgs), None)
+                    else:
+                        maps = model.forward_maps(imgs)
+                        maps, protos = maps if segment else (maps, None)
+                        preds = model.head.decode(maps)
+                if criterion is not None:
+                    if segment:  # the segmentation loss scores the masks of the batch too
+                        if len(batch) < 5:
+                            raise ValueError("the validation loss of a segmentation model needs batches with masks "
+                                             "(a segmentation data loader)")
+                        criterion((maps, protos), targets, batch[4].to(dev), pred_size=(h, w))
+                    else:
+                        criterion(maps, targets, pred_size=(h, w))
+                    loss_sum += criterion.components.float().cpu()
+                    batches += 1
+                with timers["nms"]:
+                    if not model.end_to_end:
+                        # As the reference: one class means one suppression across all classes, then class 0.
+                        dets = non_max_suppression(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
+                                                   max_det=max_det, num_extra=num_masks)
                     if single_cls:
-                        targets = torch.cat((targets[:, :1], torch.zeros_like(targets[:, 1:2]), targets[:, 2:]), 1)
-            if batch is None:
-                break
-            b, _, h, w = imgs.shape
-            hooks.run("on_val_batch_start", batch_index, imgs, targets)
-            with timers["inference"]:
-                if model.end_to_end:  # an export with NMS inside
-                    dets = model.detections(imgs, conf, iou, max_det, multi_label=True)
-                elif criterion is None:
-                    preds, protos = model(imgs) if segment else (model(imgs), None)
-                else:
-                    maps = model.forward_maps(imgs)
-                    maps, protos = maps if segment else (maps, None)
-                    preds = model.head.decode(maps)
-            if criterion is not None:
-                if segment:  # the segmentation loss scores the masks of the batch too
-                    if len(batch) < 5:
-                        raise ValueError("the validation loss of a segmentation model needs batches with masks "
-                                         "(a segmentation data loader)")
-                    criterion((maps, protos), targets, batch[4].to(dev), pred_size=(h, w))
-                else:
-                    criterion(maps, targets, pred_size=(h, w))
-                loss_sum += criterion.components.float().cpu()
-                batches += 1
-            with timers["nms"]:
-                if not model.end_to_end:
-                    # As the reference: one class means one suppression across all classes, then class 0.
-                    dets = non_max_suppression(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
-                                               max_det=max_det, num_extra=num_masks)
-                if single_cls:
-                    dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:6]), d[:, 6:]), 1) for d in dets]
+                        dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:6]), d[:, 6:]), 1) for d in dets]
 
-            label_masks = _label_masks(batch, dataset, targets) if segment else None
-            scorer.add_batch(dets, targets, seen, (h, w), protos, label_masks)
-            hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
-            seen += b
-            batch_index += 1
-            # Let this batch's tensors go before the next one is loaded and run, not after.
-            batch = imgs = targets = preds = protos = maps = dets = label_masks = None
+                label_masks = _label_masks(batch, dataset, targets) if segment else None
+                scorer.add_batch(dets, targets, seen, (h, w), protos, label_masks)
+                hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
+                seen += b
+                batch_index += 1
+                # Let this batch's tensors go before the next one is loaded and run, not after.
+                batch = imgs = targets = preds = protos = maps = dets = label_masks = None
 
-    metrics = scorer.stats.compute(names)
-    metrics.speed = {k: t.total / max(seen, 1) * 1e3 for k, t in timers.items()}
-    if criterion is not None:
-        components = (loss_sum / max(batches, 1)).tolist()
-        metrics.loss = dict(zip(getattr(criterion, "component_names", ("box", "obj", "cls")), components))
-    if verbose:
-        print(metrics.table(per_class=nc < 50 or out_dir is not None))
-        _print_speed(metrics.speed, (loader.batch_sampler.batch_size if loader.batch_sampler else b, 3,
-                                     dataset.img_size, dataset.img_size))
-    if out_dir is not None:
-        _save_results(metrics, scorer, names, out_dir)
-    hooks.run("on_val_end", metrics)
-    return metrics
+        metrics = scorer.stats.compute(names)
+        metrics.speed = {k: t.total / max(seen, 1) * 1e3 for k, t in timers.items()}
+        if criterion is not None:
+            components = (loss_sum / max(batches, 1)).tolist()
+            metrics.loss = dict(zip(getattr(criterion, "component_names", ("box", "obj", "cls")), components))
+        if verbose:
+            print(metrics.table(per_class=nc < 50 or out_dir is not None))
+            _print_speed(metrics.speed, (loader.batch_sampler.batch_size if loader.batch_sampler else b, 3,
+                                         dataset.img_size, dataset.img_size))
+        if out_dir is not None:
+            _save_results(metrics, scorer, names, out_dir)
+        hooks.run("on_val_end", metrics)
+        return metrics
 
 
 class _ImageScorer:
@@ -369,6 +371,8 @@ class _ImageScorer:
         self.coco_dets: list[dict] = []
         if labels_dir is not None:
             labels_dir.mkdir(parents=True, exist_ok=True)
+            # Images of equal names in different folders get labels/x.txt, labels/x_2.txt ... in dataset order.
+            self.label_stems = unique_stems([Path(f).stem for f in dataset.im_files])
 
     def add_batch(self, dets: list[torch.Tensor], targets: torch.Tensor, first: int, shape: tuple[int, int],
                   protos: torch.Tensor | None = None, label_masks: list[torch.Tensor] | None = None) -> None:
@@ -415,7 +419,7 @@ class _ImageScorer:
                     item["segmentation"] = rle
                 self.coco_dets += found
             if self.labels_dir is not None:
-                stem = Path(self.dataset.im_files[first + i]).stem
+                stem = self.label_stems[first + i]
                 rows = (_polygon_rows(det_native, polygons, (h0, w0), self.save_conf) if self.segment
                         else _yolo_rows(det_native, (h0, w0), self.save_conf))
                 (self.labels_dir / f"{stem}.txt").write_text(rows)

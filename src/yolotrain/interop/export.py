@@ -48,11 +48,11 @@ from ..checkpoint import CheckpointError
 from ..model import Yolov5
 from ..model.classify import Classifier
 from ..nms import NMSConfig, check_nms_limits
-from ..outputs import dataset_inputs, refuse_overwriting_inputs
+from ..outputs import dataset_inputs, refuse_overwriting_inputs, refuse_replacing_others
 from ..settings import add_arguments, from_mapping, setting
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
 from .export_graph import ExportGraph, raw_output_names
-from .formats import REGISTRY, ExportJob
+from .formats import REGISTRY, ExportFormat, ExportJob, export_metadata_of
 from .resolve import resolve_trainable, weights_inputs
 
 # Name → file suffix, and what each format can do beyond plain float32, read from the formats' modules.
@@ -102,6 +102,8 @@ class ExportConfig:
     max_det: int = setting(300, "detections per image of --nms", flags=("--max-det", "--topk-all"))
     multi_label: bool = setting(False, "--nms keeps a box once per class above --conf (as val does), not only "
                                 "its best class")
+    force: bool = setting(False, "replace an existing output that is not an earlier export of this format (never "
+                          "one of the export's inputs)")
 
 
 _DEFAULTS = ExportConfig()
@@ -209,6 +211,12 @@ def default_output(weights: str | Path, fmt: str, half: bool = False, int8: bool
     return weights.with_name(name + ("_fp16" if half else "_int8" if int8 else "") + REGISTRY[fmt].suffix)
 
 
+def is_export_of(path: Path, spec: ExportFormat) -> bool:
+    """Whether ``path`` is an export of ``spec``'s format written by :func:`export` (by the metadata it
+    carries, read as data); its companion files (OpenVINO's ``.bin``) belong to it."""
+    return export_metadata_of(path, spec) is not None
+
+
 def _check_options(fmt: str, half: bool, int8: bool, raw: bool, nms: bool, data: object) -> None:
     """One-line errors for requests no format-specific code should see."""
     if fmt not in REGISTRY:
@@ -236,7 +244,8 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
            opset: int = _DEFAULTS.opset, half: bool = _DEFAULTS.half, int8: bool = _DEFAULTS.int8,
            data: str | os.PathLike | None = _DEFAULTS.data, calibration_images: int = _DEFAULTS.calibration_images,
            nms: bool = _DEFAULTS.nms, conf: float = _DEFAULTS.conf, iou: float = _DEFAULTS.iou,
-           max_det: int = _DEFAULTS.max_det, multi_label: bool = _DEFAULTS.multi_label) -> Path:
+           max_det: int = _DEFAULTS.max_det, multi_label: bool = _DEFAULTS.multi_label,
+           force: bool = _DEFAULTS.force) -> Path:
     """Export a checkpoint path or a :class:`Yolov5` to ``fmt`` (one of :data:`FORMATS`); the options are those of
     :class:`ExportConfig`.
 
@@ -248,6 +257,9 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     ``calibration_images`` images from the dataset or image folder ``data``); ``nms=True`` builds
     non-maximum suppression with ``conf``, ``iou``, ``max_det`` and ``multi_label`` into the graph.
     ``img_size`` defaults to the model's training size (640; 1280 for P6 models). Returns the written path.
+
+    An existing ``out`` is replaced only when it is an earlier export of this format (it carries our
+    metadata), or with ``force``; an input (the weights, the calibration data) never is.
     """
     _check_options(fmt, half, int8, raw, nms, data)
     if opset < DEFAULT_OPSET:
@@ -278,6 +290,9 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     written = [("--output", out)] + [("--output", out.with_suffix(suffix)) for suffix in spec.companions]
     weights = [] if isinstance(weights_or_model, nn.Module) else weights_inputs(weights_or_model)
     refuse_overwriting_inputs(written, weights + dataset_inputs(calibration_set, data if int8 else None))
+    if not force:
+        refuse_replacing_others(written, lambda _: is_export_of(out, spec), f"an export to {spec.title} written by "
+                                "yolotrain export", "--force")
     out.parent.mkdir(parents=True, exist_ok=True)
     job = ExportJob(graph=graph, example=torch.zeros(1, model.in_channels, *size), out=out, metadata=metadata,
                     half=half, calibration=calibration, size=size, min_side=model.max_stride,

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from ..checkpoint import CheckpointError
-from .formats.tflite import METADATA_NAME
+from .formats import export_metadata_of
+from .formats.tflite import FORMAT
 from .runtime import ExportedModel
 
 TFLITE_HINT = "pip install 'yolotrain[tflite]'"
@@ -18,11 +17,7 @@ TFLITE_HINT = "pip install 'yolotrain[tflite]'"
 
 def read_tflite_metadata(path: str | os.PathLike) -> dict[str, str]:
     """The metadata appended to a ``.tflite`` export (empty when there is none)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return json.loads(archive.read(METADATA_NAME))
-    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError):
-        return {}
+    return export_metadata_of(path, FORMAT) or {}
 
 
 class TfliteModel(ExportedModel):

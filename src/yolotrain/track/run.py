@@ -5,9 +5,11 @@ against ground truth with ``--eval``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +35,7 @@ from ..eval.predict import (
 from ..eval.streams import frame_rate, is_stream
 from ..interop.resolve import resolve_model, weights_inputs
 from ..outputs import refuse_overwriting_inputs
-from ..runs import next_run_dir
+from ..runs import next_run_dir, run_lock
 from ..settings import add_arguments, flat_names, flat_values, from_flat, setting
 from .config import TrackerConfig, tracker_config
 from .evaluate import GroundTruthWarning, evaluate_tracks
@@ -132,9 +134,17 @@ def track(
     predict_settings.setdefault("conf", TRACK_CONF)
     results = predict(model, source, stream=True, save_dir=None, view_img=False,
                       line_width=line_width, **predict_settings)
+    # The run folder's lock, held until the tracks are all written (one writer per run folder).
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(run_lock(out))
+    except BaseException:
+        results.close()
+        raise
     options = {"save_media": save, "save_txt": save_txt, "save_crop": save_crop, "view": view_img, "trail": trail,
                "draw_options": {"line_width": line_width, "hide_labels": hide_labels, "hide_conf": hide_conf}}
-    tracked = _track_all(results, config, out, options)
+    tracked = _track_all(results, config, out, options, held)
+    weakref.finalize(tracked, held.close)  # a stream dropped before its first step
     return tracked if stream else list(tracked)
 
 
@@ -153,9 +163,10 @@ def _detector(model_or_weights: ModelOrWeights, predict_settings: dict) -> Detec
 
 
 def _track_all(results: Iterator[Result], config: TrackerConfig, save_dir: Path | None,
-               options: dict) -> Iterator[TrackResult]:
-    """Each result with its tracks; a new sequence resets the tracker. The outputs are closed however the
-    iteration ends; Ctrl-C during a live sequence ends it quietly (as :func:`predict` does)."""
+               options: dict, held: contextlib.ExitStack) -> Iterator[TrackResult]:
+    """Each result with its tracks; a new sequence resets the tracker. The outputs are closed and the run
+    folder's lock (in ``held``) released however the iteration ends; Ctrl-C during a live sequence ends it
+    quietly (as :func:`predict` does)."""
     tracker = make_tracker(config)
     current: str | None = None
     outputs: SequenceOutputs | None = None
@@ -182,6 +193,7 @@ def _track_all(results: Iterator[Result], config: TrackerConfig, save_dir: Path 
         results.close()
         if outputs is not None:
             outputs.close()
+        held.close()
 
 
 def _tracked(tracker: ByteTracker, result: Result, sequence: str, position: int) -> TrackResult:

@@ -25,7 +25,7 @@ from ..atomic import write_atomic
 from ..engine.config import TrainConfig, read_settings_file, resolve_config
 from ..engine.trainer import train
 from ..messages import brief
-from ..runs import RunLock
+from ..runs import RunLock, run_dir
 from ..settings import ConfigError, flat_values
 from .space import REFERENCE_META, UNUSED_REFERENCE_KEYS
 
@@ -192,7 +192,7 @@ def evolve(generations: int, config: TrainConfig | Mapping[str, Any] | str | os.
         settings.update(project=str(Path(resume).parent), name=Path(resume).name)
     settings.setdefault("project", DEFAULT_PROJECT)
     base = resolve_config(config, hyp=hyp, **settings)
-    save_dir = Path(base.project) / base.name
+    save_dir = run_dir(base.project, base.name)
     csv_path = save_dir / "evolve.csv"
     if resume and not csv_path.exists():
         raise FileNotFoundError(f"nothing to resume: {csv_path} does not exist")

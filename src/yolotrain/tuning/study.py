@@ -32,7 +32,7 @@ from ..engine.config import HYP_SECTIONS, TrainConfig, add_weights_option, model
 from ..engine.results import TrainingError
 from ..engine.trainer import train
 from ..loss import DivergenceError
-from ..runs import process_alive
+from ..runs import process_alive, run_dir
 from ..settings import add_arguments, flat_values, from_mapping, leaves, setting
 from .evolve import RUNTIME_SETTINGS
 from .space import Parameter, default_space, read_space
@@ -116,7 +116,7 @@ def tune(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = No
     parameters = default_space() if space is None else tuple(space) if _is_parameters(space) else read_space(space)
     settings.setdefault("project", DEFAULT_PROJECT)
     base = resolve_config(config, hyp=hyp, **settings)
-    save_dir = Path(base.project) / base.name
+    save_dir = run_dir(base.project, base.name)
     save_dir.mkdir(parents=True, exist_ok=True)
     url = options.storage or f"sqlite:///{(save_dir / 'study.db').resolve()}"
     name = options.study or base.name

@@ -9,11 +9,20 @@ loads it. Adding a format is adding one module (see docs/ARCHITECTURE.md, "How t
 from __future__ import annotations
 
 import pkgutil
-from collections.abc import Callable
+import struct
+import zipfile
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
+from pathlib import Path
 
 from ._common import ExportJob
+
+# What reading a damaged or foreign file's metadata raises (an XML parse error is a SyntaxError; zipfile
+# raises NotImplementedError for compression methods it lacks).
+_UNREADABLE = (OSError, EOFError, ValueError, KeyError, TypeError, RuntimeError, NotImplementedError, SyntaxError,
+               struct.error, zipfile.BadZipFile, zlib.error)
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,8 @@ class ExportFormat:
     image size (the others are fixed at batch 1 and the export's size). ``companions``: suffixes of the
     files written beside the main one (OpenVINO's ``.bin``). ``exact_suffix``: whether ``--output``
     must end in ``suffix``.
+    ``read_metadata``: the metadata our exports store, read from a file of this format as data (nothing of
+    it is loaded or run; see :func:`export_metadata_of`).
     ``runtime``: (module in ``yolotrain.interop``, class) of the backend that runs the file, or
     ``not_runnable``: why it cannot run here. ``runs_code``: why loading such a file runs code it
     carries (it then needs ``trust_code``). ``unavailable``: a check returning why the format cannot
@@ -37,6 +48,7 @@ class ExportFormat:
     suffix: str
     title: str
     write: Callable[[ExportJob], None]
+    read_metadata: Callable[[Path], Mapping[str, str]]
     half: bool = False
     int8: bool = False
     nms: bool = False
@@ -67,4 +79,19 @@ def _discover() -> dict[str, ExportFormat]:
 REGISTRY: dict[str, ExportFormat] = _discover()
 BY_SUFFIX: dict[str, ExportFormat] = {spec.suffix: spec for spec in REGISTRY.values()}
 
-__all__ = ["BY_SUFFIX", "REGISTRY", "ExportFormat", "ExportJob"]
+
+
+def export_metadata_of(path: str | Path, spec: ExportFormat) -> dict[str, str] | None:
+    """The yolotrain metadata of an existing file of ``spec``'s format, read as data (nothing of it is
+    loaded or run); None when it carries none (another program's file, or not of this format at all)
+    or cannot be read."""
+    try:
+        metadata = spec.read_metadata(Path(path))
+    except _UNREADABLE:
+        return None
+    if not isinstance(metadata, Mapping) or metadata.get("producer") != "yolotrain":
+        return None
+    return {str(key): str(value) for key, value in metadata.items()}
+
+
+__all__ = ["BY_SUFFIX", "REGISTRY", "ExportFormat", "ExportJob", "export_metadata_of"]

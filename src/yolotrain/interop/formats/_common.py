@@ -1,9 +1,11 @@
 """What every format writer receives (:class:`ExportJob`) and the pieces several of them share: staged
-writes that leave nothing behind on failure, and the traced ONNX graph the ONNX-based formats start from."""
+writes that leave nothing behind on failure, the traced ONNX graph the ONNX-based formats start from,
+and reading the metadata of protobuf files (ONNX, Core ML) as data, without their packages."""
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import tempfile
@@ -11,7 +13,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
     from ..calibration import CalibrationImages
 
 EXPORT_PACKAGES_HINT = "pip install 'yolotrain[export]'"
+# Largest metadata read from an existing file; ours is a few KB.
+MAX_METADATA_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -117,3 +121,62 @@ def _simplify(proto: Any) -> Any:
         raise ImportError(f"simplifying the ONNX graph needs 'onnxslim' ({EXPORT_PACKAGES_HINT}), "
                           "or pass simplify=False / --no-simplify") from None
     return onnxslim.slim(proto)
+
+
+def _varint(stream: IO[bytes]) -> int:
+    value = shift = 0
+    while True:
+        byte = stream.read(1)
+        if not byte:
+            raise EOFError("protobuf message ends inside a number")
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
+        if shift > 63:
+            raise ValueError("protobuf number longer than 64 bits")
+
+
+def protobuf_field(stream: IO[bytes], number: int, end: int, limit: int = MAX_METADATA_BYTES) -> list[bytes]:
+    """The payloads of the length-delimited fields ``number`` of the protobuf message read from ``stream``
+    up to offset ``end``; the other fields (a model's weights) are skipped by seeking, never read.
+
+    Raises:
+        ValueError: not a protobuf message, or a wanted payload larger than ``limit`` bytes.
+        EOFError: the message ends early.
+    """
+    found = []
+    while stream.tell() < end:
+        key = _varint(stream)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _varint(stream)
+        elif wire in (1, 5):
+            stream.seek(8 if wire == 1 else 4, io.SEEK_CUR)
+        elif wire == 2:
+            length = _varint(stream)
+            if field != number:
+                stream.seek(length, io.SEEK_CUR)
+                continue
+            if length > limit:
+                raise ValueError(f"protobuf field {number} of {length} bytes, more than {limit}")
+            found.append(stream.read(length))
+            if len(found[-1]) < length:
+                raise EOFError("protobuf message ends inside a field")
+        else:
+            raise ValueError(f"protobuf wire type {wire} is not one of a message's")
+    if stream.tell() > end:
+        raise EOFError("protobuf field runs past its message")
+    return found
+
+
+def message_field(message: bytes, number: int) -> list[bytes]:
+    """:func:`protobuf_field` of a message held in memory."""
+    return protobuf_field(io.BytesIO(message), number, len(message))
+
+
+def protobuf_string_map(entries: list[bytes]) -> dict[str, str]:
+    """A protobuf ``map<string, string>`` (or ONNX's repeated ``StringStringEntryProto``) from its entries
+    (each a message: key field 1, value field 2)."""
+    return {b"".join(message_field(entry, 1)).decode(): b"".join(message_field(entry, 2)).decode()
+            for entry in entries}

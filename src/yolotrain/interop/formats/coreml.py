@@ -4,17 +4,24 @@ batch 1 and the export's size; fp16 compute with ``half``. It runs on macOS only
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 
 from ..export_graph import DECODED_OUTPUT, DETECTIONS_OUTPUT
 from . import ExportFormat
-from ._common import ExportJob, staged
+from ._common import ExportJob, message_field, protobuf_field, protobuf_string_map, staged
 
 EXTRA = "pip install 'yolotrain[coreml]'"
+# Core ML's Model.description, ModelDescription.metadata and Metadata.userDefined (protobuf field numbers).
+DESCRIPTION_FIELD, METADATA_FIELD, USER_DEFINED_FIELD = 2, 100, 100
+# Largest model description read; it holds the inputs', outputs' and metadata's descriptions.
+MAX_DESCRIPTION_BYTES = 16 << 20
 
 
 def write(job: ExportJob) -> None:
@@ -38,7 +45,21 @@ def write(job: ExportJob) -> None:
         mlmodel.save(str(path))
 
 
-FORMAT = ExportFormat(name="coreml", suffix=".mlpackage", title="Core ML", write=write, half=True,
+def read_metadata(path: Path) -> dict[str, str]:
+    """The user-defined metadata of an ``.mlpackage``, read from the model specification its
+    ``Manifest.json`` names (without coremltools; the weights are not read)."""
+    manifest = json.loads((path / "Manifest.json").read_text())
+    spec = Path(manifest["itemInfoEntries"][manifest["rootModelIdentifier"]]["path"])
+    if spec.is_absolute() or ".." in spec.parts:
+        raise ValueError(f"{path}: its manifest names a model outside the package")
+    with (path / "Data" / spec).open("rb") as file:
+        descriptions = protobuf_field(file, DESCRIPTION_FIELD, os.fstat(file.fileno()).st_size, MAX_DESCRIPTION_BYTES)
+    metadata = [m for description in descriptions for m in message_field(description, METADATA_FIELD)]
+    return protobuf_string_map([entry for m in metadata for entry in message_field(m, USER_DEFINED_FIELD)])
+
+
+FORMAT = ExportFormat(name="coreml", suffix=".mlpackage", title="Core ML", write=write,
+                      read_metadata=read_metadata, half=True,
                       exact_suffix=True, extra=EXTRA,
                       not_runnable="yolotrain does not run Core ML models: Core ML prediction needs macOS "
                                    "(load the .mlpackage there with coremltools or Xcode)")

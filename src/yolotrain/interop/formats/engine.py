@@ -13,7 +13,7 @@ import torch
 
 from ..calibration import onnx_decode_tail
 from . import ExportFormat
-from ._common import ExportJob, onnx_proto, staged
+from ._common import MAX_METADATA_BYTES, ExportJob, onnx_proto, staged
 
 # Largest batch an engine with a dynamic batch axis accepts (val's default batch size); bigger batches
 # run in chunks of this many.
@@ -89,13 +89,23 @@ def write(job: ExportJob) -> None:
                      onnx_decode_tail(proto) if job.half else [])
 
 
+def read_metadata(path: Path) -> dict[str, str]:
+    """The JSON header an engine export starts with (a 4-byte little-endian length, then the JSON)."""
+    with path.open("rb") as file:
+        (length,) = struct.unpack("<I", file.read(4))
+        if length > MAX_METADATA_BYTES:
+            return {}
+        return json.loads(file.read(length))
+
+
 def unavailable() -> str | None:
     """Why no engine can be built here (no CUDA GPU, no tensorrt), or None."""
     reason = tensorrt_unavailable()
     return None if reason is None else f"{reason}: export --format onnx, or run this export on the GPU machine"
 
 
-FORMAT = ExportFormat(name="engine", suffix=".engine", title="TensorRT", write=write, half=True, dynamic=True,
+FORMAT = ExportFormat(name="engine", suffix=".engine", title="TensorRT", write=write,
+                      read_metadata=read_metadata, half=True, dynamic=True,
                       exact_suffix=True, runtime=("tensorrt_backend", "TensorRtModel"),
                       runs_code="a TensorRT engine is compiled native code (and may embed plugin libraries) that "
                                 "runs when it is loaded",

@@ -4,13 +4,25 @@ dynamic batch and image size."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 from ..calibration import OnnxCalibrationReader, onnx_decode_tail, onnx_int8_float_nodes
 from . import ExportFormat
-from ._common import EXPORT_PACKAGES_HINT, ExportJob, onnx_module, onnx_proto, staged
+from ._common import (
+    EXPORT_PACKAGES_HINT,
+    ExportJob,
+    onnx_module,
+    onnx_proto,
+    protobuf_field,
+    protobuf_string_map,
+    staged,
+)
+
+# The field of ONNX's ModelProto holding metadata_props.
+METADATA_PROPS_FIELD = 14
 
 
 def write(job: ExportJob) -> None:
@@ -27,6 +39,13 @@ def write(job: ExportJob) -> None:
             entry.key, entry.value = key, value
         onnx.checker.check_model(proto)
         onnx.save(proto, str(path))
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The ``metadata_props`` of an ONNX file, read from its protobuf without the onnx package (the graph and
+    its weights are skipped, not read)."""
+    with path.open("rb") as file:
+        return protobuf_string_map(protobuf_field(file, METADATA_PROPS_FIELD, os.fstat(file.fileno()).st_size))
 
 
 def _onnx_fp16(proto: Any) -> Any:
@@ -77,6 +96,6 @@ def _onnx_int8(proto: Any, out: Path, calibration: Any) -> None:
     prepared.unlink()
 
 
-FORMAT = ExportFormat(name="onnx", suffix=".onnx", title="ONNX", write=write, half=True, int8=True, nms=True,
-                      raw=True, segment=True, classify=True, dynamic=True, runtime=("onnx_backend", "OnnxModel"),
-                      extra=EXPORT_PACKAGES_HINT)
+FORMAT = ExportFormat(name="onnx", suffix=".onnx", title="ONNX", write=write, read_metadata=read_metadata,
+                      half=True, int8=True, nms=True, raw=True, segment=True, classify=True, dynamic=True,
+                      runtime=("onnx_backend", "OnnxModel"), extra=EXPORT_PACKAGES_HINT)

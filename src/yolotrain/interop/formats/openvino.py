@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 from ..calibration import openvino_decode_tail
 from . import ExportFormat
@@ -40,6 +42,13 @@ def write(job: ExportJob) -> None:
         ov.save_model(model, str(path), compress_to_fp16=job.half)
 
 
+def read_metadata(path: Path) -> dict[str, str]:
+    """The ``rt_info`` section the export writes its metadata to, read from the IR's XML (each entry an
+    element ``<KEY value="..."/>``)."""
+    section = ElementTree.parse(path).getroot().find(f"rt_info/{RT_INFO_SECTION}")
+    return {} if section is None else {item.tag: item.get("value", "") for item in section}
+
+
 def _openvino_int8(model: Any, calibration: Any) -> Any:
     try:
         import nncf
@@ -53,6 +62,7 @@ def _openvino_int8(model: Any, calibration: Any) -> Any:
                              ignored_scope=scope)
 
 
-FORMAT = ExportFormat(name="openvino", suffix=".xml", title="OpenVINO", write=write, half=True, int8=True,
+FORMAT = ExportFormat(name="openvino", suffix=".xml", title="OpenVINO", write=write,
+                      read_metadata=read_metadata, half=True, int8=True,
                       nms=True, segment=True, classify=True, dynamic=True, companions=(".bin",), exact_suffix=True,
                       runtime=("openvino_backend", "OpenVinoModel"), extra=EXTRA)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..calibration import TFLITE_FLOAT_SCOPES, TfliteCalibrationInputs
 from . import ExportFormat
-from ._common import ExportJob, staged
+from ._common import MAX_METADATA_BYTES, ExportJob, staged
 
 EXTRA = "pip install 'yolotrain[tflite]'"
 # The export appends a small zip archive holding this file to the flatbuffer: the interpreter reads
@@ -35,6 +35,14 @@ def write(job: ExportJob) -> None:
             _tflite_quantized(path, job.calibration)
         with zipfile.ZipFile(path, "a") as archive:
             archive.writestr(METADATA_NAME, json.dumps(job.metadata))
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The metadata archive appended to a ``.tflite`` export."""
+    with zipfile.ZipFile(path) as archive:
+        if archive.getinfo(METADATA_NAME).file_size > MAX_METADATA_BYTES:
+            return {}
+        return json.loads(archive.read(METADATA_NAME))
 
 
 def _tflite_quantized(path: Path, calibration: Any) -> None:
@@ -65,5 +73,6 @@ def _tflite_quantized(path: Path, calibration: Any) -> None:
     result.export_model(str(path))
 
 
-FORMAT = ExportFormat(name="tflite", suffix=".tflite", title="LiteRT", write=write, half=True, int8=True,
+FORMAT = ExportFormat(name="tflite", suffix=".tflite", title="LiteRT", write=write, read_metadata=read_metadata,
+                      half=True, int8=True,
                       runtime=("tflite_backend", "TfliteModel"), extra=EXTRA)

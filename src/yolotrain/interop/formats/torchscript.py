@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import warnings
+import zipfile
+from pathlib import Path
 
 import torch
 
 from . import ExportFormat
-from ._common import ExportJob, staged
+from ._common import MAX_METADATA_BYTES, ExportJob, staged
 
 
 def write(job: ExportJob) -> None:
@@ -22,7 +24,17 @@ def write(job: ExportJob) -> None:
             torch.jit.save(traced, str(path), _extra_files={"config.json": json.dumps(job.metadata)})
 
 
-FORMAT = ExportFormat(name="torchscript", suffix=".torchscript", title="TorchScript", write=write, raw=True,
+def read_metadata(path: Path) -> dict[str, str]:
+    """The ``config.json`` extra file of a TorchScript archive, read with :mod:`zipfile` (nothing of it runs)."""
+    with zipfile.ZipFile(path) as archive:
+        member = next((m for m in archive.infolist() if m.filename.endswith("/extra/config.json")), None)
+        if member is None or member.file_size > MAX_METADATA_BYTES:
+            return {}
+        return json.loads(archive.read(member))
+
+
+FORMAT = ExportFormat(name="torchscript", suffix=".torchscript", title="TorchScript", write=write,
+                      read_metadata=read_metadata, raw=True,
                       segment=True, classify=True, runtime=("torchscript_backend", "TorchScriptModel"),
                       runs_code="a TorchScript file is a program that runs its own code when loaded and called "
                                 "(it can create and write files)")
