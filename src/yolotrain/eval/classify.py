@@ -25,6 +25,7 @@ from ..draw import class_colour
 from ..interop.resolve import weights_inputs
 from ..outputs import refuse_overwriting_inputs
 from .plots import MAX_LABELLED_CLASSES, plot_normalised_matrix
+from .result_outputs import ResultOutputs
 
 TOP_K = 5
 # Width of the class column of the results table (the reference's).
@@ -171,10 +172,11 @@ def _clock(device: torch.device) -> Callable[[], float]:
 
 
 @dataclass
-class ClassifyResult:
+class ClassifyResult(ResultOutputs):
     """Class probabilities of one image or video frame: ``probs`` ``[nc]`` (softmax), ``top5`` the indices of
     the five most probable classes (fewer with fewer classes), best first. ``image`` is the BGR image or
-    frame classified, on the results of ``predict(stream=True)`` only, as for detections."""
+    frame classified, on the results of ``predict(stream=True)`` only, as for detections. ``plot()``,
+    ``save(path)``, ``to_json()`` and ``to_df()`` come from :class:`ResultOutputs`."""
 
     path: str
     probs: torch.Tensor

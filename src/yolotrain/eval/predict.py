@@ -28,7 +28,6 @@ from ..boxes import check_image_size, letterbox_geometry
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
-from ..draw import draw_detections, draw_masks
 from ..interop.resolve import weights_inputs
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
@@ -46,6 +45,7 @@ from ..settings import (
 from .classify import ClassifyPredictor, ClassifyResult
 from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights, precision_line
 from .masks import masks_in_original, masks_to_polygons, scale_masks_to_original, upsampled_masks
+from .result_outputs import DetectionOutputs
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
@@ -94,7 +94,7 @@ class SourceWarning(UserWarning):
 
 
 @dataclass
-class Result:
+class Result(DetectionOutputs):
     """Detections of one image or video frame, in original image pixels.
 
     ``boxes`` ``[n, 4]`` x1, y1, x2, y2 (float), ``scores`` ``[n]``, ``classes`` ``[n]`` (long), sorted
@@ -104,6 +104,7 @@ class Result:
     empty mask); both are None for a detector.
     ``image`` is the BGR image or frame predicted on, on the results of ``predict(stream=True)`` only
     (a list of results would hold every frame of a video).
+    ``plot()``, ``save(path)``, ``to_json()`` and ``to_df()`` come from :class:`DetectionOutputs`.
     """
 
     path: str
@@ -321,11 +322,7 @@ class _Outputs:
                 (save_dir / "labels").mkdir(exist_ok=True)
 
     def draw(self, image: np.ndarray, result: Result | ClassifyResult) -> np.ndarray:
-        if isinstance(result, ClassifyResult):
-            return result.annotate(image, **self.draw_options)
-        if result.masks is not None:
-            image = draw_masks(image, result.masks, result.classes)
-        return draw_detections(image, result.boxes, result.classes, result.names, result.scores, **self.draw_options)
+        return result.annotate(image, **self.draw_options)
 
     def image(self, name: str, image: np.ndarray, result: Result) -> None:
         if self.save_media or self.view:
