@@ -178,7 +178,7 @@ class YOLO:
         if not settings.get("resume"):  # a resumed run continues with the model it saved
             settings["model"] = self._trainable_source("train")
         result = train_run(callbacks=callbacks, **settings)
-        self.source = str(result.best)
+        self.source = str(checkpoint_paths(result.best)[1])  # best.json: the name train and export take too
         self.model = resolve_model(self.source)
         return result
 
