@@ -6,6 +6,7 @@ shared by the module's tests."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import YOLOV5N_WEIGHTS
 
 import yolotrain
 from yolotrain import YOLO, ConfigError, Yolov5
@@ -324,3 +326,19 @@ def test_info_prints_layers_parameters_and_gflops(capsys):
     assert summary.parameters == summary.gradients == 1_872_157  # the reference's count for yolov5n
     assert summary.gflops == pytest.approx(4.5, abs=0.1)  # the reference's 4.5 GFLOPs at 640
     assert summary.layers == sum(1 for _ in YOLO("yolov5n").model.modules())
+
+
+# Official weights
+
+
+def test_official_weights_predict_and_export_beside_themselves(tmp_path, coco128):
+    if not YOLOV5N_WEIGHTS.is_file():
+        pytest.skip(f"official weights not found at {YOLOV5N_WEIGHTS}")
+    weights = tmp_path / "yolov5n.pt"
+    shutil.copyfile(YOLOV5N_WEIGHTS, weights)  # the export goes beside the weights: never into the shared folder
+    model = YOLO(weights)
+    assert model.task == "detect" and len(model.names) == 80 and model.names[0] == "person"
+    image = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[0]
+    results = model(str(image), img_size=320)
+    assert len(results[0].scores) > 0
+    assert model.export(format="onnx", img_size=320, simplify=False) == tmp_path / "yolov5n.onnx"
