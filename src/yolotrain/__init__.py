@@ -12,7 +12,9 @@ from .model import Yolov5
 from .settings import ConfigError
 from .track.run import track  # the function: the package's names import as `from yolotrain.track import ...`
 from .tuning import tune
+from .yolo import YOLO
 
-__all__ = ["YOLO_LOSS", "ConfigError", "Detector", "DivergenceError", "TrainConfig", "YoloLoss", "Yolov5", "export",
-           "get_loaders", "load", "predict", "resolve_config", "resolve_model", "track", "train", "tune", "val"]
+__all__ = ["YOLO", "YOLO_LOSS", "ConfigError", "Detector", "DivergenceError", "TrainConfig", "YoloLoss", "Yolov5",
+           "export", "get_loaders", "load", "predict", "resolve_config", "resolve_model", "track", "train", "tune",
+           "val"]
 __version__ = "0.1.0"

@@ -26,6 +26,7 @@ from ..interop.resolve import weights_inputs
 from ..outputs import refuse_overwriting_inputs
 from ..runs import run_lock
 from .plots import MAX_LABELLED_CLASSES, plot_normalised_matrix
+from .result_outputs import ResultOutputs
 
 TOP_K = 5
 # Width of the class column of the results table (the reference's).
@@ -173,10 +174,11 @@ def _clock(device: torch.device) -> Callable[[], float]:
 
 
 @dataclass
-class ClassifyResult:
+class ClassifyResult(ResultOutputs):
     """Class probabilities of one image or video frame: ``probs`` ``[nc]`` (softmax), ``top5`` the indices of
     the five most probable classes (fewer with fewer classes), best first. ``image`` is the BGR image or
-    frame classified, on the results of ``predict(stream=True)`` only, as for detections."""
+    frame classified, on the results of ``predict(stream=True)`` only, as for detections. ``plot()``,
+    ``save(path)``, ``to_json()`` and ``to_df()`` come from :class:`ResultOutputs`."""
 
     path: str
     probs: torch.Tensor

@@ -29,7 +29,6 @@ from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
 from ..data.walk import FolderWalkWarning, glob_files
-from ..draw import draw_detections, draw_masks
 from ..interop.resolve import weights_inputs
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
@@ -53,6 +52,7 @@ from .masks import (
     scale_masks_to_original,
     upsampled_masks,
 )
+from .result_outputs import DetectionOutputs
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
@@ -101,7 +101,7 @@ class SourceWarning(UserWarning):
 
 
 @dataclass
-class Result:
+class Result(DetectionOutputs):
     """Detections of one image or video frame, in original image pixels.
 
     ``boxes`` ``[n, 4]`` x1, y1, x2, y2 (float), ``scores`` ``[n]``, ``classes`` ``[n]`` (long), sorted
@@ -112,6 +112,7 @@ class Result:
     for a detector.
     ``image`` is the BGR image or frame predicted on, on the results of ``predict(stream=True)`` only
     (a list of results would hold every frame of a video).
+    ``plot()``, ``save(path)``, ``to_json()`` and ``to_df()`` come from :class:`DetectionOutputs`.
     """
 
     path: str
@@ -339,11 +340,7 @@ class _Outputs:
                 (save_dir / "labels").mkdir(exist_ok=True)
 
     def draw(self, image: np.ndarray, result: Result | ClassifyResult) -> np.ndarray:
-        if isinstance(result, ClassifyResult):
-            return result.annotate(image, **self.draw_options)
-        if result.masks is not None:
-            image = draw_masks(image, result.masks, result.classes)
-        return draw_detections(image, result.boxes, result.classes, result.names, result.scores, **self.draw_options)
+        return result.annotate(image, **self.draw_options)
 
     def image(self, name: str, image: np.ndarray, result: Result) -> None:
         self.stems.append(Path(name).stem)
