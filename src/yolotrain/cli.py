@@ -9,10 +9,10 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import __version__
 from .checkpoint import CheckpointError
 from .data import generate_shapes_dataset
 from .data.check import check_dataset
@@ -293,7 +293,7 @@ def _setting_options(parser: argparse.ArgumentParser, key: str, value: str) -> l
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="yolotrain", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"yolotrain {__version__}")
+    parser.add_argument("--version", action="version", version=f"yolotrain {version('yolotrain')}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in PARSERS:
         add(sub)
