@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from yolotrain import Yolov5
+from yolotrain.checkpoint import save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.data.sources import link_subset
 
@@ -90,6 +91,15 @@ def model() -> Yolov5:
     """An untrained yolov5n for two classes (weights of seed 0) in eval mode, one per test module."""
     torch.manual_seed(0)
     return Yolov5("n", num_classes=2).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory) -> Path:
+    """The checkpoint set of an untrained yolov5n for the shapes classes (weights of seed 0), one per module."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2).eval()
+    model.names = ["circle", "rectangle"]
+    return save_checkpoint(tmp_path_factory.mktemp("weights") / "tiny", model)
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.cli import main
 from yolotrain.data.shapes_video import generate_shapes_video
@@ -17,14 +15,6 @@ from yolotrain.track.run import track
 
 FRAMES = 6
 QUICK = ["--img", "64", "--conf", "0.001", "--max-det", "6", "--device", "cpu", "--nosave"]
-
-
-@pytest.fixture(scope="module")
-def tiny_weights(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    model = Yolov5("n", num_classes=2).eval()
-    model.names = ["circle", "rectangle"]
-    return save_checkpoint(tmp_path_factory.mktemp("weights") / "tiny", model)
 
 
 @pytest.fixture

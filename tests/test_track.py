@@ -18,8 +18,6 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from yolotrain import Yolov5
-from yolotrain.checkpoint import save_checkpoint
 from yolotrain.cli import main
 from yolotrain.data.shapes_video import generate_shapes_video, render
 from yolotrain.eval import predict
@@ -58,14 +56,6 @@ def ultralytics_trackers(tmp_path_factory):
         from ultralytics.trackers.utils.gmc import GMC
 
         yield SimpleNamespace(bytetrack=BYTETracker, botsort=BOTSORT, Boxes=Boxes, GMC=GMC)
-
-
-@pytest.fixture(scope="module")
-def tiny_weights(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    model = Yolov5("n", num_classes=2).eval()
-    model.names = ["circle", "rectangle"]
-    return save_checkpoint(tmp_path_factory.mktemp("weights") / "tiny", model)
 
 
 def recorded_sequence() -> list[np.ndarray]:
