@@ -271,8 +271,8 @@ class NanWatch(TorchFunctionMode):
             return
         found = located[0]
         where = resolve(site, self.cwd)
-        note = (f"{found.op} in `{node._forward_cls.__name__}.backward` (the custom autograd.Function whose output is used at "
-                f"{where.file}:{where.line}) turned finite gradients into non-finite ones")
+        note = (f"{found.op} in `{node._forward_cls.__name__}.backward` (the custom autograd.Function whose output "
+                f"is used at {where.file}:{where.line}) turned finite gradients into non-finite ones")
         self.active = False
         report = diagnose(message, found, None, "backward", self.cwd)
         report.notes[0] = note
