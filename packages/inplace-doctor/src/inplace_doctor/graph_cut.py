@@ -285,14 +285,15 @@ class _Reconnect(ast.NodeTransformer):
     ``torch.tensor`` of a list (of tensors, once their ``.item()`` is gone) becomes ``torch.stack``.
     """
 
-    def __init__(self, frame: FrameType) -> None:
+    def __init__(self, frame: FrameType | None) -> None:
         self.frame = frame
 
     def _is_list(self, node: ast.expr) -> bool:
         if isinstance(node, (ast.List, ast.ListComp, ast.Tuple)):
             return True
         name = dotted_name(node)
-        value = frame_value(self.frame, ast.parse(name, mode="eval").body) if name is not None else None
+        known = name is not None and self.frame is not None
+        value = frame_value(self.frame, ast.parse(name, mode="eval").body) if known else None
         return isinstance(value, (list, tuple))
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
