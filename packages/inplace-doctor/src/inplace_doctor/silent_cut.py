@@ -91,9 +91,13 @@ class SilentCuts:
         self._handles = []
 
     def _module_ran(self, module: torch.nn.Module, args: tuple) -> None:
+        if torch.compiler.is_compiling():  # traced by torch.compile: nothing to note, and no state to trace
+            return
         self._ran[id(module)] = (module, torch.is_grad_enabled(), self._steps)
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if torch.compiler.is_compiling():
+            return
         since = self._last_step.get(id(optimizer), 0)
         self._steps += 1
         self._last_step[id(optimizer)] = self._steps
