@@ -124,3 +124,38 @@ def test_pytest_plugin_attaches_the_graph_cut_report(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout
     assert "cut at:      round trip at test_model.py:6" in proc.stdout
     assert "loss = (w * 3).sum()" in proc.stdout
+
+
+def test_boolean_results_and_tolist_are_named() -> None:
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 3)
+    with pytest.raises(inplace_doctor.GraphCutError) as info, inplace_doctor.watch():
+        hits = (model(x) > 0).float()
+        values = model(x).squeeze(1).tolist()
+        loss = hits.mean() + torch.tensor(values).mean()
+        loss.backward()
+    (report,) = info.value.reports
+    cuts = {(site.op, site.code) for role, site in report.sites if role == "cut at"}
+    assert cuts == {
+        ("integer result", "hits = (model(x) > 0).float()"),
+        ("round trip", "values = model(x).squeeze(1).tolist()"),
+        ("round trip", "loss = hits.mean() + torch.tensor(values).mean()"),
+    }
+    assert "values = model(x).squeeze(1)" in [p.code for p in report.patches]
+    assert opt.param_groups
+
+
+def test_the_line_that_froze_a_module_is_named() -> None:
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    with pytest.raises(inplace_doctor.GraphCutError) as info, inplace_doctor.watch():
+        model.requires_grad_(False)
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+    (report,) = info.value.reports
+    roles = [(role, site.op, site.code) for role, site in report.sites]
+    assert ("cut at", "frozen module", "loss = (model(x) - y).pow(2).mean()") in roles
+    assert ("frozen by", "requires_grad_(False)", "model.requires_grad_(False)") in roles
+    assert opt.param_groups

@@ -18,6 +18,7 @@ from .messages import DoctorError, InplaceWarning, SavedTensorModifiedError, is_
 from .mode import Tracker
 from .nan_origin import NanOriginError
 from .report import GraphReport, Patch, Report, Site, TensorInfo
+from .silent_cut import SilentCutWarning
 from .view_write import InplaceWriteError
 
 
@@ -40,6 +41,7 @@ __all__ = [
     "Patch",
     "Report",
     "SavedTensorModifiedError",
+    "SilentCutWarning",
     "Site",
     "TensorInfo",
     "Tracker",

@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -14,6 +14,7 @@ from .messages import DoctorError, InplaceWarning
 from .mode import Tracker
 from .nan_origin import NanWatch
 from .report import Report, format_reports
+from .silent_cut import SilentCuts
 from .view_write import explain_write, write_error_kind
 
 T = TypeVar("T")
@@ -34,15 +35,20 @@ class watch:  # noqa: N801 - used as a context manager, named like one
     would raise is raised unchanged in type and message, with ``.reports`` and a note holding
     the diagnosis. The tracker is returned by ``__enter__``; its :meth:`Tracker.reports`
     lists modifications that did not (or not yet) raise. Nested ``watch()`` blocks share
-    the outermost tracker. With ``nan=True`` the first non-finite value stops the block with
+    the outermost tracker. A parameter the optimizer updates whose module ran but which got no
+    gradient is reported once as a :class:`SilentCutWarning` (and in ``tracker.silent_cuts.reports``);
+    ``ignore_unused`` names (``fnmatch`` patterns) silence parameters left out on purpose.
+    With ``nan=True`` the first non-finite value stops the block with
     a :class:`NanOriginError` naming the operator (or backward node) that made it.
     """
 
-    def __init__(self, cwd: str | None = None, nan: bool = False) -> None:
+    def __init__(self, cwd: str | None = None, nan: bool = False, ignore_unused: Iterable[str] = (),
+                 warn_unused: bool = True) -> None:
         self._cwd = cwd or os.getcwd()
         self._tracker: Tracker | None = None
         self._owner = False
         self._nan = NanWatch(self._cwd) if nan else None
+        self._silent_cuts = SilentCuts(self._cwd, ignore_unused, warn_unused)
 
     def __enter__(self) -> Tracker:
         if self._nan is not None:
@@ -53,6 +59,8 @@ class watch:  # noqa: N801 - used as a context manager, named like one
             return current
         self._tracker = Tracker(self._cwd)
         self._tracker.__enter__()
+        self._tracker.silent_cuts = self._silent_cuts
+        self._silent_cuts.start()
         self._owner = True
         _ACTIVE.tracker = self._tracker
         return self._tracker
@@ -65,6 +73,7 @@ class watch:  # noqa: N801 - used as a context manager, named like one
             return
         _ACTIVE.tracker = None
         self._owner = False
+        self._silent_cuts.stop()
         self._tracker.__exit__(kind, error, traceback)
         if error is not None and write_error_kind(error) is not None:
             # A refused leaf or view write raises in forward; its traceback holds all the diagnosis needs.

@@ -34,6 +34,14 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         action="store_true",
         help="stop at the first operation (forward op or backward node) whose result is NaN or inf, and name it",
     )
+    parser.add_argument(
+        "--ignore-unused",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="do not report this parameter (an fnmatch pattern of its dotted name) when it gets no gradient; "
+        "repeatable",
+    )
     parser.add_argument("--lint", action="store_true", help="statically scan the given files/folders instead")
     parser.add_argument("target", metavar="SCRIPT|PATH", help="script to run, or path to lint with --lint")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
@@ -58,7 +66,8 @@ def main(argv: list[str], prog: str = "inplace-doctor") -> int:
     if options.lint:
         return _lint([options.target, *options.args], options.json)
     sys.stdout.flush()
-    result = run_script(options.target, options.args, check=options.check, nan=options.nan)
+    result = run_script(options.target, options.args, check=options.check, nan=options.nan,
+                        ignore_unused=options.ignore_unused)
     reports = result.errors + result.warnings
     if reports:
         sys.stdout.flush()

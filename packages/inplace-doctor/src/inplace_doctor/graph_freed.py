@@ -17,7 +17,9 @@ forward pass, a GAN's generator output) and ``retain_graph=True`` on the first b
 
 from __future__ import annotations
 
+import ast
 import io
+import linecache
 import sys
 import tokenize
 from collections import deque
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 
 from .fixes import strip_comment
-from .frames import RawSite, is_user_code, resolve, user_site
+from .frames import RawSite, display_path, is_user_code, resolve, user_site
 from .messages import DoctorError
 from .report import GraphReport, Patch, Site
 from .torch_shim import next_sequence_nr
@@ -225,10 +227,19 @@ class BackwardHistory:
                     patches.append(Patch(site.file, site.line, code))
             shown = ", ".join(f"`{n}`" for n in names) or "the carried tensor"
             verb = "hold" if len(names) > 1 else "holds"
+            detached = ", ".join(f"`{n}.detach()`" for n in names) or "`.detach()`"
+            where = carried_sites[0].where()
+            passed = _passing_statement(frame, [old for _, old in carries], self.cwd) if not patches else None
+            if passed is not None:  # the carrying line is in another function: fix the call that passed the state
+                site, name, code, parts = passed
+                sites.insert(len(sites) - 1, ("passed at", site))
+                patches.append(Patch(site.file, site.line, code))
+                shown, verb, where = f"`{name}`", "holds", site.where()
+                detached = f"`{parts}`"
             fix = (
                 f"{shown} still {verb} the graph of an earlier step that `{strip_comment(first.code)}` "
                 f"({first.where()}) freed; "
-                f"use {', '.join(f'`{n}.detach()`' for n in names) or '`.detach()`'} at {carried_sites[0].where()} "
+                f"use {detached} at {where} "
                 "so each step backpropagates through its own graph only (truncated backpropagation)"
             )
         else:
@@ -349,6 +360,48 @@ def _carried_names(sites: list[Site], old_nodes: list[Any], frame: FrameType | N
             if any(_holds_old_graph(v, old, keep) for v in _lookup(name, namespaces)):
                 found.append(name)
     return found
+
+
+def _detached(name: str, value: object) -> str:
+    """``name.detach()``, or for a tuple state (an LSTM's ``(h, c)``) every part of it detached."""
+    if isinstance(value, (tuple, list)):
+        return f"tuple(part.detach() for part in {name})"
+    return f"{name}.detach()"
+
+
+def _passing_statement(frame: FrameType | None, old_nodes: list[Any],
+                       cwd: str) -> tuple[Site, str, str, str] | None:
+    """In the frame that called backward, the statement that passed a tensor (or a tuple of them) holding the
+    freed graph to a call: its site, the name, the statement with that argument detached, and the detach."""
+    if frame is None:
+        return None
+    keep: list[Any] = []
+    old = {key for key, node in _walk(old_nodes, keep).items() if type(node).__name__ != _ACCUMULATE}
+    filename = frame.f_code.co_filename
+    lines = linecache.getlines(filename, frame.f_globals)
+    try:
+        tree = ast.parse("".join(lines))
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign) or node.lineno != node.end_lineno or not isinstance(node.value, ast.Call):
+            continue
+        for argument in node.value.args:
+            if not isinstance(argument, ast.Name):
+                continue
+            value = frame.f_locals.get(argument.id, frame.f_globals.get(argument.id))
+            parts = value if isinstance(value, (tuple, list)) else [value]
+            if not any(_holds_old_graph(part, old, keep) for part in parts):
+                continue
+            detached = _detached(argument.id, value)
+            text = lines[node.lineno - 1]
+            code = strip_comment(text.strip())
+            start = node.col_offset
+            column = argument.col_offset - start
+            changed = code[:column] + detached + code[column + len(argument.id):]
+            site = Site("call", display_path(filename, cwd), node.lineno, code)
+            return site, argument.id, changed, detached
+    return None
 
 
 def _detach_names(code: str, names: list[str]) -> str | None:

@@ -48,6 +48,7 @@ from .records import (
 )
 from .report import Report
 from .reporting import Findings, finding_report, version_error, warning_reports
+from .silent_cut import SilentCuts
 from .threads import ThreadWatch, ThreadWrites
 from .torch_shim import (
     acquire_backward_entry,
@@ -118,6 +119,7 @@ class Tracker(TorchDispatchMode):
         self.fast_path = FastPath(self)
         self.threads = ThreadWatch(self)
         self.backwards = BackwardHistory(cwd)  # for "backward through the graph a second time"
+        self.silent_cuts: SilentCuts | None = None  # set by the watch() that owns the tracker
 
     @property
     def findings(self) -> list[Finding]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 
 from .frames import RawSite, resolve, user_site
@@ -46,6 +47,7 @@ _OPS = {  # the operator family of a forward function or a backward node, and th
     "acos": {"acos", "arccos"},
     "asin": {"asin", "arcsin"},
     "pow": {"pow", "float_power"},
+    "logdet": {"logdet"},
 }
 # Ops whose result is finite whenever their inputs are: not checked (a NaN they pass on is found by
 # the next op that is checked, and the op that made it was recorded when it did).
@@ -59,6 +61,7 @@ _PRESERVING = {
 # acos/asin at ±1, std at a constant): their nodes get the backward check; others only when their result
 # was already non-finite.
 _SINGULAR = {"sqrt", "rsqrt", "pow", "acos", "asin", "std", "var", "cdist", "norm"}
+MAX_CUSTOM_NODES = 4096  # custom Function nodes hooked at once (a graph never run keeps its entries)
 _LEAVING = {"item", "tolist"}  # the value leaves torch: a NaN in it is no longer masked
 _DUNDER = {"truediv": "div", "rtruediv": "div", "itruediv": "div_", "radd": "add", "iadd": "add_", "rsub": "sub",
            "isub": "sub_", "rmul": "mul", "imul": "mul_", "rmatmul": "matmul", "rpow": "pow", "ipow": "pow_"}
@@ -68,8 +71,8 @@ _FIXES = {
     "log": "a `log` of 0 (or below): write `log(softmax(...))` as `log_softmax(...)`, clamp the input "
     "(`x.clamp_min(eps)`), or in a masked branch make the masked input safe too: "
     "`torch.where(mask, torch.log(torch.where(mask, x, 1.0)), 0)`",
-    "sqrt": "a `sqrt` at 0, whose gradient is infinite: take it of `x.clamp_min(eps)` (or, in a masked branch, "
-    "of `torch.where(mask, x, 1.0)`)",
+    "sqrt": "a `sqrt` at 0 (or below), whose gradient is infinite (nan): take it of `x.clamp_min(eps)`, in every "
+    "branch of a `torch.where` (a masked branch is still differentiated)",
     "exp": "an `exp` that overflowed: compute in log space (`logsumexp`, `log_softmax`, `softplus`) or clamp "
     "the exponent below the dtype's limit",
     "div": "a division by 0: keep the denominator away from 0 (`d.clamp_min(eps)`, as `F.normalize` does), "
@@ -78,6 +81,9 @@ _FIXES = {
     "or divide with `F.normalize(x, dim=..., eps=...)`",
     "acos": "an `acos`/`asin` at or past ±1, whose gradient is infinite there: clamp the input to "
     "`[-1 + eps, 1 - eps]`",
+    "logdet": "a `logdet` of a matrix whose determinant is negative (or 0), which is nan: take "
+    "`torch.linalg.slogdet(a).logabsdet` (and its `sign` where the sign matters), or build a positive-definite "
+    "matrix (`a @ a.mT + eps * I`)",
     "pow": "a fractional power (`x ** 0.5`) at 0, whose gradient is infinite: raise `x.clamp_min(eps)` instead, "
     "or use `torch.linalg.vector_norm`, whose gradient at 0 is 0",
 }
@@ -189,12 +195,21 @@ class NanWatch(TorchFunctionMode):
         self.active = True
         self._first: _Found | None = None  # the first op that made a non-finite value from finite inputs
         self._first_nan: _Found | None = None  # the first op that made a NaN from inputs without NaN
+        self._custom_nodes: dict[int, Any] = {}  # custom Function nodes hooked and not yet run
+        self._locating: list[_Found] | None = None  # set while a custom backward is rerun to find its line
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         name = getattr(func, "__name__", "")
-        if not self.active or name in _SKIPPED or name in _PRESERVING:
+        if not self.active or name in _SKIPPED:
+            return result
+        if self._locating is not None:
+            self._locate(name, args, kwargs, result)
+            return result
+        if torch.is_grad_enabled():
+            self._watch_custom_nodes(args)
+        if name in _PRESERVING:
             return result
         if name in _LEAVING:
             leaving = _floating(args[0]) if args else []
@@ -210,10 +225,67 @@ class NanWatch(TorchFunctionMode):
         if finite and _family(name) not in _SINGULAR:
             return result
         grad_fn = next((t.grad_fn for t in checked if t.grad_fn is not None), None)
-        if grad_fn is not None and torch.is_grad_enabled():
+        if grad_fn is not None and torch.is_grad_enabled() and not isinstance(grad_fn, BackwardCFunction):
             site = user_site(0)
             grad_fn.register_hook(lambda grads_in, grads_out: self._backward(grad_fn, site, grads_in, grads_out))
         return result
+
+    def _watch_custom_nodes(self, args: tuple) -> None:
+        """Hook the backward of each custom ``autograd.Function`` whose output this op consumes.
+
+        ``Function.apply`` never reaches a function mode and its ``backward`` runs with the modes
+        off, so the node is caught where its output is used; the hook finds the line in ``backward``.
+        """
+        for arg in args:
+            node = arg.grad_fn if isinstance(arg, torch.Tensor) else None
+            if isinstance(node, BackwardCFunction) and id(node) not in self._custom_nodes:
+                self._custom_nodes[id(node)] = node
+                if len(self._custom_nodes) > MAX_CUSTOM_NODES:
+                    self._custom_nodes.pop(next(iter(self._custom_nodes)))
+                site = user_site(0)
+                node.register_hook(lambda grads_in, grads_out, node=node, site=site: self._custom_backward(
+                    node, site, grads_in, grads_out))
+
+    def _custom_backward(self, node: Any, site: RawSite | None, grads_in: tuple, grads_out: tuple) -> None:
+        """A custom ``backward`` made non-finite gradients from finite ones: rerun it to find the line."""
+        self._custom_nodes.pop(id(node), None)
+        if not self.active:
+            return
+        produced = [g for g in grads_in if isinstance(g, torch.Tensor) and g.numel()]
+        received = [g for g in grads_out if isinstance(g, torch.Tensor) and g.numel()]
+        if not produced or _surely_finite(produced) or (received and not _surely_finite(received)):
+            return
+        self._locating = []
+        try:
+            with self, torch.no_grad():  # saved tensors are still held while the node's hooks run
+                node._forward_cls.backward(node, *grads_out)
+        except Exception:  # noqa: BLE001 - the rerun only looks for the line; the real backward already ran
+            pass
+        finally:
+            located, self._locating = self._locating, None
+        name = node.name()
+        kind = "nan" if _has_nan(produced) else "inf"
+        message = f"Function '{name}' returned {kind} values in its gradient"
+        if not located:
+            self._backward(node, site, grads_in, grads_out)
+            return
+        found = located[0]
+        where = resolve(site, self.cwd)
+        note = (f"{found.op} in `{node._forward_cls.__name__}.backward` (the custom autograd.Function whose output "
+                f"is used at {where.file}:{where.line}) turned finite gradients into non-finite ones")
+        self.active = False
+        report = diagnose(message, found, None, "backward", self.cwd)
+        report.notes[0] = note
+        raise NanOriginError(message, [report])
+
+    def _locate(self, name: str, args: tuple, kwargs: dict, result: Any) -> None:
+        """While a custom ``backward`` is rerun: remember the first op that made a non-finite value."""
+        outputs = _floating(result)
+        if self._locating or not outputs or _surely_finite(outputs):
+            return
+        inputs = [t for t in _tensors(args) + _tensors(list(kwargs.values())) if t.is_floating_point() and t.numel()]
+        if _finite(inputs) and _scalars_finite(args, kwargs):
+            self._locating.append(self._found(name, args, kwargs, outputs, user_site(0)))
 
     def _found(self, name: str, args: tuple, kwargs: dict, outputs: list[torch.Tensor], site: RawSite | None) -> _Found:
         inputs = [t for t in _tensors(args) + _tensors(list(kwargs.values())) if t.is_floating_point()]
@@ -343,7 +415,15 @@ class _Repair(ast.NodeTransformer):
             return node.func.value, "receiver"
         return (node.args[0], "arg") if node.args else (None, "")
 
+    def _slogdet(self, matrix: ast.expr) -> ast.expr:
+        """``torch.linalg.slogdet(matrix).logabsdet``: the log of the determinant's magnitude, finite for det < 0."""
+        linalg = ast.Attribute(ast.Name(self.torch, ast.Load()), "linalg", ast.Load())
+        call = ast.Call(ast.Attribute(linalg, "slogdet", ast.Load()), [matrix], [])
+        return ast.Attribute(call, "logabsdet", ast.Load())
+
     def _safe(self, value: ast.expr, family: str) -> ast.expr:
+        if family == "sqrt":  # in a masked branch too: the masked values' gradient is 0 * finite
+            return _method(value, "clamp_min", self._eps())
         if self.masks:
             condition, taken = self.masks[-1]
             where = ast.Attribute(ast.Name(self.torch, ast.Load()), "where", ast.Load())
@@ -368,15 +448,23 @@ class _Repair(ast.NodeTransformer):
                 self.masks.pop()
             return node
         family = self.found.family
-        if self.done or name not in _OPS.get(family, set()):
+        # Inside a `where` every branch is differentiated, so each occurrence is made safe, not the first only.
+        if (self.done and not self.masks) or name not in _OPS.get(family, set()):
             return self.generic_visit(node)
         self.done = True
+        if family == "logdet":
+            matrix, _ = self._operand(node)
+            return self._slogdet(matrix) if matrix is not None else node
         if family == "log" and not self.masks:
             inner, _ = self._operand(node)
             if isinstance(inner, ast.Call) and _call_name(inner) == "softmax":
                 inner.func = ast.Attribute(inner.func.value, "log_softmax", ast.Load()) if isinstance(
                     inner.func, ast.Attribute) else ast.Name("log_softmax", ast.Load())
                 return inner
+            if isinstance(inner, ast.Call) and _call_name(inner) == "det":  # log(det(a)): NaN for det < 0
+                matrix, _ = self._operand(inner)
+                if matrix is not None:
+                    return self._slogdet(matrix)
         if family in ("log", "sqrt", "exp", "acos", "asin"):
             value, where = self._operand(node)
             if value is None:

@@ -6,6 +6,7 @@ import os
 import runpy
 import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -21,7 +22,7 @@ class RunResult:
 
     exit_code: int
     errors: list[Report | GraphReport] = field(default_factory=list)
-    warnings: list[Report] = field(default_factory=list)
+    warnings: list[Report | GraphReport] = field(default_factory=list)
 
 
 def _exit_code(code: object) -> int:
@@ -49,13 +50,16 @@ def _signature(report: Report) -> tuple:
     return report.saved_by, tuple(report.modified_by)
 
 
-def run_script(script: str, args: list[str], check: bool = False, nan: bool = False) -> RunResult:
+def run_script(script: str, args: list[str], check: bool = False, nan: bool = False,
+               ignore_unused: Sequence[str] = ()) -> RunResult:
     """Execute ``script`` as ``__main__`` with ``sys.argv``/``sys.path[0]`` set like the interpreter.
 
     A backward failure the doctor explains (an in-place modification, a freed graph) becomes
     ``errors``; with ``check``, modifications that did not raise become ``warnings``. Other
     exceptions are printed as Python would print them and give exit code 1. With ``nan``, the
-    first non-finite value stops the script with its origin as the error.
+    first non-finite value stops the script with its origin as the error. Parameters the optimizer
+    updates that got no gradient although their module ran are ``warnings`` too (``ignore_unused``
+    names those left out on purpose).
     """
     try:
         with open(script, "rb") as handle:
@@ -74,7 +78,7 @@ def run_script(script: str, args: list[str], check: bool = False, nan: bool = Fa
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     result = RunResult(0)
     try:
-        with watch(os.getcwd(), nan=nan) as tracker:
+        with watch(os.getcwd(), nan=nan, ignore_unused=ignore_unused, warn_unused=False) as tracker:
             try:
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as exit_request:
@@ -92,6 +96,8 @@ def run_script(script: str, args: list[str], check: bool = False, nan: bool = Fa
             if check:
                 seen = {_signature(r) for r in result.errors if isinstance(r, Report)}
                 result.warnings = [r for r in tracker.reports() if _signature(r) not in seen]
+            if tracker.silent_cuts is not None:
+                result.warnings += tracker.silent_cuts.reports
     finally:
         sys.argv, sys.path[0] = saved_argv, saved_path0
     return result
