@@ -3,7 +3,10 @@ resumed exactly) and ``--quad`` (batches merged by four as the reference's ``col
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -209,3 +212,15 @@ def test_resumed_image_weights_run_ends_where_the_whole_run_ends(tiny_data, tmp_
     assert drawn["cut", 1] == drawn["whole", 1]  # the resumed epoch's draw
     a, b = load_file(f"{whole.last}.safetensors"), load_file(f"{resumed.last}.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_processes_train_with_image_weights_and_quad(tiny_data, tmp_path):
+    """torchrun with 2 CPU processes (gloo): rank 0's per-class mAPs reach the other process before each draw."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", "yolotrain", "train", "--data", str(tiny_data), "--img", "64", "--batch", "8",
+                          "--epochs", "2", "--workers", "0", "--noautoanchor", "--image-weights", "--quad",
+                          "--project", "runs"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "on 2 process(es)" in ddp.stdout
+    assert read_checkpoint(tmp_path / "runs" / "exp" / "weights" / "last").metadata["class_maps"] is not None
