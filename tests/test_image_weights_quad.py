@@ -17,6 +17,7 @@ from test_train import run_cli
 
 from yolotrain import train
 from yolotrain.checkpoint import read_checkpoint
+from yolotrain.data.classify import write_shape_crops
 from yolotrain.data.loaders import (
     DataConfig,
     EpochBatchSampler,
@@ -27,6 +28,7 @@ from yolotrain.data.loaders import (
 )
 from yolotrain.data.sources import resolve_source
 from yolotrain.data.verify import verify_split
+from yolotrain.settings import ConfigError
 
 TINY = {"img_size": 64, "batch_size": 4, "workers": 0, "device": "cpu", "autoanchor": False}
 
@@ -224,3 +226,15 @@ def test_two_processes_train_with_image_weights_and_quad(tiny_data, tmp_path):
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "on 2 process(es)" in ddp.stdout
     assert read_checkpoint(tmp_path / "runs" / "exp" / "weights" / "last").metadata["class_maps"] is not None
+
+
+def test_quad_with_segmentation_batches_is_refused_in_one_line(tiny_data):
+    with pytest.raises(ValueError, match="quad merges detection batches"):
+        build_loaders(DataConfig(path=str(tiny_data), img_size=64, batch_size=4, workers=0, quad=True), masks=True)
+
+
+@pytest.mark.parametrize("option", ["image_weights", "quad"])
+def test_a_classifier_refuses_the_detection_batch_options(tmp_path, option):
+    data = write_shape_crops(tmp_path / "crops", n_train=2, n_val=1)
+    with pytest.raises(ConfigError, match=f"--{option.replace('_', '-')} applies to detection batches"):
+        train(data=str(data), model="yolov5n-cls", epochs=1, project=str(tmp_path / "runs"), **{option: True}, **TINY)
