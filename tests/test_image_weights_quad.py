@@ -3,8 +3,10 @@ resumed exactly) and ``--quad`` (batches merged by four as the reference's ``col
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -193,8 +195,10 @@ def test_training_with_the_option_completes(tiny_data, tmp_path, flag):
     assert (tmp_path / "exp" / "weights" / "last.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_resumed_image_weights_run_ends_where_the_whole_run_ends(tiny_data, tmp_path):
-    """The validation's per-class mAPs that weight the next epoch's draw come back with the checkpoint."""
+    """The validation's per-class mAPs that weight the next epoch's draw come back with the checkpoint
+    (four short runs: a slow test)."""
     settings = dict(data=str(tiny_data), epochs=2, image_weights=True, **TINY)
     drawn = {}
 
@@ -209,11 +213,23 @@ def test_resumed_image_weights_run_ends_where_the_whole_run_ends(tiny_data, tmp_
     cut = train(project=str(tmp_path / "cut"), callbacks={"on_fit_epoch_end": stop_after_first_epoch}, **settings)
     maps = read_checkpoint(cut.last).metadata["class_maps"]
     assert maps is not None and len(maps) == 2
+    shutil.copytree(tmp_path / "cut", tmp_path / "edited")
     resumed = train(resume=str(cut.last), callbacks={"on_train_epoch_start": record})
     assert resumed.epochs_run == 1
     assert drawn["cut", 1] == drawn["whole", 1]  # the resumed epoch's draw
     a, b = load_file(f"{whole.last}.safetensors"), load_file(f"{resumed.last}.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    # The draw follows the recorded mAPs, not a fresh start's zeros: other recorded values, another draw.
+    document = tmp_path / "edited" / "exp" / "weights" / "last.json"
+    saved = json.loads(document.read_text())
+    saved["class_maps"] = [0.25, 0.9]
+    document.write_text(json.dumps(saved))
+    labels = []
+    train(resume=str(document), callbacks={"on_train_epoch_start": lambda trainer, epoch: (
+        record(trainer, epoch), labels.extend(trainer.train_set.labels))})
+    assert np.array_equal(drawn["edited", 1], image_weights(labels, 2, np.array([0.25, 0.9])))
+    assert not np.array_equal(drawn["edited", 1], image_weights(labels, 2))
 
 
 def test_two_processes_train_with_image_weights_and_quad(tiny_data, tmp_path):
