@@ -250,7 +250,6 @@ class EpochBatchSampler(Sampler[list[SampleKey]]):
             shard = batch[self.rank * per_rank:(self.rank + 1) * per_rank] if self.world_size > 1 else batch
             yield [(int(i), epoch, mosaic) for i in (shard if len(shard) else batch[:1])]
 
-
     def epoch_order(self, n: int, epoch: int) -> np.ndarray:
         """The dataset positions epoch ``epoch`` walks, before they are cut into batches and shares."""
         rng = np.random.default_rng([self.seed, epoch])
