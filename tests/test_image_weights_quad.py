@@ -170,8 +170,10 @@ def test_a_short_last_quad_group_repeats_the_batchs_first_images():
                              [1, 1, 0.25, 0.75, 0.25, 0.25]]  # image 0's label again, in the lower-left tile
 
 
-def test_quad_loader_gives_a_quarter_of_the_images_at_twice_the_size(tiny_data):
-    config = DataConfig(path=str(tiny_data), img_size=64, batch_size=8, workers=0, quad=True)
+@pytest.mark.parametrize("augment_device", ["loader", "cpu"])
+def test_quad_loader_gives_a_quarter_of_the_images_at_twice_the_size(tiny_data, augment_device):
+    config = DataConfig(path=str(tiny_data), img_size=64, batch_size=8, workers=0, quad=True,
+                        augment_device=augment_device)
     from yolotrain.data.augment import AugmentConfig
     loaders = build_loaders(config, AugmentConfig(), seed=0)
     first = [(imgs.clone(), targets.clone()) for imgs, targets in loaders.train]
