@@ -33,6 +33,7 @@ SAME_MEANING = {
     "--name": ("name", "trial"), "--exist-ok": ("exist_ok", True), "--cos-lr": ("optim.cos_lr", True),
     "--label-smoothing": ("loss.label_smoothing", 0.1), "--patience": ("patience", 5), "--freeze": ("freeze", (10,)),
     "--save-period": ("save_period", 2), "--seed": ("seed", 3), "--entity": ("entity", "team"),
+    "--image-weights": ("data.image_weights", True), "--quad": ("data.quad", True),
 }
 # Options used outside the settings, checked on their own below (--evolve: in test_evolve.py).
 OTHERS = {"--hyp", "--resume", "--local_rank", "--evolve"}

@@ -51,8 +51,6 @@ DOMAIN_ERRORS: tuple[type[BaseException], ...] = (CheckpointError, TrainingError
 UNSUPPORTED_TRAIN_OPTIONS = {
     "--bucket": "evolve.csv stays in the run folder; to share a search between machines, run yolotrain tune "
                 "with one --storage",
-    "--image-weights": "class-weighted image sampling is not implemented",
-    "--quad": "the quad collate (four images merged per sample) is not implemented",
     "--nosave": "every epoch's last checkpoint is written because --resume continues from it",
     "--bbox_interval": "W&B bounding-box images are not logged (--logger wandb logs each epoch's results)",
     "--artifact_alias": "W&B dataset artifacts are not used; the data is read from --data",

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, Sampler
 
 from ..boxes import check_image_size
@@ -50,6 +51,10 @@ class DataConfig:
         "cache folder when read-only), off (only the memory budget above)", const="ram")
     single_cls: bool = setting(False, "train and validate as one class ('item' unless the data has one name)")
     multi_scale: bool = setting(False, "each training batch resized to a random 0.5-1.5x image size (multiple of 32)")
+    image_weights: bool = setting(False, "each epoch, draw the training images (with replacement) by the weights of "
+                                  "their classes: rare classes and classes of low validation mAP more often")
+    quad: bool = setting(False, "training batches of a quarter as many images at twice the size: each one a 2x2 "
+                         "tile of four loaded images or one of them upsampled 2x (the reference's quad loader)")
     overlap_mask: bool = setting(True, "segmentation: one map of numbered masks per image (smaller objects on top) "
                                  "rather than one mask per object", off_flags=("--no-overlap",))
     mask_ratio: int = setting(4, "segmentation: target masks at 1/N of the image size (4: the prototypes' size)",
@@ -124,6 +129,13 @@ def build_loaders(
     names = run_class_names(names, config)
     loaders = Loaders(names, str(root))
     if "train" in splits:
+        if config.image_weights and config.rect:
+            # The reference turns --rect off under --image-weights; a silent change of batches is refused here.
+            raise ValueError("image_weights draws training images by class, which rect's aspect-ordered batches "
+                             "cannot keep; give one of them")
+        if config.quad and masks:
+            raise ValueError("quad merges detection batches; segmentation batches (masks) are not merged, "
+                             "train without quad")
         on_device = augment is not None and config.augment_device != "loader"
         device = augment_device(config.augment_device, rect=config.rect, cache=config.cache,
                                 masks=masks) if on_device else None
@@ -138,6 +150,8 @@ def build_loaders(
         loaders.train = make_loader(train_set, batch_size, True, workers, seed, rank, world_size)
         if device is not None:
             loaders.train = DeviceAugmentLoader(loaders.train, DeviceAugmenter(train_set.hyp, img_size, device))
+        if config.quad:
+            loaders.train = QuadLoader(loaders.train, seed, rank)
     if "val" in splits:
         same = source.val == source.train and loaders.train_index is not None
         loaders.val_index = loaders.train_index if same else verify_split(source.val, nc, "val")
@@ -200,6 +214,10 @@ class EpochBatchSampler(Sampler[list[SampleKey]]):
     With ``world_size > 1`` (distributed training) every process walks the same global batches and
     takes its own contiguous share of each, so N processes together see exactly the batches one
     process would: a step on N processes equals a step on one.
+
+    ``image_weights`` (set before an epoch, see :func:`image_weights`): the epoch's order is instead
+    ``len(dataset)`` images drawn with replacement in proportion to these weights, from the same
+    (seed, epoch) generator, so every process draws the same images.
     """
 
     def __init__(self, dataset: DetectionDataset, batch_size: int, shuffle: bool, seed: int = 0,
@@ -212,6 +230,7 @@ class EpochBatchSampler(Sampler[list[SampleKey]]):
         self.seed = int(seed)
         self.rank = rank
         self.world_size = world_size
+        self.image_weights: np.ndarray | None = None
 
     def __len__(self) -> int:
         return (len(self.dataset) + self.batch_size - 1) // self.batch_size
@@ -222,7 +241,7 @@ class EpochBatchSampler(Sampler[list[SampleKey]]):
 
     def __iter__(self) -> Iterator[list[SampleKey]]:
         n, epoch, mosaic = len(self.dataset), self.dataset.epoch, self.dataset.mosaic
-        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        order = self.epoch_order(n, epoch)
         for start in range(0, n, self.batch_size):
             batch = order[start:start + self.batch_size]
             per_rank = -(-len(batch) // self.world_size)
@@ -230,6 +249,93 @@ class EpochBatchSampler(Sampler[list[SampleKey]]):
             # every process still joins the gradient all-reduce.
             shard = batch[self.rank * per_rank:(self.rank + 1) * per_rank] if self.world_size > 1 else batch
             yield [(int(i), epoch, mosaic) for i in (shard if len(shard) else batch[:1])]
+
+    def epoch_order(self, n: int, epoch: int) -> np.ndarray:
+        """The dataset positions epoch ``epoch`` walks, before they are cut into batches and shares."""
+        rng = np.random.default_rng([self.seed, epoch])
+        if self.image_weights is not None:
+            total = float(self.image_weights.sum())
+            # No image has a weighted class (no labels, or every class at mAP 1): all are equally likely.
+            p = self.image_weights / total if total > 0 else None
+            return rng.choice(n, size=n, replace=True, p=p)
+        return rng.permutation(n) if self.shuffle else np.arange(n)
+
+
+def class_weights(labels: Sequence[np.ndarray], nc: int) -> np.ndarray:
+    """Inverse class frequencies of ``labels`` (rows of class, box), normalised to sum to 1, as float32;
+    a class without labels counts as one label (the reference's ``labels_to_class_weights``)."""
+    rows = [rows[:, 0] for rows in labels if len(rows)]
+    classes = np.concatenate(rows).astype(int) if rows else np.zeros(0, int)
+    counts = np.bincount(classes, minlength=nc).astype(np.float64)
+    counts[counts == 0] = 1
+    weights = 1 / counts
+    return (weights / weights.sum()).astype(np.float32)
+
+
+def image_weights(labels: Sequence[np.ndarray], nc: int, class_maps: np.ndarray | None = None) -> np.ndarray:
+    """The weight of each image for ``--image-weights``: the sum over its labels of their class weight, a class
+    weighing its inverse frequency times ``(1 - mAP)**2`` (``class_maps``: the last validation's mAP50-95 per
+    class; none yet: zeros), the reference's ``labels_to_image_weights`` of ``model.class_weights``."""
+    maps = np.zeros(nc) if class_maps is None else np.asarray(class_maps, dtype=np.float64)
+    weights = class_weights(labels, nc) * np.float32(nc) * (1 - maps) ** 2 / nc
+    counts = np.stack([np.bincount(rows[:, 0].astype(int), minlength=nc) for rows in labels]) if len(labels) \
+        else np.zeros((0, nc), int)
+    return (weights.reshape(1, nc) * counts).sum(1)
+
+
+def quad_batch(imgs: torch.Tensor, targets: torch.Tensor,
+               upsample: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of ``B`` images ``[B,C,H,W]`` and targets (image, class, cx, cy, w, h) merged by groups of four
+    into ``ceil(B/4)`` images ``[C,2H,2W]`` (the reference's ``collate_fn4``): group ``g``'s first image
+    upsampled 2x with its own targets where ``upsample[g]``, else its four images tiled (first and second in
+    the left column, third and fourth in the right) with all their targets. A last group short of four
+    images is completed with the batch's first ones, so no loaded image is left out."""
+    count = imgs.shape[0]
+    groups = -(-count // 4)
+    if count % 4:
+        slots = torch.arange(count, groups * 4)
+        extra = [torch.cat((torch.full_like(rows[:, :1], float(slot)), rows[:, 1:]), 1)
+                 for slot in slots.tolist() for rows in [targets[targets[:, 0] == slot % count]]]
+        imgs = torch.cat((imgs, imgs[slots % count]))
+        targets = torch.cat((targets, *extra))
+    c, h, w = imgs.shape[1:]
+    quads = imgs.reshape(groups, 4, c, h, w)
+    merged = torch.cat((torch.cat((quads[:, 0], quads[:, 1]), 2), torch.cat((quads[:, 2], quads[:, 3]), 2)), 3)
+    up = torch.as_tensor(np.asarray(upsample, dtype=bool), device=imgs.device)
+    if bool(up.any()):
+        firsts = quads[up, 0]
+        merged[up] = F.interpolate(firsts.float(), scale_factor=2.0, mode="bilinear",
+                                   align_corners=False).to(imgs.dtype)
+    image = targets[:, 0].long()
+    group, member = image // 4, image % 4
+    keep = ~up[group] | (member == 0)
+    rows, group, member, tiled = targets[keep], group[keep], member[keep], ~up[group[keep]]
+    offset = torch.stack(((member >= 2) & tiled, (member % 2 == 1) & tiled), 1).to(rows.dtype)
+    scale = torch.where(tiled, 0.5, 1.0).to(rows.dtype)[:, None]
+    boxes = torch.cat((rows[:, 2:4] + offset, rows[:, 4:6]), 1) * scale
+    return merged, torch.cat((group.to(rows.dtype)[:, None], rows[:, 1:2], boxes), 1)
+
+
+class QuadLoader:
+    """The training loader with ``quad``: each batch of ``loader`` merged by :func:`quad_batch`, whose choice
+    of upsampling or tiling per group is drawn from (seed, epoch, rank, batch), so it repeats on resume."""
+
+    def __init__(self, loader: DataLoader, seed: int, rank: int) -> None:
+        self.loader = loader
+        self.dataset = loader.dataset
+        self.batch_sampler = loader.batch_sampler
+        self.num_workers = loader.num_workers
+        self.seed = int(seed)
+        self.rank = int(rank)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        epoch = self.dataset.epoch
+        for batch, (imgs, targets, *rest) in enumerate(self.loader):
+            upsample = np.random.default_rng([self.seed, epoch, self.rank, batch]).random(-(-len(imgs) // 4)) < 0.5
+            yield (*quad_batch(imgs, targets, upsample), *rest)
 
 
 class WorkerLoader(DataLoader):

@@ -92,6 +92,9 @@ def _classify_data(trainer: Trainer) -> None:
                           + (f", {detection}" if detection else ""))
     if cfg.data.autobatch:
         raise ConfigError("--autobatch sizes detection batches; give a classifier's --batch-size")
+    for name in ("image_weights", "quad"):
+        if getattr(cfg.data, name):
+            raise ConfigError(f"--{name.replace('_', '-')} applies to detection batches, not a classifier's")
     loaders = build_classify_loaders(root, cfg.data.img_size, cfg.data.batch_size,
                                      augment=ClassifyAugment(fliplr=cfg.augment.fliplr, flipud=cfg.augment.flipud),
                                      workers=cfg.data.workers, cache=cfg.data.cache, seed=cfg.seed,

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from ..atomic import write_atomic
 from ..checkpoint import read_metadata, save_checkpoint
 from ..data.dataset import ImageReadError
+from ..data.loaders import image_weights
 from ..eval.classify import ClassifyMetrics
 from ..eval.predict import predict
 from ..eval.val import val
@@ -65,6 +66,8 @@ def run_epochs(trainer: Trainer) -> TrainResult:
         if cfg.augment.close_mosaic and epoch == cfg.epochs - cfg.augment.close_mosaic:
             trainer.train_set.close_mosaic()
         trainer.train_sampler.set_epoch(epoch)
+        if cfg.data.image_weights:
+            _draw_by_image_weights(trainer)
         trainer.ddp.train()
         trainer._fire("on_train_epoch_start", trainer, epoch)
         names = trainer.step.component_names
@@ -136,6 +139,8 @@ def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[st
                      callbacks=trainer.callbacks)
         metrics = _classify_metrics(result) if isinstance(result, ClassifyMetrics) else _detect_metrics(result)
         score = result.fitness()
+        if not isinstance(result, ClassifyMetrics):
+            state.class_maps = result.class_maps().tolist()
         if not final:
             trainer._log(f"{'':>12}val: {_val_summary(result)}")
         if final and plots:
@@ -156,6 +161,18 @@ def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[st
     trainer._fire("on_model_save", trainer, trainer.save_dir / "weights" / "last", epoch, final,
                   state.best_fitness, score)
     return metrics
+
+
+def _draw_by_image_weights(trainer: Trainer) -> None:
+    """``--image-weights``: this epoch's images drawn by the weights of their classes after the last validation
+    (rank 0's, as it alone validates), the same draw on every process."""
+    state = trainer.state
+    if trainer.ctx.enabled:
+        maps = [state.class_maps]
+        torch.distributed.broadcast_object_list(maps, src=0)
+        state.class_maps = maps[0]
+    labels = trainer.train_set.labels
+    trainer.train_sampler.image_weights = image_weights(labels, len(trainer.names), state.class_maps)
 
 
 def _detect_metrics(result: Any) -> dict[str, float]:

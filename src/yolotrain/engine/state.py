@@ -32,6 +32,8 @@ class TrainState:
         self.start_epoch = 0
         self.best_fitness = -1.0
         self.history: list[dict[str, Any]] = []  # the rows of results.csv so far
+        # The last validation's mAP50-95 per class (None before one): --image-weights draws by it.
+        self.class_maps: list[float] | None = None
 
     def save(self, weights: Path, epoch: int, metrics: dict[str, float], improved: bool,
              run: dict[str, Any]) -> None:
@@ -46,7 +48,7 @@ class TrainState:
         metadata = {"names": run["names"], "img_size": run["img_size"], "epoch": epoch,
                     "train_args": run["train_args"], "metrics": metrics, "best_fitness": self.best_fitness,
                     "ema_updates": self.ema.updates, "history": self.history, "dataset": run["dataset"],
-                    "precision": run["precision"]}
+                    "precision": run["precision"], "class_maps": self.class_maps}
         # best before last: a kill between the two repeats the epoch on resume, and so its best save.
         targets = [("best", None)] if improved else []
         targets.append(("last", self.resume_state()))
@@ -101,6 +103,7 @@ class TrainState:
         self.start_epoch = int(contents.metadata["epoch"]) + 1
         self.best_fitness = float(contents.metadata["best_fitness"])
         self.history = list(contents.metadata.get("history") or [])
+        self.class_maps = contents.metadata.get("class_maps")
 
 
 def _as_tuple(value: Any) -> Any:

@@ -128,6 +128,8 @@ class TrainStep:
                                   pred_size=imgs.shape[2:4])
             if self.ctx.enabled:
                 loss = loss * self.ctx.world_size  # DDP averages gradients; the loss is a sum over images
+            if self.config.data.quad:
+                loss = loss * 4  # a quad batch has a quarter of the loaded images (the reference's factor)
             self.state.scaler.scale(loss).backward()
         except DivergenceError as error:
             raise TrainingError(self._divergence_message(epoch, batch, str(error))) from None
