@@ -34,6 +34,7 @@ VAL_SAME_MEANING = {
     "--single-cls": ("single_cls", True), "--save-txt": ("save_txt", True), "--save-conf": ("save_conf", True),
     "--save-json": ("save_json", True), "--project": ("project", "elsewhere"), "--name": ("name", "trial"),
     "--exist-ok": ("exist_ok", True), "--half": ("half", True),
+    "--augment": ("augment", True),
 }
 PREDICT_VALUES = {"--weights": "w.pt", "--source": "img.jpg", "--imgsz": "320", "--img": "320", "--img-size": "320",
                   "--conf-thres": "0.5", "--iou-thres": "0.3", "--max-det": "10", "--device": "cpu", "--classes": "2",
@@ -47,6 +48,7 @@ PREDICT_SAME_MEANING = {
     "--project": ("project", "elsewhere"), "--name": ("name", "trial"), "--exist-ok": ("exist_ok", True),
     "--line-thickness": ("line_width", 5), "--hide-labels": ("hide_labels", True),
     "--hide-conf": ("hide_conf", True), "--half": ("half", True), "--vid-stride": ("vid_stride", 2),
+    "--augment": ("augment", True),
 }
 # Accepted and changing nothing: val always prints the per-class table, predict's label rows always end
 # with the score.
@@ -128,8 +130,8 @@ def test_unsupported_reference_option_stops_in_one_line(command, flag, tmp_path,
 
 
 @pytest.mark.parametrize(("command", "options", "message"), [
-    ("val", ["--weights", "a.pt", "b.pt"], "--weights: 2 files make an ensemble"),
-    ("predict", ["--weights", "a.pt", "b.pt"], "--weights: 2 files make an ensemble"),
+    ("val", ["--weights", "a.pt", "b.onnx"], "an ensemble (several --weights) runs PyTorch models"),
+    ("predict", ["--weights", "a.pt", "b.onnx"], "an ensemble (several --weights) runs PyTorch models"),
     ("predict", ["--imgsz", "640", "480"], "--imgsz 640 480: only square inputs"),
 ])
 def test_reference_values_yolotrain_lacks_are_one_line(command, options, message, tmp_path, monkeypatch, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Sequence
 
 import torch
@@ -10,11 +11,16 @@ from torch import nn
 
 from ..detector import Detector
 from ..devices import native_bf16, native_half, select_device
-from ..interop.resolve import ModelSource, resolve_model
+from ..interop.backends import is_exported
+from ..interop.resolve import ModelSource, resolve_model, weights_inputs
 from ..model import Yolov5
 from ..model.classify import Classifier
+from ..outputs import Labelled
+from .tta import AugmentedDetector, EnsembleDetector
 
 ModelOrWeights = ModelSource
+# One model, or several making an ensemble (the reference's several --weights).
+ModelsOrWeights = ModelOrWeights | Sequence[ModelOrWeights]
 # The --weights help of val and predict: every file resolve_model takes.
 WEIGHTS_HELP = ("checkpoint, official YOLOv5 .pt, or an export (.onnx, OpenVINO .xml, .tflite, .torchscript, "
                 "TensorRT .engine; TorchScript and TensorRT files need --trust-model-code)")
@@ -31,9 +37,98 @@ def one_weights(weights: Sequence[str]) -> str:
     return weights[0]
 
 
-def load_inference_model(model_or_weights: ModelOrWeights, device: str | torch.device | None = None,
-                         fuse: bool = True, half: bool | None = None,
-                         trust_code: bool = False) -> tuple[Detector, torch.device]:
+def weights_argument(weights: Sequence[str]) -> str | list[str]:
+    """What ``--weights`` names for ``val`` and ``predict``: one file, or several making an ensemble."""
+    return weights[0] if len(weights) == 1 else list(weights)
+
+
+def weights_files(models_or_weights: ModelsOrWeights) -> list[Labelled]:
+    """The files the weights paths among ``models_or_weights`` read (see
+    :func:`~yolotrain.interop.resolve.weights_inputs`); models in memory read none."""
+    sources = models_or_weights if isinstance(models_or_weights, (list, tuple)) else [models_or_weights]
+    return [item for source in sources if isinstance(source, (str, os.PathLike)) for item in weights_inputs(source)]
+
+
+def load_inference_model(models_or_weights: ModelsOrWeights, device: str | torch.device | None = None,
+                         fuse: bool = True, half: bool | None = None, trust_code: bool = False,
+                         augment: bool = False) -> tuple[Detector, torch.device]:
+    """:func:`load_one_model` for one model or weights path; for a list of several, the reference's
+    ensemble of them (:class:`~yolotrain.eval.tta.EnsembleDetector`: their predictions merged before NMS).
+    ``augment`` runs each detection model with the reference's test-time augmentation
+    (:class:`~yolotrain.eval.tta.AugmentedDetector`).
+
+    Raises:
+        ValueError: ``augment`` for a model other than a PyTorch detection model; an ensemble with an export,
+            a classifier or a segmentation model in it, or of models predicting different classes.
+    """
+    sources = list(models_or_weights) if isinstance(models_or_weights, (list, tuple)) else [models_or_weights]
+    if not sources:
+        raise ValueError("no model to run: give one or more weights files")
+    if len(sources) > 1:
+        for source in sources:  # before any runtime is started
+            if isinstance(source, (str, os.PathLike)) and is_exported(source):
+                raise ValueError(_export_in_ensemble(source))
+    loaded = [load_one_model(source, device, fuse, half, trust_code) for source in sources]
+    for source, (model, _) in zip(sources, loaded):
+        if len(sources) > 1:
+            _check_ensemble_member(model, source)
+        elif augment:
+            _check_augmentable(model, source)
+    models = [AugmentedDetector(model) if augment else model for model, _ in loaded]
+    if len(models) == 1:
+        return models[0], loaded[0][1]
+    first, first_source = loaded[0][0], sources[0]
+    for source, (model, _) in zip(sources[1:], loaded[1:]):
+        if model.names != first.names:
+            raise ValueError(f"an ensemble's models must predict the same classes: {_name(first_source)} predicts "
+                             f"{first.num_classes} ({_first_names(first.names)}), {_name(source)} "
+                             f"{model.num_classes} ({_first_names(model.names)})")
+        if (model.device, model.dtype) != (first.device, first.dtype):
+            raise ValueError(f"an ensemble's models must run on one device in one precision: {_name(first_source)} "
+                             f"is {first.dtype} on {first.device}, {_name(source)} {model.dtype} on {model.device}")
+    return EnsembleDetector(models), loaded[0][1]
+
+
+def _name(source: ModelOrWeights) -> str:
+    return str(source) if isinstance(source, (str, os.PathLike)) else f"the {type(source).__name__} given"
+
+
+def _first_names(names: Sequence[str]) -> str:
+    return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
+
+
+def _check_augmentable(model: Detector, source: ModelOrWeights) -> None:
+    """Test-time augmentation as the reference's: PyTorch detection models only (its segmentation and
+    classification models have none that works, its exports none at all)."""
+    if model.task == "classify":
+        raise ValueError("--augment: the reference's classification has no test-time augmentation; "
+                         f"{_name(source)} is a classifier")
+    if model.task == "segment":
+        raise ValueError("--augment is not supported for segmentation models (the reference's loses the "
+                         f"prototype masks); {_name(source)} is one")
+    if not isinstance(model, Yolov5):
+        raise ValueError(f"--augment runs PyTorch models at three scales: {_name(source)} is an export; give its "
+                         "checkpoint or .pt")
+
+
+def _check_ensemble_member(model: Detector, source: ModelOrWeights) -> None:
+    """The reference's ensembles: PyTorch detection models (its Ensemble drops a segmentation model's
+    prototype masks, and has no meaning for classifiers)."""
+    if model.task != "detect":
+        raise ValueError(f"an ensemble (several --weights) merges detection models' boxes: {_name(source)} is a "
+                         f"{'classifier' if model.task == 'classify' else 'segmentation model'}")
+    if not isinstance(model, Yolov5):
+        raise ValueError(_export_in_ensemble(source))
+
+
+def _export_in_ensemble(source: ModelOrWeights) -> str:
+    return (f"an ensemble (several --weights) runs PyTorch models (checkpoints, official .pt) side by side: "
+            f"{_name(source)} is an export; give its checkpoint or .pt")
+
+
+def load_one_model(model_or_weights: ModelOrWeights, device: str | torch.device | None = None,
+                   fuse: bool = True, half: bool | None = None,
+                   trust_code: bool = False) -> tuple[Detector, torch.device]:
     """The detector :func:`~yolotrain.interop.resolve.resolve_model` finds for ``model_or_weights``, ready
     for inference, and the device its inputs go to. Exports (``.onnx``, OpenVINO ``.xml``, ``.tflite``,
     ``.torchscript``; TensorRT ``.engine`` on the GPU) run through their runtimes as they are, fed from the
@@ -83,6 +178,8 @@ def inference_dtype(half: bool | None, device: torch.device) -> torch.dtype | No
 def precision_line(model: Detector, device: torch.device) -> str | None:
     """The line ``val`` and ``predict`` open with when they chose the precision (``--half auto``): what
     the PyTorch model runs in and why; None for an export, which runs in the precision it was saved in."""
+    if isinstance(model, (AugmentedDetector, EnsembleDetector)):
+        model = model.first
     if not isinstance(model, (Yolov5, Classifier)):
         return None
     dtype = next(model.parameters()).dtype

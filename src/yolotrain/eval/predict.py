@@ -29,7 +29,6 @@ from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
 from ..data.walk import FolderWalkWarning, glob_files
-from ..interop.resolve import weights_inputs
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import refuse_overwriting_inputs, unique_stems
@@ -44,7 +43,15 @@ from ..settings import (
     setting,
 )
 from .classify import ClassifyPredictor, ClassifyResult
-from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights, precision_line
+from .inference import (
+    TRUST_HELP,
+    WEIGHTS_HELP,
+    ModelsOrWeights,
+    load_inference_model,
+    precision_line,
+    weights_argument,
+    weights_files,
+)
 from .masks import (
     masks_in_original,
     masks_to_polygons,
@@ -73,6 +80,8 @@ class PredictConfig:
     img_size: int | None = setting(None, "inference size (px; default 640, 1280 for P6 models; the reference's "
                                    "--imgsz H W only when square)", flags=("--img", "--img-size", "--imgsz"))
     nms: NMSConfig = field(default_factory=NMSConfig)
+    augment: bool = setting(False, "test-time augmentation, the reference's: each image also at 0.83x flipped "
+                            "and 0.67x, detections merged by one NMS (PyTorch detection models)")
     device: str | None = setting(None, "cpu, cuda, 0 ... (default: GPU if available)")
     half: bool | None = setting(None, "half-precision inference: float16 on CUDA, bfloat16 on the CPU "
                                   "(default: where the device computes it natively, else float32)")
@@ -217,13 +226,14 @@ def prepare_image(image: np.ndarray, img_size: int, stride: int = 32,
 class Predictor:
     """A loaded detector with fixed settings; call :meth:`predict_image` per image."""
 
-    def __init__(self, model_or_weights: ModelOrWeights, img_size: int | None = None, conf: float = NMSConfig.conf,
+    def __init__(self, model_or_weights: ModelsOrWeights, img_size: int | None = None, conf: float = NMSConfig.conf,
                  iou: float = NMSConfig.iou, classes: Sequence[int] | None = None, max_det: int = NMSConfig.max_det,
                  agnostic: bool = NMSConfig.agnostic, device: str | torch.device | None = None,
                  half: bool | None = None,
-                 trust_code: bool = False, retina_masks: bool = PredictConfig.retina_masks) -> None:
+                 trust_code: bool = False, retina_masks: bool = PredictConfig.retina_masks,
+                 augment: bool = PredictConfig.augment) -> None:
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half,
-                                                       trust_code=trust_code)
+                                                       trust_code=trust_code, augment=augment)
         self.segment = self.model.task == "segment"
         if self.segment and self.model.end_to_end:
             raise ValueError("a segmentation export with NMS inside has no mask coefficients: export it without "
@@ -405,7 +415,7 @@ class _Outputs:
 
 
 def predict(
-    model_or_weights: ModelOrWeights,
+    model_or_weights: ModelsOrWeights,
     source: Source | Sequence[Source],
     img_size: int | None = PredictConfig.img_size,
     conf: float = NMSConfig.conf,
@@ -428,12 +438,15 @@ def predict(
     view_img: bool = PredictConfig.view_img,
     stream: bool = False,
     callbacks: Callbacks | CallbackSpec | None = None,
+    augment: bool = PredictConfig.augment,
 ) -> list[Result | ClassifyResult] | Iterator[Result | ClassifyResult]:
     """Detect objects in images, videos, cameras and network streams (a classifier: the top-5 classes of each
     image with their probabilities, as :class:`~yolotrain.eval.classify.ClassifyResult`).
 
     Args:
-        model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy) or a weights path.
+        model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy) or a weights path; a list
+            of several checkpoints or ``.pt`` files of detection models of the same classes: the reference's
+            ensemble, their predictions merged before one NMS.
         source: an image or video file, a folder, a glob, a BGR ``uint8`` array, a camera index
             (``0``, ``"1"``), an ``rtsp://``, ``rtmp://`` or ``http(s)://`` stream, or a list of these.
             Live sources are read on a background thread that keeps only the newest frame; Ctrl-C
@@ -469,6 +482,7 @@ def predict(
             is written when it is exhausted or closed.
         callbacks: functions for ``on_predict_start`` (the :class:`Predictor`), ``on_predict_image_end``
             (each :class:`Result`) and ``on_predict_end`` (all of them), as ``{hook: fn or [fn, ...]}``.
+        augment: the reference's test-time augmentation (:mod:`.tta`; PyTorch detection models only).
 
     Returns:
         One :class:`Result` per image and per predicted video frame, in source order (with ``stream``,
@@ -485,16 +499,15 @@ def predict(
         check_display()
     hooks = as_callbacks(callbacks)
     predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code,
-                          retina_masks)
+                          retina_masks, augment)
     if predictor.model.task == "classify":
         if save_crop:
             raise ValueError("save_crop cuts out detected boxes: a classifier has none")
         predictor = ClassifyPredictor(predictor.model, predictor.device, img_size)
     items = expand_sources(source)
     if save_dir is not None:
-        weights = weights_inputs(model_or_weights) if isinstance(model_or_weights, (str, os.PathLike)) else []
-        refuse_overwriting_inputs([("--project/--name", save_dir)],
-                                  weights + [("source", item) for item in items if isinstance(item, Path)])
+        refuse_overwriting_inputs([("--project/--name", save_dir)], weights_files(model_or_weights)
+                                  + [("source", item) for item in items if isinstance(item, Path)])
     # Live sources are opened first, so one that cannot be opened stops the run before anything is written.
     live: dict[int, LatestFrameReader] = {}
     # The run folder's lock, from here until the results are all written (one writer per run folder).
@@ -643,7 +656,6 @@ def _predict_frames(predictor: Predictor, outputs: _Outputs, frames: Iterable[tu
 # one line rather than being ignored. README.md's "Coming from YOLOv5" lists them.
 UNSUPPORTED_PREDICT_OPTIONS = {
     "--data": "class names come from the weights (a checkpoint, a .pt or an export's metadata), not a dataset YAML",
-    "--augment": "test-time augmentation is not implemented",
     "--visualize": "feature-map visualisation is not implemented",
     "--update": "predict does not rewrite weights files",
     "--dnn": "ONNX models run with ONNX Runtime, not OpenCV DNN",
@@ -691,7 +703,7 @@ def precision_announcement(half: bool | None) -> dict[str, Callable[[Predictor],
 def run_predict(args: argparse.Namespace) -> int:
     """Run ``yolotrain predict`` from parsed arguments; returns the process exit code."""
     config = predict_config(args)
-    weights = one_weights(config.weights)
+    weights = weights_argument(config.weights)
     save_dir = next_run_dir(config.project, config.name, config.exist_ok)
     keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
     with warnings.catch_warnings(record=True) as caught:

@@ -28,7 +28,6 @@ from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
 from ..data.sources import img2label_path
-from ..interop.resolve import weights_inputs
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, unique_stems
@@ -45,7 +44,15 @@ from ..settings import (
 )
 from .classify import ClassifyMetrics, val_classifier
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
-from .inference import TRUST_HELP, WEIGHTS_HELP, ModelOrWeights, load_inference_model, one_weights, precision_line
+from .inference import (
+    TRUST_HELP,
+    WEIGHTS_HELP,
+    ModelsOrWeights,
+    load_inference_model,
+    precision_line,
+    weights_argument,
+    weights_files,
+)
 from .label_masks import batch_label_masks, read_polygons
 from .masks import (
     masks_in_original,
@@ -84,6 +91,8 @@ class ValConfig:
     batch_size: int = setting(32, "images per batch", min=1)
     nms: NMSConfig = field(default_factory=lambda: VAL_NMS)
     rect: bool = setting(True, "rectangular batches in the reference's order (--no-rect: square letterbox)")
+    augment: bool = setting(False, "test-time augmentation, the reference's: each image also at 0.83x flipped "
+                            "and 0.67x, detections merged by one NMS (PyTorch detection models)")
     device: str | None = setting(None, "cpu, cuda, 0 ... (default: GPU if available)")
     workers: int | None = setting(None, "loader processes", min=0)
     half: bool | None = setting(None, "half-precision inference: float16 on CUDA, bfloat16 on the CPU "
@@ -164,7 +173,7 @@ class _Timer:
 
 
 def val(
-    model_or_weights: ModelOrWeights,
+    model_or_weights: ModelsOrWeights,
     data: str | os.PathLike | DataLoader,
     img_size: int | None = ValConfig.img_size,
     batch_size: int = ValConfig.batch_size,
@@ -188,6 +197,7 @@ def val(
     single_cls: bool = ValConfig.single_cls,
     trust_code: bool = ValConfig.trust_code,
     callbacks: Callbacks | CallbackSpec | None = None,
+    augment: bool = ValConfig.augment,
 ) -> Metrics | ClassifyMetrics:
     """Evaluate a detector on a labelled split (a classifier: top-1/top-5 accuracy, see :mod:`.classify`).
 
@@ -201,7 +211,8 @@ def val(
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy, never modified) or
             a weights path (our checkpoint, an official YOLOv5 ``.pt``, or an export: ``.onnx``, OpenVINO
             ``.xml``, ``.tflite``, ``.torchscript``, TensorRT ``.engine``; exports fixed at one size are
-            evaluated on square batches).
+            evaluated on square batches); a list of several checkpoints or ``.pt`` files of detection
+            models of the same classes: the reference's ensemble, their predictions merged before one NMS.
         data: dataset folder or YAML (its ``val`` split), or a val DataLoader from
             :func:`yolotrain.get_loaders` (then ``img_size``, ``batch_size``, ``rect`` and ``workers``
             come from it).
@@ -237,6 +248,7 @@ def val(
             code when loaded; without it they are refused before anything of them is loaded.
         callbacks: functions for the ``on_val_*`` hooks (``{"on_val_image_end": fn}``; see
             :data:`yolotrain.callbacks.HOOKS` for what each receives).
+        augment: the reference's test-time augmentation (:mod:`.tta`; PyTorch detection models only).
     """
     hooks = as_callbacks(callbacks)
     if task not in ("val", "speed"):
@@ -244,7 +256,8 @@ def val(
     if task == "speed":
         rect, conf, iou, save_dir, save_json, save_txt = False, NMSConfig.conf, NMSConfig.iou, None, False, False
     check_nms_limits(max_det)
-    model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code)
+    model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code,
+                                      augment=augment)
     if verbose and half is None and (line := precision_line(model, dev)):
         print(line)
     if model.task == "classify":
@@ -273,8 +286,7 @@ def val(
     if (save_json or save_txt) and out_dir is None:
         raise ValueError("save_json and save_txt need a save_dir to write their files into")
     if out_dir is not None:
-        weights = weights_inputs(model_or_weights) if isinstance(model_or_weights, (str, os.PathLike)) else []
-        refuse_overwriting_inputs([("--project/--name", out_dir)], weights + dataset_inputs(
+        refuse_overwriting_inputs([("--project/--name", out_dir)], weights_files(model_or_weights) + dataset_inputs(
             getattr(dataset, "im_files", ()), None if isinstance(data, DataLoader) else data))
     segment = model.task == "segment"
     num_masks = model.num_masks if segment else 0
@@ -287,8 +299,9 @@ def val(
         timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
         loss_sum, batches = torch.zeros(len(getattr(criterion, "component_names", "box obj cls".split()))), 0
         dtype = model.dtype
-        if criterion is not None and not isinstance(model, torch.nn.Module):
-            raise ValueError("the validation loss needs a torch model (it reads the raw head maps)")
+        if criterion is not None and not hasattr(model, "forward_maps"):
+            raise ValueError("the validation loss needs one torch model without test-time augmentation (it reads "
+                             "the raw head maps)")
         seen, batch_index = 0, 0
         iterator = iter(loader)
         hooks.run("on_val_start", loader)
@@ -546,7 +559,6 @@ def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path,
 # Options of the reference's val.py that yolotrain does not have, and why: each stops the command in one
 # line rather than being ignored. README.md's "Coming from YOLOv5" lists them.
 UNSUPPORTED_VAL_OPTIONS = {
-    "--augment": "test-time augmentation is not implemented",
     "--save-hybrid": "label+prediction hybrid files are not written: they mix the labels into the detections, "
                      "so a mAP over them is not the model's",
     "--dnn": "ONNX models run with ONNX Runtime, not OpenCV DNN",
@@ -574,7 +586,7 @@ def val_config(args: argparse.Namespace) -> ValConfig:
 def run_val(args: argparse.Namespace) -> int:
     """Run ``yolotrain val`` from parsed arguments; returns the process exit code."""
     config = val_config(args)
-    weights = one_weights(config.weights)
+    weights = weights_argument(config.weights)
     speed = config.task == "speed"
     save_dir = None if speed else next_run_dir(config.project, config.name, config.exist_ok)
     keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
