@@ -3,19 +3,24 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 import torch
 
-from yolotrain import Yolov5
+from yolotrain import Yolov5, train
 from yolotrain.checkpoint import save_checkpoint
-from yolotrain.cli import main
+from yolotrain.cli import build_parser, main, train_settings
+from yolotrain.engine import resolve_config
+from yolotrain.engine.loggers import box_interval
 from yolotrain.eval import predict
 from yolotrain.eval.visualize import MAX_CHANNELS
 from yolotrain.model.classify import Classifier
+from yolotrain.settings import ConfigError
 
 # The layers of yolov5n (and every published YOLOv5 P5 layout) before its head, as the reference's
 # feature_visualization names their files: stage{m.i}_{type(m).__name__}.
@@ -108,3 +113,73 @@ def test_visualize_refuses_an_export_in_one_line(tmp_path):
                                          "none to look into"):
         predict(path, _image(), save_dir=tmp_path / "run", visualize=True)
     assert not (tmp_path / "run").exists()
+
+
+def _train_offline_wandb(tmp_path, monkeypatch, **settings):
+    """A tiny run logged to an offline W&B run in ``tmp_path``; its result, its run folder and the history
+    rows of its run file by step."""
+    wandb = pytest.importorskip("wandb")
+    from test_loggers import _shapes, _wandb_records
+
+    for name in ("DIR", "CONFIG_DIR", "CACHE_DIR", "DATA_DIR", "ARTIFACT_DIR"):
+        monkeypatch.setenv(f"WANDB_{name}", str(tmp_path / "wandb-home" / name.lower()))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()  # W&B keeps the settings of its first run in the process: these must be read afresh
+    run = train(data=str(_shapes(tmp_path)), img_size=64, batch_size=4, workers=0, autoanchor=False,
+                tensorboard=False, loggers=("wandb",), project=str(tmp_path / "runs"), **settings)
+    wandb.teardown()  # the W&B service writes the run file in the background; this waits for it
+    (run_file,) = (run.save_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    history: dict[int, dict] = {}
+    for record in _wandb_records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            values = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                      for item in record.history.item}
+            history[int(values["_step"])] = values
+    return run, run_file.parent, history
+
+
+def test_wandb_logs_validation_images_with_boxes_every_bbox_interval_epochs(tmp_path, monkeypatch):
+    detections: dict[int, dict[str, torch.Tensor]] = {}  # what each epoch's validation found, by image name
+    epoch = [0]
+    callbacks = {"on_train_epoch_end": lambda trainer, e: epoch.__setitem__(0, e + 1),
+                 "on_val_image_end": lambda path, det: detections.setdefault(epoch[0], {}).__setitem__(
+                     Path(path).name, det.clone())}
+    # Under --noplots an explicit interval still logs (the reference turns off only its automatic one).
+    run, folder, history = _train_offline_wandb(tmp_path, monkeypatch, epochs=2, bbox_interval=2, plots=False,
+                                                callbacks=callbacks)
+    key = "Bounding Box Debugger/Images"
+    assert sorted(history) == [1, 2]
+    assert not any(k.startswith(key) for k in history[1])  # epoch 1 is not a multiple of 2
+    logged = history[2]
+    names = sorted(detections[2])
+    assert logged[f"{key}/_type"] == "images/separated" and logged[f"{key}/count"] == len(names) == 4
+    assert logged[f"{key}/captions"] == names  # the validation images, in order
+    for name, image_file, boxes in zip(names, logged[f"{key}/filenames"], logged[f"{key}/all_boxes"]):
+        image = cv2.imread(str(folder / "files" / image_file))
+        assert image is not None and image.shape[:2] == (64, 64)
+        predictions = json.loads((folder / "files" / boxes["predictions"]["path"]).read_text())
+        assert predictions["class_labels"] == {"0": "circle", "1": "rectangle"}
+        det = detections[2][name]
+        assert len(predictions["box_data"]) == len(det) > 0
+        for box, (x1, y1, x2, y2, conf, c) in zip(predictions["box_data"], det[:, :6].tolist()):
+            position = box["position"]
+            assert [position[k] for k in ("minX", "minY", "maxX", "maxY")] == pytest.approx([x1, y1, x2, y2])
+            assert box["class_id"] == int(c) and box["domain"] == "pixel"
+            assert box["box_caption"] == f"{('circle', 'rectangle')[int(c)]} {conf:.3f}"
+    assert run.epochs_run == 2
+
+
+@pytest.mark.parametrize(("bbox_interval", "epochs", "plots", "interval"), [
+    (-1, 30, True, 3), (-1, 10, True, 1), (-1, 5, True, 1), (-1, 30, False, 0), (4, 30, False, 4), (0, 30, True, 0),
+])
+def test_bbox_interval_follows_the_reference(bbox_interval, epochs, plots, interval):
+    assert box_interval(bbox_interval, epochs, plots) == interval
+
+
+def test_bbox_interval_on_the_command_line():
+    for flag in ("--bbox_interval", "--bbox-interval"):
+        args = build_parser().parse_args(["train", flag, "5"])
+        assert resolve_config(**train_settings(args)).bbox_interval == 5
+    with pytest.raises(ConfigError, match="bbox_interval"):
+        resolve_config(bbox_interval=-2)
