@@ -99,6 +99,13 @@ def test_visualize_on_the_command_line(tmp_path, monkeypatch, capsys):
     assert grid is not None
 
 
+def test_the_yolo_object_makes_a_run_folder_for_visualize(tmp_path):
+    from yolotrain import YOLO
+
+    YOLO("yolov5n").predict(_image(), visualize=True, img_size=64, half=False, project=str(tmp_path / "runs"))
+    assert (tmp_path / "runs" / "exp" / "image0" / "stage9_SPPF_features.npy").is_file()
+
+
 def test_visualize_needs_a_folder_to_write_into(tmp_path):
     with pytest.raises(ValueError, match="visualize writes the feature maps into save_dir"):
         predict(Yolov5("n", num_classes=2).eval(), _image(), visualize=True)
