@@ -49,6 +49,7 @@ PREDICT_SAME_MEANING = {
     "--line-thickness": ("line_width", 5), "--hide-labels": ("hide_labels", True),
     "--hide-conf": ("hide_conf", True), "--half": ("half", True), "--vid-stride": ("vid_stride", 2),
     "--augment": ("augment", True),
+    "--visualize": ("visualize", True),
 }
 # Accepted and changing nothing: val always prints the per-class table, predict's label rows always end
 # with the score.

@@ -20,7 +20,7 @@ VALUES = {"--weights": "yolov5s.pt", "--cfg": "yolov5s.yaml", "--data": "data.ya
           "--epochs": "7", "--batch-size": "8", "--imgsz": "320", "--img": "320", "--img-size": "320",
           "--device": "cpu", "--optimizer": "Adam", "--workers": "3", "--project": "elsewhere", "--name": "trial",
           "--label-smoothing": "0.1", "--patience": "5", "--freeze": "10", "--save-period": "2", "--seed": "3",
-          "--local_rank": "0", "--entity": "team"}
+          "--local_rank": "0", "--entity": "team", "--bbox_interval": "3"}
 # Reference option → the setting it sets here and the value it gets, given VALUES.
 SAME_MEANING = {
     "--weights": ("model", "yolov5s.pt"), "--cfg": ("model", "yolov5s"), "--data": ("data.path", "data.yaml"),
@@ -34,6 +34,7 @@ SAME_MEANING = {
     "--label-smoothing": ("loss.label_smoothing", 0.1), "--patience": ("patience", 5), "--freeze": ("freeze", (10,)),
     "--save-period": ("save_period", 2), "--seed": ("seed", 3), "--entity": ("entity", "team"),
     "--image-weights": ("data.image_weights", True), "--quad": ("data.quad", True),
+    "--bbox_interval": ("bbox_interval", 3),
 }
 # Options used outside the settings, checked on their own below (--evolve: in test_evolve.py).
 OTHERS = {"--hyp", "--resume", "--local_rank", "--evolve"}

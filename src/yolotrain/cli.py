@@ -52,7 +52,6 @@ UNSUPPORTED_TRAIN_OPTIONS = {
     "--bucket": "evolve.csv stays in the run folder; to share a search between machines, run yolotrain tune "
                 "with one --storage",
     "--nosave": "every epoch's last checkpoint is written because --resume continues from it",
-    "--bbox_interval": "W&B bounding-box images are not logged (--logger wandb logs each epoch's results)",
     "--artifact_alias": "W&B dataset artifacts are not used; the data is read from --data",
     "--upload_dataset": "datasets are not uploaded anywhere",
     "--s3_upload_dir": "weights and datasets are not uploaded to S3",

@@ -220,7 +220,7 @@ class YOLO:
         """Predict on images, videos, folders, globs, BGR arrays, cameras or streams:
         ``model.predict("images/", conf=0.5, img_size=640)``; ``yolotrain predict``'s settings
         (:class:`~yolotrain.eval.predict.PredictConfig`). As Python users expect, nothing is written unless
-        asked: ``save=True`` (annotated images and videos), ``save_txt``, ``save_crop`` make a run folder
+        asked: ``save=True`` (annotated images and videos), ``save_txt``, ``save_crop``, ``visualize`` make a run folder
         (``runs/predict/exp``; ``project``, ``name``) with ``predictions.json``.
 
         Returns:
@@ -245,7 +245,7 @@ class YOLO:
     @staticmethod
     def _save_dir(config: PredictConfig, *, always: bool = False) -> Path | None:
         """The run folder when something is to be saved in it."""
-        if always or config.save or config.save_txt or config.save_crop:
+        if always or config.save or config.save_txt or config.save_crop or config.visualize:
             return next_run_dir(config.project, config.name, config.exist_ok)
         return None
 

@@ -71,6 +71,10 @@ class TrainConfig:
         "'yolotrain[mlflow]'); MLflow uses $MLFLOW_TRACKING_URI, else a store in the run folder",
         flags=("--logger",))
     entity: str | None = setting(None, "W&B team or user of --logger wandb runs (default: your own)")
+    bbox_interval: int = setting(
+        -1, "--logger wandb: the first 16 validation images with their predicted boxes every N epochs (-1: every "
+        "epochs/10 epochs, each epoch in runs of 10 or fewer, none under --noplots; 0: never)",
+        flags=("--bbox-interval", "--bbox_interval"), min=-1)
     autoanchor: bool = setting(True, "check the anchors against the training labels before training; refit "
                                "them when the best possible recall is below 0.98", off_flags=("--noautoanchor",))
     amp: Literal["auto", "off", "bf16", "fp16"] = setting(

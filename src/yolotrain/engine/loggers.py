@@ -5,7 +5,9 @@ Each epoch's row of ``results.csv`` is sent as scalars under the reference's tag
 ``metrics/mAP_0.5``, ``x/lr0`` …) to TensorBoard and W&B, so dashboards built for the reference read
 these runs too; the final validation's drawn predictions go to TensorBoard as one image mosaic. MLflow
 gets the same values under the ``results.csv`` column names, the resolved settings as parameters and
-the best and last weights as artifacts; W&B gets the best weights as the run's model artifact.
+the best and last weights as artifacts; W&B gets the best weights as the run's model artifact and, every
+``--bbox_interval`` epochs, validation images with their predicted boxes (the reference's "Bounding Box
+Debugger" panel).
 
 The MLflow and W&B packages are imported only when their logger is asked for. A resumed run goes on
 logging into the same MLflow run and W&B run: their ids are kept in ``loggers.json`` in the run folder.
@@ -19,12 +21,13 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import cv2
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from ..atomic import write_atomic
@@ -51,6 +54,9 @@ STATE_FILE = "loggers.json"
 # The reference's W&B project for runs under the default project folder.
 WANDB_DEFAULT_PROJECT = "YOLOv5"
 _MLFLOW_BATCH = 100  # the most parameters MLflow takes in one request
+# The reference's W&B panel of validation images with their predicted boxes, and how many images an epoch it gets.
+BOX_IMAGES_KEY = "Bounding Box Debugger/Images"
+MAX_BOX_IMAGES = 16
 
 
 class LoggerError(RuntimeError):
@@ -151,9 +157,21 @@ class MLflowLogger:
         self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
 
+def box_interval(bbox_interval: int, epochs: int, plots: bool) -> int:
+    """Epochs between W&B images of validation predictions (0: none): ``bbox_interval``, or for -1 the
+    reference's choice, ``epochs // 10`` (each epoch in runs of 10 or fewer), none without plots."""
+    if bbox_interval != -1:
+        return bbox_interval
+    return (epochs // 10 if epochs > 10 else 1) if plots else 0
+
+
 class WandbLogger:
     """One W&B run per training run, its files under ``wandb`` in the run folder; ``WANDB_MODE`` and the
-    other ``WANDB_*`` variables apply as usual (``WANDB_MODE=offline`` needs no account)."""
+    other ``WANDB_*`` variables apply as usual (``WANDB_MODE=offline`` needs no account).
+
+    Every :func:`box_interval` epochs (counted from 1) the first ``MAX_BOX_IMAGES`` validation images go
+    with that epoch's results, each with its predicted boxes, as the reference's ``--bbox_interval`` logs
+    them; the images are resized to the training size at most."""
 
     def __init__(self, save_dir: Path, config: Mapping[str, Any], saved: Mapping[str, Any],
                  log: Callable[[str], None]) -> None:
@@ -168,12 +186,47 @@ class WandbLogger:
             raise LoggerError(f"--logger wandb could not start a run ({type(error).__name__}: {error}); "
                               f"WANDB_MODE=offline logs without an account") from None
         log(f"W&B: run {self.run.id} in project {self.run.project}, files in {save_dir / 'wandb'}")
+        self.box_interval = box_interval(config["bbox_interval"], config["epochs"], config["eval"]["plots"])
+        self.max_side = config["data"]["img_size"]
+        self.box_epoch: int | None = None  # the epoch whose validation images are being gathered
+        self.box_images: list[Any] = []
+        self.class_labels: dict[int, str] = {}
 
     def state(self) -> dict[str, str]:
         return {"project": self.run.project, "id": self.run.id}
 
+    def begin_epoch(self, epoch: int, names: Sequence[str]) -> None:
+        """Epoch ``epoch`` (from 1) is about to be validated: gather its images when it is one to log."""
+        self.box_epoch = epoch if self.box_interval and epoch % self.box_interval == 0 else None
+        self.box_images = []
+        self.class_labels = dict(enumerate(names))
+
+    def val_image(self, path: str, detections: torch.Tensor) -> None:
+        """One validation image's detections (``x1 y1 x2 y2 conf class`` in its pixels), kept as a W&B image
+        with boxes while the epoch gathers them."""
+        if self.box_epoch is None or len(self.box_images) >= MAX_BOX_IMAGES:
+            return
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if image is None:
+            return
+        scale = min(1.0, self.max_side / max(image.shape[:2]))
+        if scale < 1:
+            image = cv2.resize(image, (round(image.shape[1] * scale), round(image.shape[0] * scale)),
+                               interpolation=cv2.INTER_AREA)
+        boxes = [{"position": {"minX": x1 * scale, "minY": y1 * scale, "maxX": x2 * scale, "maxY": y2 * scale},
+                  "class_id": int(c), "box_caption": f"{self.class_labels.get(int(c), int(c))} {conf:.3f}",
+                  "scores": {"class_score": conf}, "domain": "pixel"}
+                 for x1, y1, x2, y2, conf, c in detections[:, :6].tolist()]
+        self.box_images.append(self._wandb.Image(
+            cv2.cvtColor(image, cv2.COLOR_BGR2RGB), caption=Path(path).name,
+            boxes={"predictions": {"box_data": boxes, "class_labels": self.class_labels}}))
+
     def log_row(self, epoch: int, values: Mapping[str, float]) -> None:
-        self.run.log({TAGS.get(k, k): v for k, v in values.items()}, step=epoch)
+        row = {TAGS.get(k, k): v for k, v in values.items()}
+        if self.box_images and epoch == self.box_epoch:
+            row[BOX_IMAGES_KEY] = self.box_images
+        self.run.log(row, step=epoch)
+        self.box_epoch, self.box_images = None, []
 
     def finish(self, weights: Path, failed: bool) -> None:
         files = [weights / f"best{suffix}" for suffix in (".safetensors", ".json")]
@@ -233,6 +286,18 @@ class RunLoggers:
             return
         self.writer = SummaryWriter(log_dir=str(self.save_dir))
         log(f"TensorBoard: tensorboard --logdir {self.save_dir.parent}")
+
+    def begin_epoch(self, epoch: int, names: Sequence[str]) -> None:
+        """Epoch ``epoch`` (from 1) is about to be validated, on data of the classes ``names``."""
+        for logger in self.integrations:
+            if isinstance(logger, WandbLogger):
+                logger.begin_epoch(epoch, names)
+
+    def val_image(self, path: str, detections: torch.Tensor) -> None:
+        """One validation image's detections, in its pixels (the ``on_val_image_end`` hook's arguments)."""
+        for logger in self.integrations:
+            if isinstance(logger, WandbLogger):
+                logger.val_image(path, detections)
 
     def log_epoch(self, results_csv: Path) -> None:
         """The last row of ``results_csv`` as scalars at its epoch (empty validation cells are skipped)."""
@@ -306,6 +371,8 @@ class RunLogging:
 
     def register(self, callbacks: Callbacks) -> None:
         callbacks.add("on_train_start", self.start, user=False)
+        callbacks.add("on_train_epoch_end", self.epoch_trained, user=False)
+        callbacks.add("on_val_image_end", self.val_image, user=False)
         callbacks.add("on_model_save", self.epoch_saved, user=False)
         callbacks.add("on_train_end", self.end, user=False)
         callbacks.add("teardown", self.teardown, user=False)
@@ -314,6 +381,12 @@ class RunLogging:
         cfg = trainer.config
         self.loggers = RunLoggers(trainer.save_dir, cfg.tensorboard, tqdm.write, integrations=cfg.loggers,
                                   config=cfg.to_dict(), resumed=trainer.resume_from is not None)
+
+    def epoch_trained(self, trainer: Any, epoch: int) -> None:
+        self.loggers.begin_epoch(epoch + 1, trainer.names)
+
+    def val_image(self, path: str, detections: torch.Tensor) -> None:
+        self.loggers.val_image(path, detections)
 
     def epoch_saved(self, trainer: Any, last: Path, epoch: int, final: bool, best_fitness: float,
                     fitness: float) -> None:

@@ -61,6 +61,7 @@ from .masks import (
 )
 from .result_outputs import DetectionOutputs
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
+from .visualize import FeatureMaps
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
 _GLOB_CHARS = frozenset("*?[")
@@ -100,6 +101,8 @@ class PredictConfig:
     view_img: bool = setting(False, "show each annotated image or frame in a window (needs a display and an "
                              "OpenCV with window support)")
     trust_code: bool = setting(False, TRUST_HELP, flags=("--trust-model-code",))
+    visualize: bool = setting(False, "save each image's feature maps, layer by layer, in a folder STEM (the "
+                              "reference's stageN_Module_features.png/.npy; PyTorch models)")
     project: str = setting("runs/predict", "parent of the run folder")
     name: str = setting("exp", "run folder name (exp, exp2 ... when taken)")
     exist_ok: bool = setting(False, "reuse an existing run folder")
@@ -336,8 +339,9 @@ class _Outputs:
     """Writes what a run saves: annotated images/videos, YOLO ``.txt`` rows, crops and the run's JSON."""
 
     def __init__(self, save_dir: Path | None, save_txt: bool, save_crop: bool, draw_options: dict,
-                 save_media: bool = True, view: bool = False) -> None:
+                 save_media: bool = True, view: bool = False, features: FeatureMaps | None = None) -> None:
         self.save_dir = save_dir
+        self.features = features
         self.save_media = save_media and save_dir is not None
         self.view = view
         self.save_txt = save_txt and save_dir is not None
@@ -364,6 +368,7 @@ class _Outputs:
             return
         self.txt(Path(name).stem, result)
         self.crops(Path(name).stem, image, result)
+        self.feature_maps(Path(name).stem)
 
     def frame(self, stem: str, image: np.ndarray, result: Result, writer: cv2.VideoWriter | None) -> None:
         """One video or stream frame: onto the annotated video, and its labels and crops as ``STEM_FRAME``."""
@@ -376,6 +381,12 @@ class _Outputs:
                 writer.write(annotated)
         self.txt(f"{stem}_{result.frame}", result)
         self.crops(f"{stem}_{result.frame}", image, result)
+        self.feature_maps(f"{stem}_{result.frame}")
+
+    def feature_maps(self, stem: str) -> None:
+        """With ``visualize``: the feature maps of the image just predicted, into the folder ``STEM``."""
+        if self.features is not None:
+            self.features.save(self.save_dir / stem)
 
     def crops(self, stem: str, image: np.ndarray, result: Result) -> None:
         """Each detection's box cut from the original image into ``crops/CLASS/STEM.jpg`` (``STEM2.jpg``,
@@ -436,6 +447,7 @@ def predict(
     retina_masks: bool = PredictConfig.retina_masks,
     save: bool = PredictConfig.save,
     view_img: bool = PredictConfig.view_img,
+    visualize: bool = PredictConfig.visualize,
     stream: bool = False,
     callbacks: Callbacks | CallbackSpec | None = None,
     augment: bool = PredictConfig.augment,
@@ -476,6 +488,10 @@ def predict(
         view_img: show each annotated image or frame in a window as it is predicted; where no window
             can be shown (no display, or an OpenCV without window support) that is an error before
             anything is loaded.
+        visualize: save the feature maps of each image (and video frame) as the reference's
+            ``--visualize`` does, in the folder ``STEM`` (``STEM_FRAME``) of ``save_dir``: for each layer but
+            the head, ``stage{i}_{Module}_features.png`` (its first 32 channels) and ``.npy`` (all of them,
+            float32); PyTorch models only (an export has no layers to look into: ValueError).
         stream: return an iterator that predicts one image or frame per step, instead of the list of
             all (a long video or a live source then holds one frame's result in memory at a time).
             The model, sources and output folder are checked before it is returned; ``predictions.json``
@@ -497,6 +513,8 @@ def predict(
         raise ValueError(f"line_width must be at least 1 pixel, got {line_width}")
     if view_img:
         check_display()
+    if visualize and save_dir is None:
+        raise ValueError("visualize writes the feature maps into save_dir: give one")
     hooks = as_callbacks(callbacks)
     predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code,
                           retina_masks, augment)
@@ -504,6 +522,7 @@ def predict(
         if save_crop:
             raise ValueError("save_crop cuts out detected boxes: a classifier has none")
         predictor = ClassifyPredictor(predictor.model, predictor.device, img_size)
+    features = FeatureMaps(predictor.model) if visualize else None
     items = expand_sources(source)
     if save_dir is not None:
         refuse_overwriting_inputs([("--project/--name", save_dir)], weights_files(model_or_weights)
@@ -519,7 +538,7 @@ def predict(
         held.enter_context(run_lock(save_dir))
         draw_options = {"line_width": line_width, "hide_labels": hide_labels, "hide_conf": hide_conf}
         outputs = _Outputs(Path(save_dir) if save_dir is not None else None, save_txt, save_crop, draw_options,
-                           save, view_img)
+                           save, view_img, features)
     except BaseException:
         _close_readers(live)
         held.close()
@@ -656,7 +675,6 @@ def _predict_frames(predictor: Predictor, outputs: _Outputs, frames: Iterable[tu
 # one line rather than being ignored. README.md's "Coming from YOLOv5" lists them.
 UNSUPPORTED_PREDICT_OPTIONS = {
     "--data": "class names come from the weights (a checkpoint, a .pt or an export's metadata), not a dataset YAML",
-    "--visualize": "feature-map visualisation is not implemented",
     "--update": "predict does not rewrite weights files",
     "--dnn": "ONNX models run with ONNX Runtime, not OpenCV DNN",
 }
