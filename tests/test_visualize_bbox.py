@@ -122,6 +122,15 @@ def test_visualize_refuses_an_export_in_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_visualize_with_augment_or_an_ensemble_is_one_line(tmp_path):
+    model = Yolov5("n", num_classes=2).eval()
+    with pytest.raises(ValueError, match="^--visualize shows one model's layers .* with test-time augmentation"):
+        predict(model, _image(), save_dir=tmp_path / "run", visualize=True, augment=True)
+    with pytest.raises(ValueError, match="^--visualize shows one model's layers .* with an ensemble"):
+        predict([model, model], _image(), save_dir=tmp_path / "run", visualize=True)
+    assert not (tmp_path / "run").exists()
+
+
 def _train_offline_wandb(tmp_path, monkeypatch, **settings):
     """A tiny run logged to an offline W&B run in ``tmp_path``; its result, its run folder and the history
     rows of its run file by step."""

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..model import Yolov5
 from ..model.classify import Classifier
+from .tta import AugmentedDetector, EnsembleDetector
 
 MAX_CHANNELS = 32  # channels drawn per layer, as the reference draws them
 GRID_COLUMNS = 8
@@ -36,6 +37,10 @@ def visualized_layers(model: object) -> list[tuple[int, str, nn.Module]]:
     if isinstance(model, (Yolov5, Classifier)):
         layers = list(model.model.children())[:-1]
         return [(stage, type(layer).__name__, layer) for stage, layer in enumerate(layers)]
+    if isinstance(model, (AugmentedDetector, EnsembleDetector)):
+        what = "test-time augmentation" if isinstance(model, AugmentedDetector) else "an ensemble of several weights"
+        raise ValueError(f"--visualize shows one model's layers on the image as given; with {what} the maps of "
+                         "which forward would it be? Run --visualize without --augment and with one --weights")
     kind = getattr(model, "format_name", None) or type(model).__name__
     raise ValueError(f"--visualize looks into the layers of a PyTorch model; this {kind} export has none to look "
                      "into: predict with the .pt/.safetensors weights")
