@@ -84,21 +84,24 @@ def save_preview(dataset: DetectionDataset, path: Path, n: int = 4) -> Path:
 
 
 def save_label_stats(labels: list[np.ndarray], names: list[str], path: Path) -> Path:
-    """Plot class counts and the box width/height distribution (normalised) to ``path``."""
+    """Plot the labels' statistics to ``path`` (PNG or JPEG), as the reference's ``labels.jpg``: instances of
+    each class, the box centres (x vs y) and the box sizes (width vs height), as fractions of the image."""
     all_labels = np.concatenate(labels) if labels else np.zeros((0, 5))
     nc = max(len(names), int(all_labels[:, 0].max()) + 1 if len(all_labels) else 1)
     counts = np.bincount(all_labels[:, 0].astype(int), minlength=nc)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax1.bar(np.arange(nc), counts, color="#4c72b0")
-    ax1.set_title(f"boxes per class ({len(all_labels)} boxes)")
-    ax1.set_ylabel("boxes")
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5))
+    ax1.bar(np.arange(nc), counts, color=[np.array(class_colour(c)[::-1]) / 255 for c in range(nc)])
+    ax1.set_title(f"instances per class ({len(all_labels)} boxes)")
+    ax1.set_ylabel("instances")
     if nc <= 30:
         ax1.set_xticks(np.arange(nc), [names[i] if i < len(names) else str(i) for i in range(nc)],
                       rotation=60, ha="right", fontsize=8)
-    ax2.hist2d(all_labels[:, 3], all_labels[:, 4], bins=40, range=[[0, 1], [0, 1]], cmap="Blues")
-    ax2.set_title("box width vs height (fraction of image)")
-    ax2.set_xlabel("width")
-    ax2.set_ylabel("height")
+    for ax, (x, y), (xlabel, ylabel) in ((ax2, (1, 2), ("x", "y")), (ax3, (3, 4), ("width", "height"))):
+        ax.hist2d(all_labels[:, x], all_labels[:, y], bins=40, range=[[0, 1], [0, 1]], cmap="Blues")
+        ax.set_title(f"box {'centre' if x == 1 else 'size'}: {xlabel} vs {ylabel} (fraction of image)")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+    ax2.invert_yaxis()  # image rows grow downwards
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
