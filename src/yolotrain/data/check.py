@@ -21,6 +21,7 @@ import torch
 from ..boxes import xywh_to_xyxy
 from ..draw import class_colour, draw_detections, draw_masks, object_masks
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
+from ..progress import progress_bar
 from .augment import AugmentConfig
 from .classify import (
     IMAGENET_MEAN,
@@ -198,18 +199,28 @@ def check_classify_dataset(data: str | os.PathLike, out_dir: str | os.PathLike,
             warnings.warn(f"{source.root / split}: {len(empty)} class folder(s) without an image: {', '.join(empty)} "
                           "(training refuses them)", DataWarning, stacklevel=2)
     refuse_overwriting_inputs([("--out", out)], dataset_inputs([p for s in samples.values() for p, _ in s], data))
-    checks = {split: check_split(samples[split], source.root / split) for split in source.folders}
-    images = {split: np.bincount([label for _, label in check.kept], minlength=len(source.names))
-              for split, check in checks.items()}
+    # A step per split verified and per picture drawn; the findings are printed once the bar is done.
+    with progress_bar(total=len(source.folders) + 2, desc="data check", unit="step") as steps:
+        checks = {}
+        for split in source.folders:
+            steps.set_postfix_str(f"verifying {split}")
+            checks[split] = check_split(samples[split], source.root / split)
+            steps.update()
+        images = {split: np.bincount([label for _, label in check.kept], minlength=len(source.names))
+                  for split, check in checks.items()}
+        out.mkdir(parents=True, exist_ok=True)
+        shown = "train" if "train" in checks else source.eval_split
+        augment = ClassifyAugment() if shown == "train" else None
+        preview_set = ClassifyDataset(checks[shown].kept, img_size, augment, seed, names=source.names)
+        steps.set_postfix_str("preview")
+        preview = save_class_preview(preview_set, out / "train_preview.png")
+        steps.update()
+        steps.set_postfix_str("class counts")
+        stats = save_class_counts(images, source.names, out / "class_counts.png")
+        steps.update()
     for split, check in checks.items():
         print(check.summary(split))
     print(class_table(source.names, images))
-    out.mkdir(parents=True, exist_ok=True)
-    shown = "train" if "train" in checks else source.eval_split
-    augment = ClassifyAugment() if shown == "train" else None
-    preview_set = ClassifyDataset(checks[shown].kept, img_size, augment, seed, names=source.names)
-    preview = save_class_preview(preview_set, out / "train_preview.png")
-    stats = save_class_counts(images, source.names, out / "class_counts.png")
     print(f"wrote {preview} and {stats}")
     return ClassifyCheckResult(source.names, checks, images, preview, stats)
 
@@ -231,22 +242,30 @@ def check_dataset(
     img_size = img_size or DETECT_IMG_SIZE
     out = Path(out_dir)
     config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=1, workers=0, cache_mb=0)
-    with warnings.catch_warnings():  # the summaries are printed below; no need to repeat them as warnings
-        warnings.simplefilter("ignore", DataWarning)
-        loaders = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed)
-    train, val = loaders.train_index, loaders.val_index
-    refuse_overwriting_inputs([("--out", out)], dataset_inputs([*train.files, *val.files], data))
-    out.mkdir(parents=True, exist_ok=True)
+    # Three steps: verification, the preview, the statistics; the findings are printed once the bar is done.
+    with progress_bar(total=3, desc="data check", unit="step") as steps:
+        steps.set_postfix_str("verifying")
+        with warnings.catch_warnings():  # the summaries are printed below; no need to repeat them as warnings
+            warnings.simplefilter("ignore", DataWarning)
+            loaders = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed)
+        train, val = loaders.train_index, loaders.val_index
+        refuse_overwriting_inputs([("--out", out)], dataset_inputs([*train.files, *val.files], data))
+        out.mkdir(parents=True, exist_ok=True)
+        steps.update()
+        steps.set_postfix_str("preview")
+        preview_set = loaders.train.dataset
+        if train.has_polygons:  # a YOLO-seg dataset: the preview shows the masks its training draws
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DataWarning)
+                preview_set = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed,
+                                            splits=("train",), masks=True).train.dataset
+        preview = save_preview(preview_set, out / "mosaic_preview.png")
+        steps.update()
+        steps.set_postfix_str("label statistics")
+        stats = save_label_stats(train.labels, loaders.names, out / "label_stats.png")
+        steps.update()
     print(train.report.summary("train"))
     if val is not train:
         print(val.report.summary("val"))
-    preview_set = loaders.train.dataset
-    if train.has_polygons:  # a YOLO-seg dataset: the preview shows the masks its training draws
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DataWarning)
-            preview_set = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed, splits=("train",),
-                                        masks=True).train.dataset
-    preview = save_preview(preview_set, out / "mosaic_preview.png")
-    stats = save_label_stats(train.labels, loaders.names, out / "label_stats.png")
     print(f"wrote {preview} and {stats}")
     return CheckResult(train.report, val.report, preview, stats)
