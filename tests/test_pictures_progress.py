@@ -1,10 +1,18 @@
 """The pictures a run leaves for a look by eye (labels.jpg at the start of training, val_batch*_labels/pred.jpg at
 the final validation and from `yolotrain val`), the model summary of `train` and `yolotrain info`, and the
-progress bars of val, predict, track, export and data check (stderr, training's style)."""
+progress bars of val, predict, track, export and data check (stderr, training's style; shown on a terminal, and
+here, where stderr is captured, because YOLOTRAIN_PROGRESS=1 asks for them)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
 import re
+import struct
+import subprocess
+import sys
+import termios
 from pathlib import Path
 
 import cv2
@@ -41,6 +49,11 @@ def bar_of(stderr: str, desc: str) -> str:
     states = [s for s in re.split(r"[\r\n]", stderr) if s.startswith(f"{desc}:")]
     assert states, f"no {desc!r} progress bar in {stderr!r}"
     return states[-1]
+
+
+@pytest.fixture(autouse=True)
+def bars_shown(monkeypatch):
+    monkeypatch.setenv("YOLOTRAIN_PROGRESS", "1")
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +135,37 @@ def test_yolotrain_val_draws_the_batches_and_shows_its_bar(weights, tiny_data, t
     assert "2/2" in bar_of(err, "val") and "100%" in bar_of(err, "val")
 
 
-def test_the_bars_are_hidden_by_yolotrain_progress_0(weights, tiny_data, monkeypatch, capsys):
-    monkeypatch.setenv("YOLOTRAIN_PROGRESS", "0")
+@pytest.mark.parametrize("setting", ["0", None])
+def test_the_bars_are_hidden_by_yolotrain_progress_0_and_off_a_terminal(weights, tiny_data, monkeypatch, capsys,
+                                                                         setting):
+    if setting is None:
+        monkeypatch.delenv("YOLOTRAIN_PROGRESS")
+    else:
+        monkeypatch.setenv("YOLOTRAIN_PROGRESS", setting)
     val(str(weights), str(tiny_data), img_size=64, workers=0, device="cpu", verbose=False)
     assert "val:" not in capsys.readouterr().err
+
+
+def test_a_terminal_shows_the_bar_without_being_asked(tiny_data, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "YOLOTRAIN_PROGRESS"}
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal 120 columns wide
+    with subprocess.Popen([sys.executable, "-m", "yolotrain", "data", "check", str(tiny_data), "--out",
+                           str(tmp_path / "check"), "--img", "64"], stderr=follower, stdout=subprocess.PIPE,
+                          env=env) as process:
+        os.close(follower)
+        received = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal's other side closed: the command is done
+                break
+            if not chunk:
+                break
+            received += chunk
+        assert process.wait(timeout=300) == 0
+    os.close(leader)
+    assert "100%" in bar_of(received.decode(errors="replace"), "data check")
 
 
 def test_predict_shows_a_bar_and_a_line_per_image_with_verbose(weights, tiny_data, tmp_path, capsys):

@@ -74,7 +74,7 @@ def run_epochs(trainer: Trainer) -> TrainResult:
         trainer._fire("on_train_epoch_start", trainer, epoch)
         names = trainer.step.component_names
         mean_loss = torch.zeros(len(names), device=trainer.device)
-        progress = progress_bar(received(trainer.train_loader), total=batches, enabled=ctx.is_main)
+        progress = progress_bar(received(trainer.train_loader), total=batches, enabled=ctx.is_main, logged=True)
         started = time.perf_counter()
         seen = 0
         for i, (imgs, targets, *rest) in enumerate(progress):
