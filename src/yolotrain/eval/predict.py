@@ -19,11 +19,11 @@ import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from ..boxes import check_image_size, letterbox_geometry
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
@@ -708,7 +708,7 @@ def expected_frames(source: Source | Sequence[Source], vid_stride: int = 1) -> i
     return total
 
 
-def progress_hooks(bar: Any, verbose: bool) -> dict[str, Callable[[Result | ClassifyResult], None]]:
+def progress_hooks(bar: tqdm, verbose: bool) -> dict[str, Callable[[Result | ClassifyResult], None]]:
     """The ``on_predict_image_end`` hook of the ``predict`` and ``track`` commands: ``bar`` (a progress bar)
     advances by each image or frame, and with ``verbose`` a line above it says what was found there."""
     def advance(result: Result | ClassifyResult) -> None:
