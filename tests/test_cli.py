@@ -18,7 +18,8 @@ def test_help_lists_every_command(tmp_path):
     # The sub-command choices line, e.g. "{train,val,...}", names every command exactly once.
     choices = re.search(r"\{([a-z,]+)\}", result.stdout)
     assert choices is not None, result.stdout
-    assert choices.group(1).split(",") == ["train", "tune", "val", "predict", "track", "export", "data", "doctor"]
+    assert choices.group(1).split(",") == ["train", "tune", "val", "predict", "track", "export", "data", "info",
+                                          "doctor"]
     # Export's help (wrapped over lines up to the next command's) names every format it writes.
     export_help = " ".join(result.stdout.split("\n    export ", 1)[1].split("\n    data ", 1)[0].split())
     for fmt in ("ONNX", "OpenVINO", "LiteRT", "Core ML", "TensorRT", "TorchScript"):

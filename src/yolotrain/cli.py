@@ -28,8 +28,12 @@ from .eval.predict import add_predict_arguments, run_predict
 from .eval.val import add_val_arguments, run_val
 from .interop import UnsafeCheckpointError
 from .interop.export import add_export_arguments, run_export
+from .interop.resolve import resolve_model
 from .loss import DivergenceError
 from .messages import closest_name, one_line_warnings, shorten
+from .model import Yolov5
+from .model.classify import Classifier
+from .model.summary import layer_table, summarise
 from .runs import RunInUseError
 from .settings import add_arguments, add_refused, check_refused, unknown_name_error
 from .track.run import add_track_arguments, run_track
@@ -184,8 +188,38 @@ def _run_data_shapes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _info_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="a model's layers, parameters and GFLOPs",
+                       description="Print a model's summary as training prints it: layers, parameters, gradients and "
+                       "GFLOPs of one image at the model's default input size (640; 1280 for P6 models, 224 for "
+                       "classifiers).")
+    p.add_argument("model", help="an architecture name (yolov5n, yolov5s-seg, yolov5n-cls, resnet18), a model YAML "
+                   "or weights")
+    p.add_argument("--img", "--img-size", "--imgsz", dest="img_size", type=int,
+                   help="input size the GFLOPs and output shapes are computed at (default: the model's)")
+    p.add_argument("--verbose", action="store_true", help="also a table of the layers: inputs, parameters, module "
+                   "and output shape")
+    p.set_defaults(run=_run_info)
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    model = resolve_model(args.model)
+    if not isinstance(model, (Yolov5, Classifier)):
+        raise ValueError(f"{args.model}: an exported model; info describes PyTorch models (give the checkpoint it "
+                         "was exported from)")
+    if args.img_size is not None and args.img_size < 1:
+        raise ValueError(f"--img must be a positive number of pixels, got {args.img_size}")
+    name = f"yolov5{model.version}" if isinstance(model, Yolov5) else model.arch
+    size = args.img_size or model.default_img_size
+    if args.verbose:
+        print(layer_table(model, size, model.in_channels))
+    print(summarise(model, name, size, model.in_channels))
+    return 0
+
+
 PARSERS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _train_parser, _tune_parser, _val_parser, _predict_parser, _track_parser, _export_parser, _data_parser)
+    _train_parser, _tune_parser, _val_parser, _predict_parser, _track_parser, _export_parser, _data_parser,
+    _info_parser)
 
 
 # Commands whose options are generated from typed settings: they also take them as key=value (data=coco.yaml).

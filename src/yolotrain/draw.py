@@ -78,7 +78,8 @@ def draw_batch(imgs: torch.Tensor, targets: torch.Tensor, names: Sequence[str], 
                overlap: bool = True, max_images: int = 16) -> np.ndarray:
     """One BGR picture of a training batch (the reference's ``train_batch*.jpg``): the first ``max_images``
     of ``imgs [B, 3, H, W]`` (RGB, uint8 or floats in 0..1) in a square grid, each with the boxes and class
-    names of its ``targets`` rows (image, class, cx, cy, w, h normalised) and, for a segmentation batch,
+    names of its ``targets`` rows (image, class, cx, cy, w, h normalised, and a detection's score when there
+    is a seventh column) and, for a segmentation batch,
     its target ``masks`` (``overlap``: one ``[B, h, w]`` numbered map per image, else ``[N, h, w]`` per
     target row) blended in their class colours."""
     n = min(imgs.shape[0], max_images)
@@ -97,8 +98,14 @@ def draw_batch(imgs: torch.Tensor, targets: torch.Tensor, names: Sequence[str], 
         centres, sizes = labels[:, 1:3], labels[:, 3:5]
         scale = torch.tensor([w, h, w, h], dtype=torch.float64)
         boxes = torch.cat((centres - sizes / 2, centres + sizes / 2), 1) * scale
-        tiles.append(draw_detections(image, boxes, labels[:, 0], names))
+        tiles.append(draw_detections(image, boxes, labels[:, 0], names, labels[:, 5] if labels.shape[1] > 5 else None))
+    return tile_grid(tiles)
+
+
+def tile_grid(tiles: Sequence[np.ndarray]) -> np.ndarray:
+    """Pictures of one size in a square grid, row by row, the grid's empty places grey."""
+    n = len(tiles)
     cols = int(np.ceil(np.sqrt(n)))
     grid_rows = -(-n // cols)
-    tiles += [np.full_like(tiles[0], 114)] * (grid_rows * cols - n)
+    tiles = [*tiles, *[np.full_like(tiles[0], 114)] * (grid_rows * cols - n)]
     return np.vstack([np.hstack(tiles[r * cols:(r + 1) * cols]) for r in range(grid_rows)])

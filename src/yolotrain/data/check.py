@@ -21,6 +21,7 @@ import torch
 from ..boxes import xywh_to_xyxy
 from ..draw import class_colour, draw_detections, draw_masks, object_masks
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
+from ..progress import progress_bar
 from .augment import AugmentConfig
 from .classify import (
     IMAGENET_MEAN,
@@ -84,21 +85,24 @@ def save_preview(dataset: DetectionDataset, path: Path, n: int = 4) -> Path:
 
 
 def save_label_stats(labels: list[np.ndarray], names: list[str], path: Path) -> Path:
-    """Plot class counts and the box width/height distribution (normalised) to ``path``."""
+    """Plot the labels' statistics to ``path`` (PNG or JPEG), as the reference's ``labels.jpg``: instances of
+    each class, the box centres (x vs y) and the box sizes (width vs height), as fractions of the image."""
     all_labels = np.concatenate(labels) if labels else np.zeros((0, 5))
     nc = max(len(names), int(all_labels[:, 0].max()) + 1 if len(all_labels) else 1)
     counts = np.bincount(all_labels[:, 0].astype(int), minlength=nc)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax1.bar(np.arange(nc), counts, color="#4c72b0")
-    ax1.set_title(f"boxes per class ({len(all_labels)} boxes)")
-    ax1.set_ylabel("boxes")
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5))
+    ax1.bar(np.arange(nc), counts, color=[np.array(class_colour(c)[::-1]) / 255 for c in range(nc)])
+    ax1.set_title(f"instances per class ({len(all_labels)} boxes)")
+    ax1.set_ylabel("instances")
     if nc <= 30:
         ax1.set_xticks(np.arange(nc), [names[i] if i < len(names) else str(i) for i in range(nc)],
                       rotation=60, ha="right", fontsize=8)
-    ax2.hist2d(all_labels[:, 3], all_labels[:, 4], bins=40, range=[[0, 1], [0, 1]], cmap="Blues")
-    ax2.set_title("box width vs height (fraction of image)")
-    ax2.set_xlabel("width")
-    ax2.set_ylabel("height")
+    for ax, (x, y), (xlabel, ylabel) in ((ax2, (1, 2), ("x", "y")), (ax3, (3, 4), ("width", "height"))):
+        ax.hist2d(all_labels[:, x], all_labels[:, y], bins=40, range=[[0, 1], [0, 1]], cmap="Blues")
+        ax.set_title(f"box {'centre' if x == 1 else 'size'}: {xlabel} vs {ylabel} (fraction of image)")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+    ax2.invert_yaxis()  # image rows grow downwards
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -195,18 +199,28 @@ def check_classify_dataset(data: str | os.PathLike, out_dir: str | os.PathLike,
             warnings.warn(f"{source.root / split}: {len(empty)} class folder(s) without an image: {', '.join(empty)} "
                           "(training refuses them)", DataWarning, stacklevel=2)
     refuse_overwriting_inputs([("--out", out)], dataset_inputs([p for s in samples.values() for p, _ in s], data))
-    checks = {split: check_split(samples[split], source.root / split) for split in source.folders}
-    images = {split: np.bincount([label for _, label in check.kept], minlength=len(source.names))
-              for split, check in checks.items()}
+    # A step per split verified and per picture drawn; the findings are printed once the bar is done.
+    with progress_bar(total=len(source.folders) + 2, desc="data check", unit="step") as steps:
+        checks = {}
+        for split in source.folders:
+            steps.set_postfix_str(f"verifying {split}")
+            checks[split] = check_split(samples[split], source.root / split)
+            steps.update()
+        images = {split: np.bincount([label for _, label in check.kept], minlength=len(source.names))
+                  for split, check in checks.items()}
+        out.mkdir(parents=True, exist_ok=True)
+        shown = "train" if "train" in checks else source.eval_split
+        augment = ClassifyAugment() if shown == "train" else None
+        preview_set = ClassifyDataset(checks[shown].kept, img_size, augment, seed, names=source.names)
+        steps.set_postfix_str("preview")
+        preview = save_class_preview(preview_set, out / "train_preview.png")
+        steps.update()
+        steps.set_postfix_str("class counts")
+        stats = save_class_counts(images, source.names, out / "class_counts.png")
+        steps.update()
     for split, check in checks.items():
         print(check.summary(split))
     print(class_table(source.names, images))
-    out.mkdir(parents=True, exist_ok=True)
-    shown = "train" if "train" in checks else source.eval_split
-    augment = ClassifyAugment() if shown == "train" else None
-    preview_set = ClassifyDataset(checks[shown].kept, img_size, augment, seed, names=source.names)
-    preview = save_class_preview(preview_set, out / "train_preview.png")
-    stats = save_class_counts(images, source.names, out / "class_counts.png")
     print(f"wrote {preview} and {stats}")
     return ClassifyCheckResult(source.names, checks, images, preview, stats)
 
@@ -228,22 +242,30 @@ def check_dataset(
     img_size = img_size or DETECT_IMG_SIZE
     out = Path(out_dir)
     config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=1, workers=0, cache_mb=0)
-    with warnings.catch_warnings():  # the summaries are printed below; no need to repeat them as warnings
-        warnings.simplefilter("ignore", DataWarning)
-        loaders = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed)
-    train, val = loaders.train_index, loaders.val_index
-    refuse_overwriting_inputs([("--out", out)], dataset_inputs([*train.files, *val.files], data))
-    out.mkdir(parents=True, exist_ok=True)
+    # Three steps: verification, the preview, the statistics; the findings are printed once the bar is done.
+    with progress_bar(total=3, desc="data check", unit="step") as steps:
+        steps.set_postfix_str("verifying")
+        with warnings.catch_warnings():  # the summaries are printed below; no need to repeat them as warnings
+            warnings.simplefilter("ignore", DataWarning)
+            loaders = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed)
+        train, val = loaders.train_index, loaders.val_index
+        refuse_overwriting_inputs([("--out", out)], dataset_inputs([*train.files, *val.files], data))
+        out.mkdir(parents=True, exist_ok=True)
+        steps.update()
+        steps.set_postfix_str("preview")
+        preview_set = loaders.train.dataset
+        if train.has_polygons:  # a YOLO-seg dataset: the preview shows the masks its training draws
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DataWarning)
+                preview_set = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed,
+                                            splits=("train",), masks=True).train.dataset
+        preview = save_preview(preview_set, out / "mosaic_preview.png")
+        steps.update()
+        steps.set_postfix_str("label statistics")
+        stats = save_label_stats(train.labels, loaders.names, out / "label_stats.png")
+        steps.update()
     print(train.report.summary("train"))
     if val is not train:
         print(val.report.summary("val"))
-    preview_set = loaders.train.dataset
-    if train.has_polygons:  # a YOLO-seg dataset: the preview shows the masks its training draws
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DataWarning)
-            preview_set = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed, splits=("train",),
-                                        masks=True).train.dataset
-    preview = save_preview(preview_set, out / "mosaic_preview.png")
-    stats = save_label_stats(train.labels, loaders.names, out / "label_stats.png")
     print(f"wrote {preview} and {stats}")
     return CheckResult(train.report, val.report, preview, stats)

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 import yaml
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from ..atomic import write_atomic
 from ..checkpoint import read_metadata, save_checkpoint
@@ -22,10 +21,12 @@ from ..data.loaders import image_weights
 from ..eval.classify import ClassifyMetrics
 from ..eval.predict import predict
 from ..eval.val import val
+from ..model.summary import summarise
 from ..model.yolo import PRECISIONS
+from ..progress import progress_bar
 from . import distributed as D
 from .optim import apply_warmup, warmup_iterations
-from .plots import TRAIN_BATCH_PLOTS, save_train_batch
+from .plots import TRAIN_BATCH_PLOTS, save_labels, save_train_batch
 from .results import TrainResult
 
 if TYPE_CHECKING:
@@ -58,6 +59,10 @@ def run_epochs(trainer: Trainer) -> TrainResult:
                      f"{len(trainer.train_set)} train / {len(trainer.val_set)} val images, {cfg.epochs} epochs, "
                      f"batch {cfg.data.batch_size} on {ctx.world_size} process(es), {trainer.device}; "
                      f"results in {trainer.save_dir}")
+        trainer._log(str(summarise(trainer.model, model_name, cfg.data.img_size, trainer.model.in_channels)))
+        if trainer.resume_from is None and cfg.eval.plots:  # once per run, as the reference plots them
+            save_labels(trainer.save_dir / "labels.jpg", trainer.train_set.labels, trainer.names,
+                        trainer.model.task == "classify")
     trainer._fire("on_train_start", trainer)
     metrics: dict[str, float] = {}
     epochs_run = 0
@@ -72,8 +77,7 @@ def run_epochs(trainer: Trainer) -> TrainResult:
         trainer._fire("on_train_epoch_start", trainer, epoch)
         names = trainer.step.component_names
         mean_loss = torch.zeros(len(names), device=trainer.device)
-        progress = tqdm(received(trainer.train_loader), total=batches, disable=not ctx.is_main, dynamic_ncols=True,
-                        bar_format="{l_bar}{bar:10}{r_bar}")
+        progress = progress_bar(received(trainer.train_loader), total=batches, enabled=ctx.is_main, logged=True)
         started = time.perf_counter()
         seen = 0
         for i, (imgs, targets, *rest) in enumerate(progress):

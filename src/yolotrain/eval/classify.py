@@ -24,8 +24,9 @@ from ..detector import Detector
 from ..draw import class_colour
 from ..interop.resolve import weights_inputs
 from ..outputs import refuse_overwriting_inputs
+from ..progress import progress_bar
 from ..runs import run_lock
-from .plots import MAX_LABELLED_CLASSES, plot_normalised_matrix
+from .plots import MAX_LABELLED_CLASSES, VAL_BATCH_PLOTS, plot_normalised_matrix, save_classify_val_batch
 from .result_outputs import ResultOutputs
 
 TOP_K = 5
@@ -109,7 +110,8 @@ def val_classifier(model: Detector, data: str | os.PathLike | DataLoader, device
     ImageNet-style folder or a loader of :func:`~yolotrain.data.classify.build_classify_loaders`.
 
     ``criterion(logits, labels)`` (cross-entropy in training) gives ``metrics.loss``, the mean over batches as
-    the reference reports it. With ``save_dir`` (and ``plots``) the confusion matrix is drawn there.
+    the reference reports it. With ``save_dir`` (and ``plots``) the confusion matrix is drawn there, and the first
+    three batches as ``val_batch{0,1,2}_labels.jpg`` (true classes) and ``_pred.jpg`` (top-1 classes).
     """
     hooks = hooks or Callbacks()
     if isinstance(data, DataLoader):
@@ -129,7 +131,7 @@ def val_classifier(model: Detector, data: str | os.PathLike | DataLoader, device
         hooks.run("on_val_start", loader)
         with torch.inference_mode():
             clock = _clock(device)
-            for batch_index, (imgs, targets) in enumerate(loader):
+            for batch_index, (imgs, targets) in enumerate(progress_bar(loader, desc="val", unit="batch")):
                 imgs, targets = imgs.to(device, model.dtype, non_blocking=True), targets.to(device)
                 timers["preprocess"] += clock()
                 hooks.run("on_val_batch_start", batch_index, imgs, targets)
@@ -142,6 +144,9 @@ def val_classifier(model: Detector, data: str | os.PathLike | DataLoader, device
                 tops.append(top.cpu())
                 labels.append(targets.cpu())
                 seen += len(targets)
+                if out_dir is not None and plots and batch_index < VAL_BATCH_PLOTS:
+                    out_dir.mkdir(parents=True, exist_ok=True)
+                    save_classify_val_batch(out_dir, batch_index, imgs, targets, logits, names)
                 hooks.run("on_val_batch_end", batch_index, imgs, targets, logits)
                 clock()
         metrics = accuracy_metrics(torch.cat(tops), torch.cat(labels), names)

@@ -1,5 +1,6 @@
-"""Pictures of results: the confusion matrix and P/R/F1/PR curves as PNGs (matplotlib, Agg). Boxes
-drawn onto images live in :mod:`yolotrain.draw`."""
+"""Pictures of results: the confusion matrix and P/R/F1/PR curves as PNGs (matplotlib, Agg), and the first
+validation batches with their labels and with the model's predictions (``val_batch{0,1,2}_labels.jpg`` and
+``_pred.jpg``, the reference's). Boxes drawn onto images live in :mod:`yolotrain.draw`."""
 
 from __future__ import annotations
 
@@ -7,12 +8,21 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import cv2
 import numpy as np
+import torch
 
+from ..data.check import draw_class_sample
+from ..draw import draw_batch, tile_grid
+from .masks import process_masks
 from .metrics import ConfusionMatrix, Metrics
 
 # Past this many classes per-class legends and cell annotations become unreadable.
 MAX_LABELLED_CLASSES = 30
+# The first validation batches drawn as val_batch0_labels.jpg / val_batch0_pred.jpg ... (the reference's three).
+VAL_BATCH_PLOTS = 3
+# Detections below this score are left out of the prediction pictures, as the reference's plot_images does.
+PLOT_CONF = 0.25
 
 
 def _pyplot():
@@ -87,3 +97,48 @@ def plot_curves(metrics: Metrics, save_dir: str | os.PathLike) -> list[Path]:
         _curve_plot(c.px, c.precision, names, "all classes", "Confidence", "Precision", save_dir / "P_curve.png"),
         _curve_plot(c.px, c.recall, names, "all classes", "Confidence", "Recall", save_dir / "R_curve.png"),
     ]
+
+
+def save_val_batch(save_dir: Path, index: int, imgs: torch.Tensor, targets: torch.Tensor, dets: list[torch.Tensor],
+                   names: Sequence[str], masks: torch.Tensor | None = None, overlap: bool = True,
+                   protos: torch.Tensor | None = None) -> tuple[Path, Path]:
+    """``val_batch{index}_labels.jpg`` and ``val_batch{index}_pred.jpg`` in ``save_dir``: the batch ``imgs``
+    (RGB, uint8 or floats in 0..1) drawn as training batches are (:func:`yolotrain.draw.draw_batch`), once with
+    its ``targets`` (and label ``masks``, as a segmentation batch carries them) and once with the detections
+    scoring at least :data:`PLOT_CONF` (``dets`` per image: xyxy in the batch's pixels, score, class, then a
+    segmentation model's mask coefficients, whose masks are made from ``protos``)."""
+    h, w = imgs.shape[-2:]
+    labels_path = save_dir / f"val_batch{index}_labels.jpg"
+    cv2.imwrite(str(labels_path), draw_batch(imgs, targets.cpu(), names, masks, overlap))
+    rows, pred_masks = [], []
+    scale = torch.tensor([w, h, w, h], dtype=torch.float64)
+    for i, det in enumerate(dets):
+        det = det[det[:, 4] >= PLOT_CONF].detach().double().cpu()
+        xyxy = det[:, :4] / scale
+        xywh = torch.cat(((xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]), 1)
+        rows.append(torch.cat((torch.full((len(det), 1), float(i), dtype=torch.float64), det[:, 5:6], xywh,
+                               det[:, 4:5]), 1))
+        if protos is not None:
+            kept = det.to(protos.device, protos.dtype)
+            pred_masks.append(process_masks(protos[i], kept[:, 6:], kept[:, :4], (h, w)).cpu())
+    pred_path = save_dir / f"val_batch{index}_pred.jpg"
+    cv2.imwrite(str(pred_path), draw_batch(imgs, torch.cat(rows), names,
+                                           torch.cat(pred_masks) if protos is not None else None, overlap=False))
+    return labels_path, pred_path
+
+
+def save_classify_val_batch(save_dir: Path, index: int, imgs: torch.Tensor, labels: torch.Tensor,
+                            logits: torch.Tensor, names: Sequence[str], max_images: int = 16) -> tuple[Path, Path]:
+    """``val_batch{index}_labels.jpg`` and ``val_batch{index}_pred.jpg`` of a classifier's batch: its first
+    ``max_images`` normalised images (as the loader makes them) in a grid, named with their true class, and with
+    the model's top-1 class and probability."""
+    n = min(len(imgs), max_images)
+    images, labels = imgs[:n].detach().float().cpu(), labels[:n].cpu().tolist()
+    probs, top1 = logits[:n].detach().float().softmax(1).cpu().max(1)
+    labels_path = save_dir / f"val_batch{index}_labels.jpg"
+    cv2.imwrite(str(labels_path),
+                tile_grid([draw_class_sample(image, names[c], c) for image, c in zip(images, labels)]))
+    pred_path = save_dir / f"val_batch{index}_pred.jpg"
+    cv2.imwrite(str(pred_path), tile_grid([draw_class_sample(image, f"{names[c]} {p:.2f}", c)
+                                           for image, c, p in zip(images, top1.tolist(), probs.tolist())]))
+    return labels_path, pred_path

@@ -23,6 +23,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from ..boxes import check_image_size, letterbox_geometry
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
@@ -32,6 +33,7 @@ from ..data.walk import FolderWalkWarning, glob_files
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import refuse_overwriting_inputs, unique_stems
+from ..progress import progress_bar
 from ..runs import next_run_dir, run_lock
 from ..settings import (
     add_arguments,
@@ -690,6 +692,8 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
             action.nargs = "+"
     # The reference's --save-conf adds scores to the --save-txt rows, which always end with theirs here.
     parser.add_argument("--save-conf", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="a line per image or frame (what was found in it) above the progress bar")
     add_refused(parser, UNSUPPORTED_PREDICT_OPTIONS)
     return parser
 
@@ -718,16 +722,55 @@ def precision_announcement(half: bool | None) -> dict[str, Callable[[Predictor],
     return {"on_predict_start": announce} if half is None else None
 
 
+def expected_frames(source: Source | Sequence[Source], vid_stride: int = 1) -> int | None:
+    """How many images and frames :func:`predict` gives for ``source``: each image, and a video's frames
+    (one in ``vid_stride``) as its container counts them; None with a camera or stream, which has no end."""
+    total = 0
+    for item in expand_sources(source):
+        if isinstance(item, str):
+            return None
+        if isinstance(item, Path) and _suffix(item) in VIDEO_FORMATS:
+            capture = cv2.VideoCapture(str(item))
+            total += -(-max(int(capture.get(cv2.CAP_PROP_FRAME_COUNT)), 0) // vid_stride)
+            capture.release()
+        else:
+            total += 1
+    return total
+
+
+def progress_hooks(bar: tqdm, verbose: bool) -> dict[str, Callable[[Result | ClassifyResult], None]]:
+    """The ``on_predict_image_end`` hook of the ``predict`` and ``track`` commands: ``bar`` (a progress bar)
+    advances by each image or frame, and with ``verbose`` a line above it says what was found there."""
+    def advance(result: Result | ClassifyResult) -> None:
+        if verbose:
+            bar.write(image_line(result))
+        bar.update()
+
+    return {"on_predict_image_end": advance}
+
+
+def image_line(result: Result | ClassifyResult) -> str:
+    """What was found in one image or frame, as the reference's detect.py says it: ``PATH: 2 circles, 1 square``
+    (``PATH frame N: ...`` in a video; a classifier's top five classes)."""
+    if isinstance(result, ClassifyResult):
+        return result.summary()
+    where = result.path if result.frame is None else f"{result.path} frame {result.frame}"
+    counts = torch.bincount(result.classes, minlength=len(result.names)).tolist()
+    found = ", ".join(f"{n} {result.names[c]}{'s' if n > 1 else ''}" for c, n in enumerate(counts) if n)
+    return f"{where}: {found or 'no detections'}"
+
+
 def run_predict(args: argparse.Namespace) -> int:
     """Run ``yolotrain predict`` from parsed arguments; returns the process exit code."""
     config = predict_config(args)
     weights = weights_argument(config.weights)
     save_dir = next_run_dir(config.project, config.name, config.exist_ok)
     keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
-    with warnings.catch_warnings(record=True) as caught:
+    total = expected_frames(list(config.source), config.vid_stride)
+    with warnings.catch_warnings(record=True) as caught, progress_bar(total=total, desc="predict", unit="img") as bar:
         warnings.simplefilter("always", SourceWarning)
-        results = predict(weights, list(config.source), save_dir=save_dir,
-                          callbacks=precision_announcement(config.half), **keywords)
+        hooks = progress_hooks(bar, getattr(args, "verbose", False)) | (precision_announcement(config.half) or {})
+        results = predict(weights, list(config.source), save_dir=save_dir, callbacks=hooks, **keywords)
     for w in caught:
         print(f"warning: {w.message}")
     if results and isinstance(results[0], ClassifyResult):

@@ -31,6 +31,7 @@ from ..data.sources import img2label_path
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, unique_stems
+from ..progress import progress_bar
 from ..runs import next_run_dir, run_lock
 from ..settings import (
     ConfigError,
@@ -63,7 +64,7 @@ from .masks import (
     split_overlap_mask,
 )
 from .metrics import ConfusionMatrix, DetectionStats, Metrics, SegmentationStats, labelled_class_detections
-from .plots import plot_confusion_matrix, plot_curves
+from .plots import VAL_BATCH_PLOTS, plot_confusion_matrix, plot_curves, save_val_batch
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ class ValConfig:
     half: bool | None = setting(None, "half-precision inference: float16 on CUDA, bfloat16 on the CPU "
                                   "(default: where the device computes it natively, else float32)")
     save_json: bool = setting(False, "COCO json + pycocotools evaluation (segmentation models: masks as RLE, segm too)")
-    plots: bool = setting(True, "confusion matrix and P/R/F1/PR curves (--no-plots: skip them)")
+    plots: bool = setting(True, "confusion matrix, P/R/F1/PR curves, val_batch*_labels/pred.jpg (--no-plots: skip "
+                          "them)")
     map_classes: bool = setting(False, "score a model with other classes on the data's classes, matched by name")
     task: Literal["val", "speed"] = setting("val", "speed: time pre-process, inference and NMS per image; "
                                             "nothing is written")
@@ -224,7 +226,9 @@ def val(
         save_json: write COCO-format detections and ground truth and print the 12 COCO numbers
             (needs ``pycocotools``); for a segmentation model each detection's mask as an RLE of the
             original image, the labels' polygons, and the 12 ``segm`` numbers too (``metrics.masks.coco``).
-        plots: with ``save_dir``, draw the confusion matrix and P/R/F1/PR curves as PNGs.
+        plots: with ``save_dir``, draw the confusion matrix and P/R/F1/PR curves as PNGs, and the first three
+            batches with their labels and with the predictions scoring at least 0.25 (boxes, a segmentation
+            model's masks) as ``val_batch{0,1,2}_labels.jpg`` and ``val_batch{0,1,2}_pred.jpg``.
         verbose: print the results table and speeds.
         half: half-precision inference: float16 on CUDA, bfloat16 on the CPU; None (the default): where
             the device computes it natively (CUDA; CPUs with AMX or AVX512-BF16), else float32, and with
@@ -305,6 +309,7 @@ def val(
         seen, batch_index = 0, 0
         iterator = iter(loader)
         hooks.run("on_val_start", loader)
+        bar = progress_bar(total=len(loader), desc="val", unit="batch")
         with torch.inference_mode():
             while True:
                 with timers["preprocess"]:
@@ -346,11 +351,19 @@ def val(
 
                 label_masks = _label_masks(batch, dataset, targets) if segment else None
                 scorer.add_batch(dets, targets, seen, (h, w), protos, label_masks)
+                if plots and out_dir is not None and batch_index < VAL_BATCH_PLOTS:
+                    out_dir.mkdir(parents=True, exist_ok=True)
+                    save_val_batch(out_dir, batch_index, batch[0], targets,
+                                   dets if class_map is None else [_remap(d, class_map.to(d.device)) for d in dets],
+                                   names, batch[4] if segment and len(batch) > 4 else None,
+                                   getattr(dataset, "overlap", True), protos)
+                bar.update()
                 hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
                 seen += b
                 batch_index += 1
                 # Let this batch's tensors go before the next one is loaded and run, not after.
                 batch = imgs = targets = preds = protos = maps = dets = label_masks = None
+        bar.close()
 
         metrics = scorer.stats.compute(names)
         metrics.speed = {k: t.total / max(seen, 1) * 1e3 for k, t in timers.items()}

@@ -49,6 +49,7 @@ from ..model import Yolov5
 from ..model.classify import Classifier
 from ..nms import NMSConfig, check_nms_limits
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, refuse_replacing_others
+from ..progress import progress_bar
 from ..settings import add_arguments, from_mapping, setting
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
 from .export_graph import ExportGraph, raw_output_names
@@ -351,8 +352,10 @@ def run_export(args: argparse.Namespace) -> int:
                    if f.name not in ("weights", "format", "output")}
         if config.img_size is not None:  # a list, as given on the command line (and so named in errors)
             options["img_size"] = list(config.img_size)
-        for fmt in formats:
-            print(export(config.weights, fmt, out=config.output, **options))
+        with progress_bar(formats, desc="export", unit="format") as bar:
+            for fmt in bar:
+                bar.set_postfix_str(fmt)
+                bar.write(str(export(config.weights, fmt, out=config.output, **options)), file=sys.stdout)
     except (CheckpointError, ValueError, ImportError, OSError) as exc:
         print(f"yolotrain export: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
               file=sys.stderr)

@@ -28,13 +28,16 @@ from ..eval.predict import (
     add_predict_arguments,
     check_display,
     expand_sources,
+    expected_frames,
     precision_announcement,
     predict,
     predict_config,
+    progress_hooks,
 )
 from ..eval.streams import frame_rate, is_stream
 from ..interop.resolve import resolve_model, weights_inputs
 from ..outputs import refuse_overwriting_inputs
+from ..progress import progress_bar
 from ..runs import next_run_dir, run_lock
 from ..settings import add_arguments, flat_names, flat_values, from_flat, setting
 from .config import TrackerConfig, tracker_config
@@ -260,10 +263,12 @@ def run_track(args: argparse.Namespace) -> int:
         del keywords["conf"]  # track()'s own default
     frames: dict[str, set[int]] = {}  # the frames tracked of each sequence, which --eval scores
     count = 0
-    with warnings.catch_warnings(record=True) as caught:
+    total = expected_frames(list(config.source), config.vid_stride)
+    with warnings.catch_warnings(record=True) as caught, progress_bar(total=total, desc="track", unit="img") as bar:
         warnings.simplefilter("always", SourceWarning)
+        hooks = progress_hooks(bar, getattr(args, "verbose", False)) | (precision_announcement(config.half) or {})
         for result in track(weights, list(config.source), tracker, save_dir=save_dir, trail=track_settings.trail,
-                            stream=True, callbacks=precision_announcement(config.half), **keywords):
+                            stream=True, callbacks=hooks, **keywords):
             frames.setdefault(result.sequence, set()).add(result.mot_frame)
             count += 1
     for w in caught:
