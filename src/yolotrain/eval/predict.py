@@ -724,9 +724,15 @@ def precision_announcement(half: bool | None) -> dict[str, Callable[[Predictor],
 
 def expected_frames(source: Source | Sequence[Source], vid_stride: int = 1) -> int | None:
     """How many images and frames :func:`predict` gives for ``source``: each image, and a video's frames
-    (one in ``vid_stride``) as its container counts them; None with a camera or stream, which has no end."""
+    (one in ``vid_stride``) as its container counts them; None with a camera or stream, which has no end,
+    and None for sources that cannot be read: :func:`predict` says what is wrong with them, after the
+    checks of its settings, so the bar's total never decides which error a user sees first."""
+    try:
+        items = expand_sources(source)
+    except (OSError, ValueError):
+        return None
     total = 0
-    for item in expand_sources(source):
+    for item in items:
         if isinstance(item, str):
             return None
         if isinstance(item, Path) and _suffix(item) in VIDEO_FORMATS:
