@@ -131,6 +131,16 @@ def _finite(tensors: list[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
+def _made_non_finite(grads_in: tuple, grads_out: tuple) -> tuple[list, list] | None:
+    """A backward node's (produced, received) gradient tensors when it turned finite incoming gradients
+    (``grads_out``) into non-finite ones, else None."""
+    produced = [g for g in grads_in if isinstance(g, torch.Tensor) and g.numel()]
+    received = [g for g in grads_out if isinstance(g, torch.Tensor) and g.numel()]
+    if not produced or _surely_finite(produced) or (received and not _surely_finite(received)):
+        return None
+    return produced, received
+
+
 def _surely_finite(tensors: list[torch.Tensor]) -> bool:
     """The hot-path check: one read-only reduction per tensor and one host sync.
 
@@ -251,10 +261,10 @@ class NanWatch(TorchFunctionMode):
         self._custom_nodes.pop(id(node), None)
         if not self.active:
             return
-        produced = [g for g in grads_in if isinstance(g, torch.Tensor) and g.numel()]
-        received = [g for g in grads_out if isinstance(g, torch.Tensor) and g.numel()]
-        if not produced or _surely_finite(produced) or (received and not _surely_finite(received)):
+        gradients = _made_non_finite(grads_in, grads_out)
+        if gradients is None:
             return
+        produced, received = gradients
         self._locating = []
         try:
             with self, torch.no_grad():  # saved tensors are still held while the node's hooks run
@@ -324,10 +334,10 @@ class NanWatch(TorchFunctionMode):
     def _backward(self, node: Any, site: RawSite | None, grads_in: tuple, grads_out: tuple) -> None:
         if not self.active:
             return
-        produced = [g for g in grads_in if isinstance(g, torch.Tensor) and g.numel()]
-        received = [g for g in grads_out if isinstance(g, torch.Tensor) and g.numel()]
-        if not produced or _surely_finite(produced) or (received and not _surely_finite(received)):
+        gradients = _made_non_finite(grads_in, grads_out)
+        if gradients is None:
             return
+        produced, received = gradients
         saved = [(key, getattr(node, key, None)) for key in dir(node) if key.startswith("_saved_")]
         ranges = [_range(f"saved {key.removeprefix('_saved_')}", v) for key, v in saved
                   if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
