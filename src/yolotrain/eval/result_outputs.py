@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,19 +26,22 @@ if TYPE_CHECKING:
 _ROW_KEYS = ("detections", "tracks", "top5")
 
 
-class ResultOutputs:
-    """Mixin of the prediction results: they hold ``path``, ``frame``, ``image`` and ``to_dict()``/``annotate()``."""
+class ResultOutputs(ABC):
+    """Base of the prediction results: they hold ``path``, ``frame``, ``image`` and define ``to_dict()`` and
+    ``annotate()``; the rest is built on those two."""
 
     path: str
     frame: int | None
     image: np.ndarray | None
 
-    def to_dict(self) -> dict:  # each result type's own
-        raise NotImplementedError
+    @abstractmethod
+    def to_dict(self) -> dict:
+        """The result as plain data (what ``predictions.json`` holds for it)."""
 
+    @abstractmethod
     def annotate(self, image: np.ndarray, *, line_width: int | None = None, hide_labels: bool = False,
-                 hide_conf: bool = False) -> np.ndarray:  # each result type's own
-        raise NotImplementedError
+                 hide_conf: bool = False) -> np.ndarray:
+        """``image`` with the result drawn on it."""
 
     def plot(self, image: np.ndarray | None = None, *, line_width: int | None = None, hide_labels: bool = False,
              hide_conf: bool = False) -> np.ndarray:
