@@ -1,0 +1,14 @@
+"""Image classification: class scores for a whole image (a YOLOv5 backbone or a torchvision model)."""
+
+from __future__ import annotations
+
+from ...task import Task
+
+
+class ClassifyTask(Task):
+    """Classification's answers to the shared code."""
+
+    name = "classify"
+
+
+TASK = ClassifyTask()
