@@ -1,6 +1,6 @@
 """The reference's export.py command line runs as ``yolotrain export``: every option its ``parse_opt`` defines
 is accepted with the same meaning, accepted as having no effect here (saying why), or stops the run in one
-line saying why; the ones that differ are listed in README.md."""
+line saying why; the ones that differ are listed in docs/coming-from-yolov5.md."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from yolotrain.interop.export import (
     export_config,
 )
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+YOLOV5_PAGE = Path(__file__).resolve().parents[1] / "docs" / "coming-from-yolov5.md"
 
 # A value for each reference option that takes one, unlike yolotrain's default so the effect shows.
 VALUES = {"--data": "data.yaml", "--weights": "w.pt", "--imgsz": "320", "--img": "320", "--img-size": "320",
@@ -46,7 +46,7 @@ def test_every_reference_export_option_is_classified_and_documented():
     flags = set(reference_export_options())
     assert len(flags) > 20
     assert flags == set(SAME_MEANING) | set(UNSUPPORTED_EXPORT_OPTIONS) | set(NO_EFFECT_REFERENCE_OPTIONS)
-    differences = README.read_text().split("### Differences from the reference export.py")[1].split("\n## ")[0]
+    differences = YOLOV5_PAGE.read_text().split("## Differences from the reference export.py")[1].split("\n## ")[0]
     for flag in (*UNSUPPORTED_EXPORT_OPTIONS, *NO_EFFECT_REFERENCE_OPTIONS):
         assert f"`{flag}`" in differences, flag
 

@@ -1,7 +1,7 @@
 """The reference's val.py and detect.py command lines run after renaming the program (``val``,
 ``predict``): every option their ``parse_opt`` defines is accepted by the generated command line with
-the same meaning, or stops the command in one line saying why, and is then listed in README.md's
-"Coming from YOLOv5"."""
+the same meaning, or stops the command in one line saying why, and is then listed in
+docs/coming-from-yolov5.md."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from test_reference_options import README, reference_options
+from test_reference_options import YOLOV5_PAGE, reference_options
 
 from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
@@ -92,7 +92,7 @@ def test_every_reference_option_is_classified_and_documented(command):
     flags = {flag for flag, _ in reference_options(script, values)}
     assert len(flags) > 20
     assert flags == set(same) | set(refused) | AS_IS[command]
-    coming_from = README.read_text().split("## Coming from YOLOv5")[1].split("\n## ")[0]
+    coming_from = YOLOV5_PAGE.read_text()  # the page: the train, val/detect and export sections
     for flag in refused:
         assert f"`{flag}`" in coming_from, flag
 

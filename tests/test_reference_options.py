@@ -1,6 +1,6 @@
 """The reference's train.py command line runs after renaming only the program: every option its
 ``parse_opt`` defines is accepted by ``yolotrain train`` with the same meaning, or stops the run in one
-line saying why, and is then listed in README.md's differences from the reference."""
+line saying why, and is then listed in docs/coming-from-yolov5.md's differences from the reference."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from yolotrain.cli import UNSUPPORTED_TRAIN_OPTIONS, build_parser, main, train_settings
 from yolotrain.engine import resolve_config
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+YOLOV5_PAGE = Path(__file__).resolve().parents[1] / "docs" / "coming-from-yolov5.md"
 
 # A value for each reference option that takes one, unlike yolotrain's default so the effect shows.
 VALUES = {"--weights": "yolov5s.pt", "--cfg": "yolov5s.yaml", "--data": "data.yaml", "--hyp": "hyp.yaml",
@@ -63,7 +63,7 @@ def test_every_reference_option_is_classified_and_documented():
     flags = {flag for flag, _ in reference_options()}
     assert len(flags) > 40
     assert flags == set(SAME_MEANING) | set(UNSUPPORTED_TRAIN_OPTIONS) | OTHERS
-    differences = README.read_text().split("### Differences from the reference train.py")[1].split("\n## ")[0]
+    differences = YOLOV5_PAGE.read_text().split("## Differences from the reference train.py")[1].split("\n## ")[0]
     for flag in UNSUPPORTED_TRAIN_OPTIONS:
         assert f"`{flag}`" in differences, flag
 
