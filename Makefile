@@ -8,9 +8,9 @@ LITERT_VENV ?= .venv-litert
 LITERT_PY := $(LITERT_VENV)/bin/python
 LITERT_STAMP := $(LITERT_VENV)/.installed
 
-.PHONY: demo test test-slow gpu-check clean
+.PHONY: demo test test-slow gpu-check docs clean
 
-MAIN_PACKAGES := -e ".[test,parity,export,deploy,track]"
+MAIN_PACKAGES := -e ".[test,parity,export,deploy,track,docs]"
 LITERT_PACKAGES := -e ".[tflite,export]" "pytest>=8"
 
 # $(call make_venv,FOLDER,PACKAGES): a virtual environment with the doctor's distribution, then PACKAGES.
@@ -40,9 +40,13 @@ test: $(STAMP) $(LITERT_STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
+# The documentation site, into site/ (make test builds it strictly into a temporary folder instead).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict --site-dir site
+
 # Everything that needs CUDA (CUDA-only tests, DDP with nccl, the step at batch 64, 640 px): one line without a GPU.
 gpu-check: $(STAMP)
 	PYTHON=$(PY) bash benchmarks/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) $(LITERT_VENV) build *.egg-info src/*.egg-info packages/inplace-doctor/src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(LITERT_VENV) build site *.egg-info src/*.egg-info packages/inplace-doctor/src/*.egg-info .pytest_cache
