@@ -125,23 +125,24 @@ def test_detach_patch_rewrites_only_reads(code: str, names: list[str], expected:
     assert _detach_names(code, names) == expected
 
 
-def test_state_carried_through_a_helper_is_detached_where_it_is_passed(tmp_path: Path) -> None:
+def test_state_carried_through_a_helper_is_detached_where_it_is_produced(tmp_path: Path) -> None:
     """``repackage()`` detaches h but not c, and the LSTM that uses them runs inside ``forward``: the
-    change is made in the loop, at the call that passes the state, detaching every part of the tuple."""
+    report names the call in the loop that passes the state, and the change is made where the helper
+    returns it, detaching every part of the tuple."""
     name = "_lstm_repackage_half.py"
     source = (CASES / name).read_text()
     passed = source.splitlines().index("    hidden = repackage(hidden)  # doctor: passed") + 1
+    produced = source.splitlines().index("    return h.detach(), c") + 1
     proc = run_doctor("--json", f"{FOLDER}/{name}")
     report = json_report(proc.stdout)
     assert_error_report(proc, report, "graph_freed", f"{FOLDER}/{name}")
     marks = lines_by_role(CASES / name, re.compile(r"#\s*doctor:\s*(\w+(?:\s+\w+)*)\s*$"),
                           ("freed", "carried", "failed", "passed"))
     roles = {role: {s["line"] for s in report["sites"] if s["role"] == role}
-             for role in ("freed by", "carried by", "passed at", "failed at")}
+             for role in ("freed by", "carried by", "passed at", "produced at", "failed at")}
     assert roles == {"freed by": marks["freed"], "carried by": marks["carried"], "passed at": {passed},
-                     "failed at": marks["failed"]}
-    assert [(p["line"], p["code"]) for p in report["patches"]] == [
-        (passed, "hidden = repackage(tuple(part.detach() for part in hidden))")]
+                     "produced at": {produced}, "failed at": marks["failed"]}
+    assert [(p["line"], p["code"]) for p in report["patches"]] == [(produced, "return h.detach(), c.detach()")]
     assert "retain_graph" not in report["fix"]
-    (tmp_path / name).write_text(inplace_doctor.Patch(name, passed, report["patches"][0]["code"]).apply(source))
+    (tmp_path / name).write_text(inplace_doctor.Patch(name, produced, report["patches"][0]["code"]).apply(source))
     assert_reports_nothing(run_doctor(name, cwd=tmp_path))

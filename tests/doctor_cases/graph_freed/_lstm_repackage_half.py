@@ -1,5 +1,5 @@
 """A word-level LSTM language model whose repackage() helper detaches h but passes c on with its graph."""
-# doctor-fix: detach (at the call that passes the state: `# doctor: passed`)
+# doctor-fix: detach (where repackage() returns the state; the report also names the call that passes it: `# doctor: passed`)
 import torch
 from torch import nn
 

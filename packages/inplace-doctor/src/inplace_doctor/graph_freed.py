@@ -33,6 +33,7 @@ import torch
 from .fixes import strip_comment
 from .frames import RawSite, display_path, is_user_code, resolve, user_site
 from .messages import DoctorError
+from .producers import container_items, find_producer, in_frame_scope, is_container, lookup
 from .report import GraphReport, Patch, Site
 from .torch_shim import next_sequence_nr
 
@@ -187,7 +188,11 @@ class BackwardHistory:
         freed_by = owner[id(carries[0][1])]
         old_nodes = _walk([old for _, old in carries], keep).values()
         carried_leaves, new_leaves = _leaves(old_nodes), _leaves(new_nodes)
-        state = bool(carried_leaves) and carried_leaves <= new_leaves and carries[0][0] is not None
+        # State carried across steps: the new graph repeats the computation that made the carried tensor
+        # (it reaches the same parameters on its own), or the same backward line runs again, as in a loop
+        # over batches whose later step reads a tensor an earlier step kept (a feature cache).
+        repeated = call.site is not None and call.site == freed_by.site
+        state = (repeated or bool(carried_leaves) and carried_leaves <= new_leaves) and carries[0][0] is not None
         first_uses = [_first_use(old, consumer, used_by) for consumer, old in carries]
         return self._report(message, call, freed_by, carries, first_uses, state, frame)
 
@@ -220,28 +225,7 @@ class BackwardHistory:
         sites.append(("failed at", Site(call.api, failing.file, failing.line, failing.code)))
         patches: list[Patch] = []
         if state and carried_sites:
-            names = _carried_names(carried_sites, [old for _, old in carries], frame)
-            for site in carried_sites:
-                code = _detach_names(strip_comment(site.code), names)
-                if code is not None:
-                    patches.append(Patch(site.file, site.line, code))
-            shown = ", ".join(f"`{n}`" for n in names) or "the carried tensor"
-            verb = "hold" if len(names) > 1 else "holds"
-            detached = ", ".join(f"`{n}.detach()`" for n in names) or "`.detach()`"
-            where = carried_sites[0].where()
-            passed = _passing_statement(frame, [old for _, old in carries], self.cwd) if not patches else None
-            if passed is not None:  # the carrying line is in another function: fix the call that passed the state
-                site, name, code, parts = passed
-                sites.insert(len(sites) - 1, ("passed at", site))
-                patches.append(Patch(site.file, site.line, code))
-                shown, verb, where = f"`{name}`", "holds", site.where()
-                detached = f"`{parts}`"
-            fix = (
-                f"{shown} still {verb} the graph of an earlier step that `{strip_comment(first.code)}` "
-                f"({first.where()}) freed; "
-                f"use {detached} at {where} "
-                "so each step backpropagates through its own graph only (truncated backpropagation)"
-            )
+            fix = self._carried_state_fix(first, carried_sites, [old for _, old in carries], frame, sites, patches)
         else:
             code = _retain_graph(strip_comment(first.code))
             if code is not None:
@@ -253,6 +237,56 @@ class BackwardHistory:
                 "if the second loss should not reach that graph, `.detach()` the tensor where it is used"
             )
         return GraphReport("graph_freed", message, sites, fix, patches, notes=notes)
+
+    def _carried_state_fix(self, first: Site, carried_sites: list[Site], old_nodes: list[Any],
+                           frame: FrameType | None, sites: list[tuple[str, Site]], patches: list[Patch]) -> str:
+        """The fix of state carried across steps, in words; adds its sites and patches.
+
+        The chain of the program's lines: the op that used the stale tensor (``carried by``), the call in
+        the loop that passed it there when that op runs in another function (``passed at``), and the
+        statement that produced it without detaching (``produced at``: a helper returning a tuple state
+        detached in part, a store into a cache or a memory bank). The patch goes to the last of them found.
+        """
+        keep: list[Any] = []
+        old = {key for key, node in _walk(old_nodes, keep).items() if type(node).__name__ != _ACCUMULATE}
+        local = [s for s in carried_sites if frame is None or in_frame_scope(frame, s.file, s.line, self.cwd)]
+        names = _carried_names(local, old, keep, frame)
+        tensors = [n for n in names if not _names_containers(n, frame)]
+        for site in local:
+            code = _detach_names(strip_comment(site.code), tensors)
+            if code is not None:
+                patches.append(Patch(site.file, site.line, code))
+        shown = ", ".join(f"`{n}`" for n in tensors) or "the carried tensor"
+        verb = "hold" if len(tensors) > 1 else "holds"
+        detached = ", ".join(f"`{n}.detach()`" for n in tensors) or "`.detach()`"
+        where = carried_sites[0].where()
+        passed = _passing_statement(frame, old, keep, self.cwd) if not local else None
+        if passed is not None:  # the carrying line is in another function: the call in the loop passed the state
+            site, name, code, parts = passed
+            sites.insert(len(sites) - 1, ("passed at", site))
+            patches[:] = [Patch(site.file, site.line, code)]
+            shown, verb, where, detached = f"`{name}`", "holds", site.where(), f"`{parts}`"
+            names = [*names, name]
+        freed = f"the graph of an earlier step that `{strip_comment(first.code)}` ({first.where()}) freed"
+        producer = find_producer(frame, names, lambda value: _holds_old_graph(value, old, keep), self.cwd)
+        if producer is not None:
+            sites.insert(len(sites) - 1, ("produced at", producer.site))
+            patches[:] = [Patch(producer.site.file, producer.site.line, producer.code)]
+            if producer.site.op == "return":
+                return (
+                    f"the state made by `{producer.name}` still holds {freed}: it detaches only part of it; "
+                    f"detach every part where it is returned, `{producer.code}` at {producer.site.where()}, "
+                    "so each step backpropagates through its own graph only (truncated backpropagation)"
+                )
+            return (
+                f"`{producer.name}` keeps tensors that still hold {freed}; store them detached, "
+                f"`{producer.detached}` at {producer.site.where()}, so each step backpropagates through its own "
+                "graph only"
+            )
+        return (
+            f"{shown} still {verb} {freed}; use {detached} at {where} "
+            "so each step backpropagates through its own graph only (truncated backpropagation)"
+        )
 
 
 def _first_use(old: Any, consumer: Any, used_by: dict[int, Any]) -> RawSite | None:
@@ -316,40 +350,17 @@ def _assignment_end(code: str) -> int:
     return 0
 
 
-def _holds_old_graph(value: object, old: set[int], keep: list[Any]) -> bool:
+def _holds_old_graph(value: object, old: set[int], keep: list[Any], depth: int = 2) -> bool:
+    """True when ``value``, a tensor or (``depth`` levels of) a container of tensors, reaches a node in ``old``."""
+    if is_container(value):
+        return depth > 0 and any(_holds_old_graph(item, old, keep, depth - 1) for item in container_items(value))
     if not isinstance(value, torch.Tensor) or value.grad_fn is None:
         return False
     return any(key in old for key in _walk([value.grad_fn], keep))
 
 
-def _lookup(name: str, namespaces: list[dict[str, Any]]) -> Iterator[object]:
-    """Values ``name`` may denote: a variable, or ``a.b`` on any object in the namespaces with attribute ``b``."""
-    head, *rest = name.split(".")
-    for namespace in namespaces:
-        if head in namespace and not rest:
-            yield namespace[head]
-        elif rest:
-            for owner in ([namespace[head]] if head in namespace else list(namespace.values())):
-                value = owner
-                for attr in rest:
-                    value = _attribute(value, attr)
-                yield value
-
-
-def _attribute(owner: object, name: str) -> object:
-    """``owner.name`` of an instance, or None: a class, a missing name or a failing property."""
-    if owner is None or isinstance(owner, type):
-        return None
-    try:
-        return getattr(owner, name, None)
-    except Exception:  # noqa: BLE001 - a property of the user's object may raise anything
-        return None
-
-
-def _carried_names(sites: list[Site], old_nodes: list[Any], frame: FrameType | None) -> list[str]:
-    """Names on the carrying lines whose tensors (now) hold a node of the freed graph."""
-    keep: list[Any] = []
-    old = {key for key, node in _walk(old_nodes, keep).items() if type(node).__name__ != _ACCUMULATE}
+def _carried_names(sites: list[Site], old: set[int], keep: list[Any], frame: FrameType | None) -> list[str]:
+    """Names on the carrying lines whose tensors, or containers of tensors, (now) hold a node of the freed graph."""
     namespaces = [frame.f_locals, frame.f_globals] if frame is not None else []
     found: list[str] = []
     for site in sites:
@@ -357,9 +368,15 @@ def _carried_names(sites: list[Site], old_nodes: list[Any], frame: FrameType | N
         for name, column, _ in _name_tokens(site.code):
             if column < start or name in found:
                 continue
-            if any(_holds_old_graph(v, old, keep) for v in _lookup(name, namespaces)):
+            if any(_holds_old_graph(v, old, keep) for v in lookup(name, namespaces)):
                 found.append(name)
     return found
+
+
+def _names_containers(name: str, frame: FrameType | None) -> bool:
+    """True when ``name`` denotes a list, tuple, deque or dict in ``frame`` (a cache, a memory bank)."""
+    namespaces = [frame.f_locals, frame.f_globals] if frame is not None else []
+    return any(is_container(value) for value in lookup(name, namespaces))
 
 
 def _detached(name: str, value: object) -> str:
@@ -369,14 +386,12 @@ def _detached(name: str, value: object) -> str:
     return f"{name}.detach()"
 
 
-def _passing_statement(frame: FrameType | None, old_nodes: list[Any],
+def _passing_statement(frame: FrameType | None, old: set[int], keep: list[Any],
                        cwd: str) -> tuple[Site, str, str, str] | None:
     """In the frame that called backward, the statement that passed a tensor (or a tuple of them) holding the
     freed graph to a call: its site, the name, the statement with that argument detached, and the detach."""
     if frame is None:
         return None
-    keep: list[Any] = []
-    old = {key for key, node in _walk(old_nodes, keep).items() if type(node).__name__ != _ACCUMULATE}
     filename = frame.f_code.co_filename
     lines = linecache.getlines(filename, frame.f_globals)
     try:
