@@ -31,11 +31,10 @@ from .interop.export import add_export_arguments, run_export
 from .interop.resolve import resolve_model
 from .loss import DivergenceError
 from .messages import closest_name, one_line_warnings, shorten
-from .model import Yolov5
-from .model.classify import Classifier
 from .model.summary import layer_table, summarise
 from .runs import RunInUseError
 from .settings import add_arguments, add_refused, check_refused, unknown_name_error
+from .task import task_of
 from .track.run import add_track_arguments, run_track
 from .tuning import TuneError
 from .tuning.evolve import evolve
@@ -204,16 +203,15 @@ def _info_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run_info(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
-    if not isinstance(model, (Yolov5, Classifier)):
+    if not task_of(model).is_pytorch_model(model):
         raise ValueError(f"{args.model}: an exported model; info describes PyTorch models (give the checkpoint it "
                          "was exported from)")
     if args.img_size is not None and args.img_size < 1:
         raise ValueError(f"--img must be a positive number of pixels, got {args.img_size}")
-    name = f"yolov5{model.version}" if isinstance(model, Yolov5) else model.arch
     size = args.img_size or model.default_img_size
     if args.verbose:
         print(layer_table(model, size, model.in_channels))
-    print(summarise(model, name, size, model.in_channels))
+    print(summarise(model, model.arch_name, size, model.in_channels))
     return 0
 
 

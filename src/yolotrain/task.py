@@ -11,7 +11,7 @@ evaluation and export, whose code they use.
 
 from __future__ import annotations
 
-from abc import ABC
+from abc import ABC, abstractmethod
 from functools import cache
 from importlib import import_module
 from typing import Any
@@ -41,6 +41,17 @@ class Task(ABC):
     # Export, runtimes and checkpoints.
 
     # Models, the command line and the YOLO object.
+
+    @abstractmethod
+    def is_pytorch_model(self, model: Any) -> bool:
+        """Whether ``model`` is one of this task's PyTorch models (not an export's runtime or another
+        library's object): what ``info`` describes (by its ``arch_name``) and the YOLO object moves to the best
+        device."""
+
+    @abstractmethod
+    def names_model_yaml(self, stem: str) -> bool:
+        """Whether ``stem`` (of ``STEM.yaml``) names one of this task's published architectures, which the YOLO
+        object builds by that name when no such file exists (as the reference finds its own model YAMLs)."""
 
 
 def task_names() -> tuple[str, ...]:

@@ -47,11 +47,10 @@ from .eval.val import val as val_run
 from .interop.export import ExportConfig, default_output
 from .interop.export import export as export_run
 from .interop.resolve import MODEL_YAML_SUFFIXES, resolve_model
-from .model import Yolov5, parse_version
-from .model.classify import Classifier, parse_cls_name
 from .model.summary import ModelSummary, summarise
 from .runs import next_run_dir
 from .settings import ConfigError, field_types, flat_names, flat_values, from_flat, is_section, unknown_name_error
+from .task import get_task, task_names, task_of
 from .track.evaluate import evaluate_tracks
 from .track.outputs import MOT_FOLDER
 from .track.result import TrackResult
@@ -101,13 +100,9 @@ def _published_name(source: str) -> str:
     path = Path(source)
     if path.suffix.lower() not in MODEL_YAML_SUFFIXES or path.exists():
         return source
-    if parse_cls_name(path.stem) is not None:
+    if any(get_task(task).names_model_yaml(path.stem) for task in task_names()):
         return path.stem
-    try:
-        parse_version(path.stem)
-    except ValueError:
-        return source  # not a published name: the missing file is reported when the model is built
-    return path.stem
+    return source  # not a published name: the missing file is reported when the model is built
 
 
 class YOLO:
@@ -159,7 +154,7 @@ class YOLO:
     def _device(self, device: str | None) -> str | torch.device | None:
         """Where val and predict run a PyTorch model: ``device``, else the best device, as for a weights file
         (a model given to them would otherwise stay where it is)."""
-        if device is None and isinstance(self.model, (Yolov5, Classifier)):
+        if device is None and task_of(self.model).is_pytorch_model(self.model):
             return select_device(None)
         return device
 
@@ -331,10 +326,8 @@ class YOLO:
 
     def _name(self) -> str:
         """The architecture's name: ``yolov5n``, ``yolov5s-seg``, ``yolov5n-cls``, ``resnet18``."""
-        if isinstance(self.model, Yolov5):
-            return f"yolov5{self.model.version}"
-        if isinstance(self.model, Classifier):
-            return self.model.arch
+        if task_of(self.model).is_pytorch_model(self.model):
+            return self.model.arch_name
         return type(self.model).__name__
 
     def info(self) -> ModelSummary:
@@ -344,7 +337,7 @@ class YOLO:
         Raises:
             ValueError: an export: its layers are in its runtime's graph.
         """
-        if not isinstance(self.model, (Yolov5, Classifier)):
+        if not task_of(self.model).is_pytorch_model(self.model):
             raise ValueError(f"{self.source}: an exported model; info() describes PyTorch models (make YOLO() of "
                              "the checkpoint it was exported from)")
         summary = summarise(self.model, self._name(), self.model.default_img_size, self.model.in_channels)

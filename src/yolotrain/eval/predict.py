@@ -61,6 +61,7 @@ from .masks import (
     scale_masks_to_original,
     upsampled_masks,
 )
+from .result_boxes import Boxes
 from .result_outputs import DetectionOutputs
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 from .visualize import FeatureMaps
@@ -120,6 +121,8 @@ class Result(DetectionOutputs):
 
     ``boxes`` ``[n, 4]`` x1, y1, x2, y2 (float), ``scores`` ``[n]``, ``classes`` ``[n]`` (long), sorted
     by score; ``names`` maps class ids to names; ``frame`` is the frame index for videos and streams.
+    ``boxes`` is a :class:`~yolotrain.eval.result_boxes.Boxes` tensor, which also answers ``boxes.xyxy``,
+    ``.xywh``, ``.conf``, ``.cls`` and ``.data`` (``[n, 6]``) as YOLO tooling's results do.
     A segmentation model's results also carry each detection's ``masks`` (bool ``[n, h, w]`` of the
     original image) and ``polygons`` (its outline, ``(k, 2)`` float32 x, y pixels, k >= 3; its box's
     four corners when the mask is too small for an outline: empty, one pixel or one line); both are None
@@ -139,6 +142,9 @@ class Result(DetectionOutputs):
     masks: np.ndarray | None = None
     polygons: list[np.ndarray] | None = None
     image: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.boxes = Boxes.of(self.boxes, self.scores, self.classes)
 
     def to_dict(self) -> dict:
         """JSON-ready form: one entry per detection with its box, score, class id and name (and, for a

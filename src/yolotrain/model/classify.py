@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import singledispatch
 
 import torch
 from torch import nn
@@ -56,6 +57,8 @@ class Classify(nn.Module):
     Its BatchNorm keeps PyTorch's defaults (eps 1e-5, momentum 0.1): the reference builds the head after
     re-initialising the detector's BatchNorms, so its checkpoints were trained with them.
     """
+
+    output_layer = "linear"  # the attribute holding the layer that gives the class logits (resize_head's)
 
     def __init__(self, c_in: int, num_classes: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -139,11 +142,12 @@ def _cut(layers: Sequence[nn.Module], inputs: Sequence[int | list[int]], num_cla
 
 def last_linear(model: nn.Module) -> tuple[nn.Module, str, nn.Module] | None:
     """(parent, attribute, layer) of the classifier's output layer, found as the reference's
-    ``reshape_classifier_output`` finds it: a Classify head's ``linear``, a last ``nn.Linear``, or the first
-    Linear (else Conv2d) of a last ``nn.Sequential``."""
+    ``reshape_classifier_output`` finds it: the layer a head names as its ``output_layer`` (a Classify head's
+    ``linear``), a last ``nn.Linear``, or the first Linear (else Conv2d) of a last ``nn.Sequential``."""
     name, last = list(model.named_children())[-1]
-    if isinstance(last, Classify):
-        return last, "linear", last.linear
+    output_layer = getattr(last, "output_layer", None)
+    if isinstance(output_layer, str):
+        return last, output_layer, getattr(last, output_layer)
     if isinstance(last, nn.Linear):
         return model, name, last
     if isinstance(last, nn.Sequential):
@@ -272,6 +276,11 @@ class Classifier(nn.Module):
                          "model name (resnet18, efficientnet_b0 ...)")
 
     @property
+    def arch_name(self) -> str:
+        """The architecture's name (:attr:`arch`: ``yolov5s-cls``, ``resnet18``)."""
+        return self.arch
+
+    @property
     def stride(self) -> torch.Tensor:
         return torch.tensor([float(self.max_stride)])
 
@@ -315,14 +324,23 @@ class Classifier(nn.Module):
         return f"arch={self.arch!r}, num_classes={self.num_classes}"
 
 
+@singledispatch
 def classifier_from(model: Yolov5 | Classifier, num_classes: int, names: Sequence[str] | None = None,
                     cutoff: int = DEFAULT_CUTOFF) -> Classifier:
     """The classifier the reference's ``classify/train.py`` trains from ``model``: a detector is cut at
     ``cutoff`` and given a Classify head; a classifier keeps its weights, its output layer resized to
-    ``num_classes`` when the count differs."""
-    if isinstance(model, Yolov5):
-        return Classifier.from_detector(model, num_classes, names, cutoff)
-    if isinstance(model, Classifier):
-        return model.resize_head(num_classes, names if names is not None else
-                                 (model.names if model.num_classes == num_classes else None))
+    ``num_classes`` when the count differs (one implementation per model class, registered below)."""
     raise TypeError(f"expected a Yolov5 or a Classifier, got {type(model).__name__}")
+
+
+@classifier_from.register
+def _classifier_from_detector(model: Yolov5, num_classes: int, names: Sequence[str] | None = None,
+                              cutoff: int = DEFAULT_CUTOFF) -> Classifier:
+    return Classifier.from_detector(model, num_classes, names, cutoff)
+
+
+@classifier_from.register
+def _classifier_from_classifier(model: Classifier, num_classes: int, names: Sequence[str] | None = None,
+                                cutoff: int = DEFAULT_CUTOFF) -> Classifier:
+    return model.resize_head(num_classes, names if names is not None else
+                             (model.names if model.num_classes == num_classes else None))

@@ -22,7 +22,16 @@ class Detect(nn.Module):
     ``anchors`` is stored in grid units (pixels / stride) under the reference's buffer name, so
     reference checkpoints load unchanged. ``extra_outputs`` more per anchor follow the class logits
     (the mask coefficients of :class:`~yolotrain.model.segment.Segment`), with zero bias priors.
+
+    A head declares what its outputs serve, so that a model is what its head makes it: ``task`` (the task
+    whose predictions it makes), ``model_kind`` (what messages call such a model) and ``nm`` (mask
+    coefficients per anchor; a head with some also outputs prototype masks, its ``proto`` module's).
     """
+
+    task = "detect"
+    model_kind = "detection"
+    nm = 0  # no mask coefficients, hence no prototype masks
+    npr = 0  # no prototype module
 
     def __init__(self, num_classes: int, anchors: torch.Tensor, channels: tuple[int, ...],
                  strides: tuple[int, ...] = STRIDES, extra_outputs: int = 0) -> None:

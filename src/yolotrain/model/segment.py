@@ -32,6 +32,9 @@ class Segment(Detect):
     :class:`Proto` module those coefficients combine (``nm`` and ``npr`` as the reference names them).
     :meth:`Detect.decode` passes the coefficients through raw."""
 
+    task = "segment"
+    model_kind = "segmentation"
+
     def __init__(self, num_classes: int, anchors: torch.Tensor, channels: tuple[int, ...],
                  strides: tuple[int, ...] = STRIDES, num_masks: int = NUM_MASKS, num_protos: int = NUM_PROTOS) -> None:
         super().__init__(num_classes, anchors, channels, strides, extra_outputs=num_masks)

@@ -113,6 +113,9 @@ P6_HEAD: tuple[Entry, ...] = (
 # The reference's models/segment/yolov5s-seg.yaml: the P5 layout with a Segment head (32 masks, 256 protos).
 SEGMENT_HEAD: Entry = [[17, 20, 23], 1, "Segment", ["nc", "anchors", NUM_MASKS, NUM_PROTOS]]
 SEGMENT_SUFFIX = "-seg"
+# The head entries of the published variants by version suffix (a version without one keeps its layout's
+# Detect head): a new head variant is one more row.
+SUFFIX_HEADS: dict[str, Entry] = {SEGMENT_SUFFIX: SEGMENT_HEAD}
 
 # (depth multiple, width multiple) of each published size; a trailing 6 selects the P6 layout.
 SIZES: dict[str, tuple[float, float]] = {
@@ -123,7 +126,9 @@ SIZES: dict[str, tuple[float, float]] = {
     "x": (1.33, 1.25),
 }
 BLOCKS = ("Conv", "C3", "SPPF", "SPP", "Focus", "Bottleneck", "Concat", "nn.Upsample", "Detect", "Segment")
-HEADS = ("Detect", "Segment")  # the last layer of every architecture
+# The heads, the last layer of every architecture, by block name; each declares the task its outputs serve.
+HEAD_BLOCKS: dict[str, type[Detect]] = {"Detect": Detect, "Segment": Segment}
+HEADS = tuple(HEAD_BLOCKS)
 # Blocks whose first argument is an output channel count scaled by the width multiple.
 _CHANNEL_BLOCKS = {"Conv": Conv, "C3": C3, "SPPF": SPPF, "SPP": SPP, "Focus": Focus, "Bottleneck": Bottleneck}
 # How many arguments after the channel count each block takes here (the reference's g, e, act ... are not).
@@ -232,17 +237,47 @@ class ModelSpec:
 def builtin_spec(version: str) -> ModelSpec:
     """The published architecture ``n``…``x`` (P5), ``n6``…``x6`` (P6) or ``n-seg``…``x-seg`` (P5 with
     the Segment head)."""
-    segment = version.endswith(SEGMENT_SUFFIX)
-    size = version.removesuffix(SEGMENT_SUFFIX)
+    suffix = head_suffix(version)
+    size = version.removesuffix(suffix)
     size, p6 = size.removesuffix("6"), size.endswith("6")
     depth, width = SIZES[size]
     backbone, head, anchors = (P6_BACKBONE, P6_HEAD, P6_ANCHORS) if p6 else (P5_BACKBONE, P5_HEAD, P5_ANCHORS)
-    head = [*head[:-1], SEGMENT_HEAD] if segment else head
+    head = [*head[:-1], SUFFIX_HEADS[suffix]] if suffix else head
     return ModelSpec(depth, width, [list(e) for e in backbone], [list(e) for e in head],
                      [[float(v) for v in row] for row in anchors], source=f"yolov5{version}")
 
 
-VERSIONS: tuple[str, ...] = (*SIZES, *(f"{size}6" for size in SIZES), *(size + SEGMENT_SUFFIX for size in SIZES))
+def head_suffix(version: str) -> str:
+    """The head variant's suffix of a published version (``n-seg``: ``-seg``), ``""`` for the layout's Detect."""
+    return next((suffix for suffix in SUFFIX_HEADS if version.endswith(suffix)), "")
+
+
+def published_head(version: str) -> type[Detect]:
+    """The head class of a published version (what tells its task)."""
+    entry = SUFFIX_HEADS.get(head_suffix(version))
+    return HEAD_BLOCKS[entry[2]] if entry is not None else Detect
+
+
+def published_variant(version: str, task: str) -> str:
+    """The published version of ``version``'s size and layout whose head serves ``task`` (``n`` for
+    segmentation: ``n-seg``): ``version`` itself when its head has a suffix already or the task's head is the
+    layout's own Detect (a head that does not serve ``task`` is reported once the model is built).
+
+    Raises:
+        ValueError: that layout has no published model with the task's head (P6 and segmentation).
+    """
+    suffix = next((suffix for suffix, entry in SUFFIX_HEADS.items() if HEAD_BLOCKS[entry[2]].task == task), "")
+    if not suffix or head_suffix(version):
+        return version
+    if version + suffix not in VERSIONS:
+        layout = "P6" if version.endswith("6") else "P5"
+        raise ValueError(f"no published {HEAD_BLOCKS[SUFFIX_HEADS[suffix][2]].model_kind} model of the {layout} "
+                         f"layout yolov5{version}")
+    return version + suffix
+
+
+VERSIONS: tuple[str, ...] = (*SIZES, *(f"{size}6" for size in SIZES),
+                             *(size + suffix for suffix in SUFFIX_HEADS for size in SIZES))
 _BUILTIN_LAYOUTS: dict[str, str] = {version: builtin_spec(version).layout() for version in VERSIONS}
 
 
@@ -376,7 +411,7 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
         saved.update(j for j in ([resolved] if isinstance(resolved, int) else resolved) if j != i - 1)
         channels.append(c_out)
         strides.append(stride)
-    if stop is None and not isinstance(modules[-1], Detect):
+    if stop is None and not isinstance(modules[-1], tuple(HEAD_BLOCKS.values())):
         raise ValueError(f"{spec.where(len(entries) - 1)}: the last layer must be Detect or Segment")
     return BuiltLayers(modules, inputs, saved, strides)
 

@@ -13,15 +13,15 @@ from torch import nn
 from ..detector import Task
 from .blocks import fuse_convs
 from .detect import Detect
-from .segment import Segment
 from .spec import (
+    HEAD_BLOCKS,
     MAX_CLASSES,
-    SEGMENT_SUFFIX,
     VERSIONS,
     ModelSpec,
     build_layers,
     builtin_spec,
     matching_version,
+    published_variant,
     read_model_yaml,
 )
 
@@ -31,7 +31,8 @@ PRECISIONS: dict[torch.dtype, str] = {torch.float32: "fp32", torch.float16: "fp1
 DEFAULT_IMG_SIZE: dict[int, int] = {32: 640, 64: 1280}
 
 
-TASKS: tuple[Task, ...] = ("detect", "segment")
+# The tasks a YOLOv5 model serves: those its heads declare.
+TASKS: tuple[Task, ...] = tuple(dict.fromkeys(head.task for head in HEAD_BLOCKS.values()))
 
 
 def parse_version(version: str) -> str:
@@ -56,13 +57,13 @@ def _anchor_tensor(anchors: Sequence[Sequence[float]] | torch.Tensor) -> torch.T
 
 
 class Yolov5(nn.Module):
-    """YOLOv5 detector, or instance segmenter with ``task="segment"``.
+    """YOLOv5 detector, or instance segmenter with ``task="segment"`` (the head's task is the model's).
 
     ``version`` is a published size (``'n'`` … ``'x'``, P5: strides 8, 16, 32; ``'n6'`` … ``'x6'``, P6:
     strides 8, 16, 32, 64; ``'n-seg'`` … ``'x-seg'``, the same as ``task="segment"``) or a
     :class:`ModelSpec` (see :meth:`from_yaml`), whose head (Detect or Segment) gives the task. In
     ``train()`` mode ``model(imgs)`` returns one raw head map ``[B, 3, H/s, W/s, 5+nc]`` per level; in
-    ``eval()`` mode decoded boxes ``[B, N, 5+nc]``. A segmentation model (``task == "segment"``) has
+    ``eval()`` mode decoded boxes ``[B, N, 5+nc]``. A segmentation model (a Segment head) has
     :attr:`num_masks` mask coefficients after the class scores (``5+nc+nm`` per anchor, raw in both
     modes) and returns ``(maps, proto)`` in ``train()`` mode and ``(decoded, proto)`` in ``eval()`` mode,
     ``proto`` being the prototype masks ``[B, nm, H/4, W/4]``. Input sides must be multiples of the
@@ -92,10 +93,8 @@ class Yolov5(nn.Module):
             self.version = matching_version(version) or "custom"
         else:
             self.version = parse_version(version)
-            if task == "segment" and not self.version.endswith(SEGMENT_SUFFIX):
-                if self.version.endswith("6"):
-                    raise ValueError(f"no published segmentation model of the P6 layout yolov5{self.version}")
-                self.version += SEGMENT_SUFFIX
+            if task is not None:
+                self.version = published_variant(self.version, task)
             self.spec = builtin_spec(self.version)
         self.num_classes = int(num_classes)
         self.names = [str(n) for n in names] if names is not None else [str(i) for i in range(self.num_classes)]
@@ -108,7 +107,7 @@ class Yolov5(nn.Module):
         self.layer_inputs = built.inputs
         self.saved_outputs = built.saved
         self.max_stride = int(max(max(built.strides), self.head.stride.max().item()))
-        self.task: Task = "segment" if isinstance(self.head, Segment) else "detect"
+        self.task: Task = self.head.task
         if task is not None and task != self.task:
             raise ValueError(f"{self.spec.where()} has a {type(self.head).__name__} head, which makes a "
                              f"{self.task} model, not a {task} one")
@@ -134,12 +133,17 @@ class Yolov5(nn.Module):
     @property
     def num_masks(self) -> int:
         """Mask coefficients per anchor, one per prototype mask (0 for a detector)."""
-        return self.head.nm if isinstance(self.head, Segment) else 0
+        return self.head.nm
 
     @property
     def num_protos(self) -> int:
         """Hidden channels of the prototype module (0 for a detector)."""
-        return self.head.npr if isinstance(self.head, Segment) else 0
+        return self.head.npr
+
+    @property
+    def arch_name(self) -> str:
+        """The architecture's name: ``yolov5n``, ``yolov5s6``, ``yolov5s-seg`` (``yolov5custom`` for a YAML's own)."""
+        return f"yolov5{self.version}"
 
     @property
     def stride(self) -> torch.Tensor:
@@ -193,11 +197,11 @@ class Yolov5(nn.Module):
         features = self._head_inputs(imgs)
         if torch.is_grad_enabled():
             outputs = self.head(features)
-            maps, proto = outputs if self.task == "segment" else (outputs, None)
+            maps, proto = outputs if self.num_masks else (outputs, None)
             decoded = self.head.decode(maps)
         else:
             decoded = self.head.decode_into_one(self.head.map_views(features))
-            proto = self.head.proto(features[0]) if self.task == "segment" else None
+            proto = self.head.proto(features[0]) if self.num_masks else None
         return decoded if proto is None else (decoded, proto)
 
     def _check_input(self, imgs: torch.Tensor) -> None:
@@ -224,7 +228,7 @@ class Yolov5(nn.Module):
 
     def _detect_rows(self, state: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The Segment head's convolutions with each anchor's first ``5 + nc`` outputs from a Detect head's."""
-        if self.task != "segment":
+        if not self.num_masks:
             return {}
         head, prefix = self.head, f"model.{len(self.model) - 1}.m."
         rows = {}

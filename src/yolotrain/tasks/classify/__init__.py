@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ...task import Task
+from .model import ClassifyModel
 
 
-class ClassifyTask(Task):
+class ClassifyTask(ClassifyModel, Task):
     """Classification's answers to the shared code."""
 
     name = "classify"

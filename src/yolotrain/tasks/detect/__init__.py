@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ...task import Task
+from .model import DetectModel
 
 
-class DetectTask(Task):
+class DetectTask(DetectModel, Task):
     """Detection's answers to the shared code."""
 
     name = "detect"
