@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ...task import Task
+from .train import ClassifyTraining
 
 
-class ClassifyTask(Task):
+class ClassifyTask(ClassifyTraining, Task):
     """Classification's answers to the shared code."""
 
     name = "classify"

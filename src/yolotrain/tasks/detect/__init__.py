@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ...task import Task
+from .train import DetectTraining
 
 
-class DetectTask(Task):
+class DetectTask(DetectTraining, Task):
     """Detection's answers to the shared code."""
 
     name = "detect"
