@@ -104,7 +104,7 @@ def our_step(data: Path, img_size: int, project: Path) -> Callable[[], None]:
     counter = iter(range(1, 1 << 30))
 
     def step() -> None:
-        trainer.train_batch(imgs, targets, epoch=0, batch=0, step=next(counter), masks=masks)
+        trainer.train_batch(imgs, targets, 0, 0, next(counter), masks)
 
     return step
 

@@ -12,11 +12,16 @@ evaluation and export, whose code they use.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from importlib import import_module
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .settings import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 # Task name → the package that defines it (its ``TASK`` attribute is the task's one instance). A new
 # task adds its package and one line here.
@@ -35,6 +40,84 @@ class Task(ABC):
     name: str
 
     # Training: the engine's data, model, criterion, configuration and results.
+
+    def claims_model_name(self, model: str) -> bool:
+        """Whether ``model`` (a run's ``--model``) names one of this task's own models, so that a run of it
+        takes this task's recipe (the trainer asks the tasks in registry order)."""
+        return False
+
+    def claims_dataset(self, path: str) -> bool:
+        """Whether the dataset at ``path`` has this task's own layout, so that a run on it takes this task's
+        recipe (asked in registry order, after the model names)."""
+        return False
+
+    @abstractmethod
+    def training_defaults(self, data: str | None) -> Mapping[str, Any]:
+        """The run settings (dotted paths such as ``data.img_size``) that fill those left unset, on the dataset
+        ``data`` (``None``: the built-in shapes dataset)."""
+
+    def training_recipe(self) -> Mapping[str, Any]:
+        """Settings (dotted paths) that replace the shared defaults when not given: the task's own recipe."""
+        return {}
+
+    @abstractmethod
+    def from_scratch_hint(self, config: Any) -> str:
+        """How to start the run's architecture (``config``: a ``TrainConfig``) from published weights."""
+
+    @abstractmethod
+    def build_training_data(self, trainer: Any, autobatch: Callable[[], Any]) -> None:
+        """Fill ``trainer``'s class names, model, loaders, datasets, batch sampler, data root and dataset
+        record from its configuration; ``autobatch()`` replaces the configuration's batch by the one that
+        fits the GPU (once the model is built) and returns the new configuration."""
+
+    @abstractmethod
+    def fit_anchors(self, trainer: Any, model: Any) -> None:
+        """AutoAnchor before a fresh run: check (and refit) an anchor head's anchors on the training labels;
+        nothing for a model without anchors."""
+
+    @abstractmethod
+    def training_criteria(self, model: Any, ema_model: Any | None, config: Any,
+                          custom: Callable[[Any, bool], Callable] | None) -> tuple[Callable, Callable | None]:
+        """The training criterion of ``model`` (``custom(model, rect_training)`` when given, else the task's
+        loss with the run's settings) and, with ``ema_model`` (the process that validates), the validation one."""
+
+    def training_targets(self, targets: torch.Tensor, rest: Sequence[Any],
+                         device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The criterion's targets, on ``device``, from a loader batch's ``targets`` and its other items
+        (``rest``: paths, shapes and what else the task's loader yields after them)."""
+        return (targets.to(device, non_blocking=True),)
+
+    @abstractmethod
+    def model_label(self, model: Any) -> str:
+        """The model's name in the training log (``yolov5s``, ``yolov5s-cls``)."""
+
+    @abstractmethod
+    def save_training_labels(self, path: Path, labels: Any, names: Sequence[str]) -> Path:
+        """``path`` (labels.jpg): the training labels' statistics (``labels``: the training set's)."""
+
+    def save_training_batch(self, path: Path, imgs: torch.Tensor, targets: torch.Tensor, rest: Sequence[Any],
+                            names: Sequence[str], config: Any) -> bool:
+        """Draw a training batch as the model saw it (``imgs``) with its loader ``targets`` and ``rest``
+        to ``path``; False when the task draws none."""
+        return False
+
+    @property
+    @abstractmethod
+    def result_columns(self) -> tuple[str, ...]:
+        """The validation columns of results.csv (left empty in epochs that skip validation)."""
+
+    @abstractmethod
+    def result_values(self, result: Any) -> dict[str, float]:
+        """The results.csv values of a validation ``result`` (what ``val`` returns for this task's models)."""
+
+    @abstractmethod
+    def result_summary(self, result: Any) -> str:
+        """The validation line printed after each epoch but the last (which prints the full table)."""
+
+    @property
+    @abstractmethod
+    def logger_tags(self) -> Mapping[str, str]:
+        """results.csv column → the reference's TensorBoard tag, for this task's loss parts and metrics."""
 
     # Evaluation and prediction: val, predict, inference, tracking.
 

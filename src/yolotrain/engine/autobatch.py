@@ -40,6 +40,14 @@ def fit_batch_size(batch_sizes: Sequence[int], memory_gib: Sequence[float | None
     return batch if SAFE_RANGE[0] <= batch <= SAFE_RANGE[1] else fallback
 
 
+def output_tensors(outputs: torch.Tensor | Sequence) -> list[torch.Tensor]:
+    """The tensors of a training forward's outputs, nested lists and tuples flattened in order (a detector's
+    maps; a segmentation model's maps, then its prototypes)."""
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    return [tensor for output in outputs for tensor in output_tensors(output)]
+
+
 def measure_memory(model: nn.Module, img_size: int, device: torch.device, dtype: torch.dtype | None,
                    batch_sizes: Sequence[int] = PROBE_BATCHES, repeats: int = 3) -> list[float | None]:
     """GiB reserved on ``device`` after ``repeats`` forward + backward passes of a copy of ``model`` at
@@ -52,9 +60,7 @@ def measure_memory(model: nn.Module, img_size: int, device: torch.device, dtype:
             for _ in range(repeats):
                 with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                     outputs = probe(images)
-                if probe.task == "segment":  # (maps, prototypes)
-                    outputs = [*outputs[0], outputs[1]]
-                sum(o.float().sum() for o in outputs).backward()
+                sum(o.float().sum() for o in output_tensors(outputs)).backward()
                 probe.zero_grad(set_to_none=True)
             memory.append(torch.cuda.memory_reserved(device) / GIB)
         except torch.cuda.OutOfMemoryError:

@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..data.augment import AugmentConfig
-from ..data.classify import is_classify_folder
 from ..data.loaders import DataConfig, default_workers
 from ..eval.val import EvalConfig
 from ..interop.resolve import names_architecture
 from ..loss import LossConfig
 from ..model import parse_version
-from ..model.classify import ClassifyConfig, is_classifier_name
+from ..model.classify import ClassifyConfig
 from ..settings import ConfigError, flat_names, from_mapping, merge, nest, setting, to_dict, validate
+from ..task import get_task, task_names
 from ..yamlio import YamlError, read_yaml
 from .ema import EMAConfig
 from .optim import DEFAULT_LR0, OptimConfig
@@ -94,13 +94,16 @@ class TrainConfig:
 
     @property
     def task(self) -> str:
-        """The recipe this run takes: ``classify`` for a classifier name or a folder of class folders (a detector
-        given one is cut into a classifier, as the reference's ``classify/train.py`` cuts ``--model yolov5s.pt``),
-        else ``detect`` (detection and segmentation share one recipe; the trainer follows the model there)."""
+        """The recipe this run takes: that of the first registered task that claims the model's name or the
+        dataset's layout (``classify`` for a classifier name or a folder of class folders: a detector given one
+        is cut into a classifier, as the reference's ``classify/train.py`` cuts ``--model yolov5s.pt``), else
+        ``detect`` (detection and segmentation share one recipe; the trainer follows the model there)."""
         data = self.data.path
-        if is_classifier_name(self.model) or (data is not None and is_classify_folder(data)):
-            return "classify"
-        return "detect"
+        for name in task_names():
+            task = get_task(name)
+            if task.claims_model_name(self.model) or (data is not None and task.claims_dataset(data)):
+                return name
+        return DEFAULT_TASK
 
     def to_dict(self) -> dict[str, Any]:
         """The nested plain-value form saved in checkpoints and ``config.yaml``."""
@@ -112,26 +115,16 @@ class TrainConfig:
         return from_mapping(cls, values)
 
 
+# The recipe of a run whose model and data no task claims (detection's, which also trains segmentation models).
+DEFAULT_TASK = "detect"
+
 # Sections a hyper-parameter file may set (the reference's hyp.*.yaml keys live here).
 HYP_SECTIONS = ("augment", "loss", "optim", "ema")
 
-# The built-in shapes dataset: small images and an optimiser step every batch, so a CPU trains yolov5n
-# past mAP50 0.5 in a couple of minutes (measured: 0.61 at epoch 15, 0.84 at epoch 22).
-SHAPES_DEFAULTS = {"data.img_size": 160, "epochs": 30, "data.batch_size": 16, "optim.optimizer": "AdamW",
-                   "optim.lr0": 0.002, "optim.nominal_batch": 16}
+# The defaults of the settings left unset are the task's (Task.training_defaults: detection's for the built-in
+# shapes and for real datasets, classification's reference recipe).
 # P6 architectures on real datasets (on shapes: the shapes size rounded up to their stride, 64).
 P6_IMG_SIZE = 1280
-# The reference's defaults for real datasets (lr0 follows the optimiser: DEFAULT_LR0).
-DATASET_DEFAULTS = {"data.img_size": 640, "epochs": 100, "data.batch_size": 16, "optim.optimizer": "SGD",
-                    "optim.nominal_batch": 64}
-
-# The reference's classify/train.py recipe: Adam at 1e-3, decay 5e-5, momentum 0.9, no accumulation
-# (nominal batch = batch) and no warm-up, label smoothing 0.1, 224 px, 10 epochs of batch 64. The settings
-# that have a detection default take these only when not given.
-CLASSIFY_DEFAULTS = {"data.img_size": 224, "epochs": 10, "data.batch_size": 64, "optim.optimizer": "Adam",
-                     "optim.lr0": 0.001}
-CLASSIFY_RECIPE = {"optim.momentum": 0.9, "optim.weight_decay": 5e-5, "optim.warmup_epochs": 0.0,
-                   "loss.label_smoothing": 0.1}
 
 
 # Keys of the reference's hyper-parameter files that yolotrain accepts but does not use, and why.
@@ -192,7 +185,7 @@ def resolve_config(config: TrainConfig | Mapping[str, Any] | str | os.PathLike |
     ``config.yaml`` of a run); ``hyp`` (flat hyper-parameters, a YAML file or a mapping); ``settings``
     (flat keywords such as ``data="data.yaml"``, ``epochs=50``, ``lr0=0.02``, ``mosaic=0.0``, or whole
     sections such as ``optim={"lr0": 0.02}``). Settings still ``None`` are then filled from the data
-    (see ``SHAPES_DEFAULTS`` and ``DATASET_DEFAULTS``), the workers from the machine.
+    (the task's defaults, :meth:`yolotrain.task.Task.training_defaults`), the workers from the machine.
 
     Raises:
         ConfigError: an unknown setting (with the closest valid name), a wrong type or an out-of-range
@@ -213,8 +206,9 @@ def resolve_config(config: TrainConfig | Mapping[str, Any] | str | os.PathLike |
     layered = merge(layered, nest(TrainConfig, settings))
     explicit_optimizer = _get(layered, "optim.optimizer") is not None
     resolved = from_mapping(TrainConfig, layered)
-    if resolved.task == "classify":
-        recipe = {path: value for path, value in CLASSIFY_RECIPE.items() if _get(layered, path) is None}
+    recipe = {path: value for path, value in get_task(resolved.task).training_recipe().items()
+              if _get(layered, path) is None}
+    if recipe:
         resolved = from_mapping(TrainConfig, merge(resolved.to_dict(), nest(TrainConfig, {
             path.rpartition(".")[2]: value for path, value in recipe.items()})))
     return _fill_from_data(resolved, explicit_optimizer)
@@ -237,8 +231,7 @@ def _is_p6(model: str) -> bool:
 
 
 def _fill_from_data(config: TrainConfig, explicit_optimizer: bool) -> TrainConfig:
-    defaults = dict(CLASSIFY_DEFAULTS if config.task == "classify" else
-                    SHAPES_DEFAULTS if config.data.path is None else DATASET_DEFAULTS)
+    defaults = dict(get_task(config.task).training_defaults(config.data.path))
     if explicit_optimizer:
         defaults.pop("optim.lr0", None)  # a learning rate tuned for the default optimiser does not carry over
     tree = config.to_dict()
@@ -253,8 +246,8 @@ def _fill_from_data(config: TrainConfig, explicit_optimizer: bool) -> TrainConfi
             node = node[parent]
         if node[leaf] is None:
             node[leaf] = value
-    if tree["optim"]["nominal_batch"] is None and config.task == "classify":
-        tree["optim"]["nominal_batch"] = tree["data"]["batch_size"]  # the reference accumulates no batches
+    if tree["optim"]["nominal_batch"] is None:  # a recipe without one (classification's) accumulates no batches
+        tree["optim"]["nominal_batch"] = tree["data"]["batch_size"]
     if tree["optim"]["lr0"] is None:
         tree["optim"]["lr0"] = DEFAULT_LR0[tree["optim"]["optimizer"]]
     if tree["data"]["workers"] is None:

@@ -32,21 +32,14 @@ from tqdm import tqdm
 
 from ..atomic import write_atomic
 from ..callbacks import Callbacks
+from ..task import get_task, task_names
 from .plots import plot_results
 
-# results.csv column → the reference's TensorBoard tag.
-TAGS = {
-    "train_box": "train/box_loss", "train_obj": "train/obj_loss", "train_cls": "train/cls_loss",
-    "precision": "metrics/precision", "recall": "metrics/recall", "mAP50": "metrics/mAP_0.5",
-    "mAP50-95": "metrics/mAP_0.5:0.95", "val_box": "val/box_loss", "val_obj": "val/obj_loss",
-    "val_cls": "val/cls_loss", "lr0": "x/lr0", "lr1": "x/lr1", "lr2": "x/lr2",
-    # A segmentation run's (the reference's segment/train.py tags).
-    "train_seg": "train/seg_loss", "val_seg": "val/seg_loss", "mask_precision": "metrics/precision(M)",
-    "mask_recall": "metrics/recall(M)", "mask_mAP50": "metrics/mAP_0.5(M)", "mask_mAP50-95": "metrics/mAP_0.5:0.95(M)",
-    # A classifier's (the reference's classify/train.py tags).
-    "train_loss": "train/loss", "val_loss": "val/loss", "top1": "metrics/accuracy_top1",
-    "top5": "metrics/accuracy_top5",
-}
+# The learning rates' columns → the reference's TensorBoard tags (the others are the tasks': Task.logger_tags).
+LR_TAGS = {"lr0": "x/lr0", "lr1": "x/lr1", "lr2": "x/lr2"}
+# results.csv column → the reference's TensorBoard tag, for every registered task's columns (a column means the
+# same in every task that has it, so one mapping serves all runs).
+TAGS = {**{column: tag for name in task_names() for column, tag in get_task(name).logger_tags.items()}, **LR_TAGS}
 MOSAIC_TILE = 320  # pixels per side of each image in the validation mosaic
 MOSAIC_COLUMNS = 4
 # Where a run keeps the ids of its MLflow and W&B runs, so that a resumed run logs into the same ones.

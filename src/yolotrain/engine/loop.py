@@ -18,7 +18,6 @@ from ..atomic import write_atomic
 from ..checkpoint import read_metadata, save_checkpoint
 from ..data.dataset import ImageReadError
 from ..data.loaders import image_weights
-from ..eval.classify import ClassifyMetrics
 from ..eval.predict import predict
 from ..eval.val import val
 from ..model.summary import summarise
@@ -26,19 +25,11 @@ from ..model.yolo import PRECISIONS
 from ..progress import progress_bar
 from . import distributed as D
 from .optim import apply_warmup, warmup_iterations
-from .plots import TRAIN_BATCH_PLOTS, save_labels, save_train_batch
+from .plots import TRAIN_BATCH_PLOTS
 from .results import TrainResult
 
 if TYPE_CHECKING:
     from .trainer import Trainer
-
-# Validation columns of results.csv (left empty in epochs that skip validation).
-RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "val_box", "val_obj", "val_cls")
-# Those of a segmentation model: box and mask results, the four parts of its loss.
-SEGMENT_RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "mask_precision", "mask_recall",
-                          "mask_mAP50", "mask_mAP50-95", "val_box", "val_seg", "val_obj", "val_cls")
-# Those of a classifier: accuracies and the validation loss (the reference's classify/train.py columns).
-CLASSIFY_RESULT_METRICS = ("top1", "top5", "val_loss")
 
 
 def run_epochs(trainer: Trainer) -> TrainResult:
@@ -54,15 +45,15 @@ def run_epochs(trainer: Trainer) -> TrainResult:
         if trainer.resume_from is None:
             write_atomic(trainer.save_dir / "config.yaml",
                          lambda temp: temp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False)))
-        model_name = trainer.model.arch if trainer.model.task == "classify" else f"yolov5{trainer.model.version}"
+        model_name = trainer.task.model_label(trainer.model)
         trainer._log(f"Training {model_name} on {trainer.data_root}: "
                      f"{len(trainer.train_set)} train / {len(trainer.val_set)} val images, {cfg.epochs} epochs, "
                      f"batch {cfg.data.batch_size} on {ctx.world_size} process(es), {trainer.device}; "
                      f"results in {trainer.save_dir}")
         trainer._log(str(summarise(trainer.model, model_name, cfg.data.img_size, trainer.model.in_channels)))
         if trainer.resume_from is None and cfg.eval.plots:  # once per run, as the reference plots them
-            save_labels(trainer.save_dir / "labels.jpg", trainer.train_set.labels, trainer.names,
-                        trainer.model.task == "classify")
+            trainer.task.save_training_labels(trainer.save_dir / "labels.jpg", trainer.train_set.labels,
+                                              trainer.names)
     trainer._fire("on_train_start", trainer)
     metrics: dict[str, float] = {}
     epochs_run = 0
@@ -81,17 +72,16 @@ def run_epochs(trainer: Trainer) -> TrainResult:
         started = time.perf_counter()
         seen = 0
         for i, (imgs, targets, *rest) in enumerate(progress):
-            masks = rest[-1] if rest else None  # a segmentation batch: (imgs, targets, paths, shapes, masks)
             step = i + batches * epoch
             if warmup_iters and step <= warmup_iters:
                 state.accumulate = max(1, round(float(np.interp(step, [0, warmup_iters], [1, nominal_ratio]))))
                 apply_warmup(state.optimizer, step, warmup_iters, trainer.lf(epoch), cfg.optim)
             trainer._fire("on_train_batch_start", trainer, epoch, i)
-            imgs, loss = trainer.train_batch(imgs, targets, epoch, i, step, masks)
+            imgs, loss = trainer.train_batch(imgs, targets, epoch, i, step, *rest)
             trainer._fire("on_train_batch_end", trainer, epoch, i, imgs, targets, loss)
-            if step < TRAIN_BATCH_PLOTS and cfg.eval.plots and ctx.is_main and trainer.model.task != "classify":
-                save_train_batch(trainer.save_dir / f"train_batch{step}.jpg", imgs, targets, trainer.names, masks,
-                                 cfg.data.overlap_mask)
+            if step < TRAIN_BATCH_PLOTS and cfg.eval.plots and ctx.is_main:  # the task draws its batches, if any
+                trainer.task.save_training_batch(trainer.save_dir / f"train_batch{step}.jpg", imgs, targets, rest,
+                                                 trainer.names, cfg)
             mean_loss = (mean_loss * i + trainer.step.loss_components(loss)) / (i + 1)
             seen += imgs.shape[0] * ctx.world_size
             if ctx.is_main:
@@ -130,7 +120,7 @@ def run_epochs(trainer: Trainer) -> TrainResult:
 
 def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[str, float]:
     """Validate the EMA model, log, write results.csv/png, save last (and best) checkpoints."""
-    cfg, state = trainer.config, trainer.state
+    cfg, state, task = trainer.config, trainer.state, trainer.task
     final = epoch + 1 == cfg.epochs
     metrics: dict[str, float] = {}
     score = state.best_fitness
@@ -141,18 +131,16 @@ def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[st
                      save_dir=trainer.save_dir if final and plots else None, plots=final and plots,
                      half=trainer.amp_dtype is not None,  # as the reference: half-precision val under AMP
                      callbacks=trainer.callbacks)
-        metrics = _classify_metrics(result) if isinstance(result, ClassifyMetrics) else _detect_metrics(result)
+        metrics = task.result_values(result)
         score = result.fitness()
-        if not isinstance(result, ClassifyMetrics):
+        if hasattr(result, "class_maps"):  # per-class mAPs, which --image-weights draws by
             state.class_maps = result.class_maps().tolist()
         if not final:
-            trainer._log(f"{'':>12}val: {_val_summary(result)}")
+            trainer._log(f"{'':>12}val: {task.result_summary(result)}")
         if final and plots:
             _draw_val_predictions(trainer)
-    columns = {"segment": SEGMENT_RESULT_METRICS, "classify": CLASSIFY_RESULT_METRICS}.get(trainer.model.task,
-                                                                                          RESULT_METRICS)
     row = {"epoch": epoch + 1, **{f"train_{n}": v for n, v in zip(trainer.step.component_names, train_loss.tolist())},
-           **{k: metrics.get(k, "") for k in columns},
+           **{k: metrics.get(k, "") for k in task.result_columns},
            **{f"lr{j}": lr for j, lr in enumerate(trainer.epoch_lrs)}}
     state.history.append(row)
     improved = score > state.best_fitness
@@ -177,31 +165,6 @@ def _draw_by_image_weights(trainer: Trainer) -> None:
         state.class_maps = maps[0]
     labels = trainer.train_set.labels
     trainer.train_sampler.image_weights = image_weights(labels, len(trainer.names), state.class_maps)
-
-
-def _detect_metrics(result: Any) -> dict[str, float]:
-    """The results.csv values of a detector's (or segmentation model's) validation."""
-    metrics = {"precision": result.mp, "recall": result.mr, "mAP50": result.map50, "mAP50-95": result.map}
-    if result.masks is not None:
-        masks = result.masks
-        metrics.update({"mask_precision": masks.mp, "mask_recall": masks.mr, "mask_mAP50": masks.map50,
-                        "mask_mAP50-95": masks.map})
-    metrics.update({f"val_{k}": v for k, v in (result.loss or {}).items()})
-    return metrics
-
-
-def _classify_metrics(result: ClassifyMetrics) -> dict[str, float]:
-    """The results.csv values of a classifier's validation."""
-    return {"top1": result.top1, "top5": result.top5, "val_loss": result.loss}
-
-
-def _val_summary(result: Any) -> str:
-    """The validation line printed after each epoch but the last (which prints the full table)."""
-    if isinstance(result, ClassifyMetrics):
-        return f"top1 {result.top1:.3f}  top5 {result.top5:.3f}  loss {result.loss:.4f}"
-    mask = (f"  mask mAP50 {result.masks.map50:.3f}  mAP50-95 {result.masks.map:.3f}"
-            if result.masks is not None else "")
-    return f"P {result.mp:.3f}  R {result.mr:.3f}  mAP50 {result.map50:.3f}  mAP50-95 {result.map:.3f}{mask}"
 
 
 def _draw_val_predictions(trainer: Trainer, count: int = 8) -> None:

@@ -43,16 +43,14 @@ class TrainStep:
         self.save_dir = save_dir
         self.first_step_done = False
 
-    def __call__(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int,
-                 step: int, masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One training iteration on a loader batch (``masks``: a segmentation batch's target masks, which
-        the loss resizes to the prototypes' size). Returns the batch as the model saw it (device, layout,
-        multi-scale size) and the detached loss."""
+    def __call__(self, imgs: torch.Tensor, targets: tuple[torch.Tensor, ...], epoch: int, batch: int,
+                 step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One training iteration on a loader batch's images and the criterion's targets (on the device, as
+        the task makes them from the batch: :meth:`yolotrain.task.Task.training_targets`), passed to it after
+        the outputs. Returns the batch as the model saw it (device, layout, multi-scale size) and the detached
+        loss."""
         memory_format = torch.channels_last if self.config.channels_last else torch.contiguous_format
         imgs = imgs.to(self.device, non_blocking=True, memory_format=memory_format)
-        targets = targets.to(self.device, non_blocking=True)
-        if masks is not None:
-            targets = (targets, masks.to(self.device, non_blocking=True))
         if self.config.data.multi_scale:
             imgs = self._multi_scale(imgs, epoch, batch)
         started = time.perf_counter()
@@ -92,7 +90,7 @@ class TrainStep:
         shape = [math.ceil(side * factor / stride) * stride for side in imgs.shape[2:]]
         return F.interpolate(imgs, size=shape, mode="bilinear", align_corners=False)
 
-    def _backward_under_doctor(self, imgs: torch.Tensor, targets: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    def _backward_under_doctor(self, imgs: torch.Tensor, targets: tuple[torch.Tensor, ...],
                                epoch: int, batch: int, first: bool) -> torch.Tensor:
         """Forward/backward; under the doctor for the first step with ``doctor`` (any failure it explains,
         in a custom loss say, is its report and one line), and rerun under it when backward fails because
@@ -117,15 +115,14 @@ class TrainStep:
             pass
         raise _doctor_failure(None)
 
-    def _forward_backward(self, imgs: torch.Tensor, targets: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-                          epoch: int, batch: int) -> torch.Tensor:
-        """``targets``: the ``[N, 6]`` rows, or with a segmentation batch ``(rows, masks)``."""
+    def _forward_backward(self, imgs: torch.Tensor, targets: tuple[torch.Tensor, ...], epoch: int,
+                          batch: int) -> torch.Tensor:
+        """``targets``: the criterion's, after the outputs (a detection batch's ``[N, 6]`` rows, ...)."""
         try:
             with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                                 enabled=self.amp_dtype is not None):
                 outputs = self.forward(imgs)
-            loss = self.criterion(outputs, *(targets if isinstance(targets, tuple) else (targets,)),
-                                  pred_size=imgs.shape[2:4])
+            loss = self.criterion(outputs, *targets, pred_size=imgs.shape[2:4])
             if self.ctx.enabled:
                 loss = loss * self.ctx.world_size  # DDP averages gradients; the loss is a sum over images
             if self.config.data.quad:

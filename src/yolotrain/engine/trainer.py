@@ -23,17 +23,18 @@ from ..devices import select_device
 from ..interop.resolve import weights_inputs
 from ..loss import YoloLoss
 from ..model import Yolov5, parse_version
-from ..model.classify import Classifier, is_classifier_name
+from ..model.classify import Classifier
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from ..runs import RunLock, next_run_dir
 from ..settings import ConfigError, flat_names, from_mapping
+from ..task import Task, get_task, task_of
+from ..tasks.detect.train import RESULT_METRICS
 from . import distributed as D
-from .build import build_data, check_anchors_of, criteria, from_scratch_hint
+from .build import build_data, criteria, from_scratch_hint
 from .config import TrainConfig, resolve_config, with_runtime
 from .ema import ModelEMA
 from .loggers import RunLogging, require_loggers
 from .loop import (
-    RESULT_METRICS,
     LoaderProcessError,
     data_loading_failure,
     received,
@@ -86,7 +87,7 @@ class Trainer:
         cfg = self.config
         if cfg.data.batch_size % self.ctx.world_size:
             raise ValueError(f"batch {cfg.data.batch_size} is not divisible by {self.ctx.world_size} processes")
-        if not (Path(cfg.model).suffix or Path(cfg.model).exists() or is_classifier_name(cfg.model)):
+        if not (Path(cfg.model).suffix or Path(cfg.model).exists() or get_task(cfg.task).claims_model_name(cfg.model)):
             parse_version(cfg.model)  # an unknown model name fails now, not after the data scan
         require_loggers(cfg.loggers)  # a missing package too
         self.callbacks = Callbacks()
@@ -169,8 +170,8 @@ class Trainer:
         model = self.model.to(self.device)
         if cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        if cfg.autoanchor and self.resume_from is None and model.task != "classify":
-            check_anchors_of(self, model)
+        if cfg.autoanchor and self.resume_from is None:
+            task_of(model).fit_anchors(self, model)
         freeze_layers(model, self.config.freeze, self._log if ctx.is_main else None)
         if cfg.sync_bn and ctx.enabled:
             if self.device.type != "cuda":
@@ -257,13 +258,19 @@ class Trainer:
             return "no checkpoint was saved yet"
         return f"the last checkpoint {last}.safetensors is intact: continue with --resume {self.save_dir}"
 
-    def train_batch(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int,
-                    step: int, masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One training iteration on a loader batch: forward, loss, backward, and the optimiser and EMA
-        update when ``accumulate`` steps have gathered since the last one (see :class:`TrainStep`). Returns
-        the batch as the model saw it (device, layout, multi-scale size) and the detached loss. ``masks``:
-        a segmentation batch's target masks."""
-        return self.step(imgs, targets, epoch, batch, step, masks)
+    @property
+    def task(self) -> Task:
+        """The task of the model being trained (built by :meth:`setup`)."""
+        return task_of(self.model)
+
+    def train_batch(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int, step: int,
+                    *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """One training iteration on a loader batch ``(imgs, targets, *rest)``: forward, loss, backward, and
+        the optimiser and EMA update when ``accumulate`` steps have gathered since the last one (see
+        :class:`TrainStep`); the task takes the criterion's targets from ``targets`` and ``rest`` (a
+        segmentation batch's masks are its last item). Returns the batch as the model saw it (device, layout,
+        multi-scale size) and the detached loss."""
+        return self.step(imgs, self.task.training_targets(targets, rest, self.device), epoch, batch, step)
 
     def _log(self, message: str) -> None:
         tqdm.write(message)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from ...task import Task
 from .model import ClassifyModel
+from .train import ClassifyTraining
 
 
-class ClassifyTask(ClassifyModel, Task):
+class ClassifyTask(ClassifyTraining, ClassifyModel, Task):
     """Classification's answers to the shared code."""
 
     name = "classify"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from ...task import Task
 from .model import DetectModel
+from .train import DetectTraining
 
 
-class DetectTask(DetectModel, Task):
+class DetectTask(DetectTraining, DetectModel, Task):
     """Detection's answers to the shared code."""
 
     name = "detect"

@@ -1,0 +1,199 @@
+"""Detection's training: a detector on a YOLO dataset (or the built-in shapes), its anchors fitted by
+AutoAnchor, :class:`~yolotrain.loss.YoloLoss`, and its results.csv columns and logger tags. The engine asks
+these through :class:`~yolotrain.task.Task`; segmentation inherits them and overrides what masks change."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import torch
+
+from ...data.check import save_label_stats
+from ...data.fingerprint import dataset_record
+from ...data.loaders import build_loaders, run_class_names
+from ...data.shapes import generate_shapes_dataset
+from ...data.sources import resolve_source
+from ...draw import draw_batch
+from ...interop.hub import SHA256
+from ...interop.resolve import resolve_trainable
+from ...loss import YoloLoss
+from ...model import Yolov5, parse_version
+from ...model.anchors import check_anchors
+from ...model.classify import Classifier
+from ...settings import ConfigError
+from ...task import task_of
+
+# The built-in shapes dataset: small images and an optimiser step every batch, so a CPU trains yolov5n
+# past mAP50 0.5 in a couple of minutes (measured: 0.61 at epoch 15, 0.84 at epoch 22).
+SHAPES_DEFAULTS = {"data.img_size": 160, "epochs": 30, "data.batch_size": 16, "optim.optimizer": "AdamW",
+                   "optim.lr0": 0.002, "optim.nominal_batch": 16}
+# The reference's defaults for real datasets (lr0 follows the optimiser: DEFAULT_LR0).
+DATASET_DEFAULTS = {"data.img_size": 640, "epochs": 100, "data.batch_size": 16, "optim.optimizer": "SGD",
+                    "optim.nominal_batch": 64}
+
+# Validation columns of results.csv (left empty in epochs that skip validation).
+RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "val_box", "val_obj", "val_cls")
+# results.csv column → the reference's TensorBoard tag.
+TAGS = {
+    "train_box": "train/box_loss", "train_obj": "train/obj_loss", "train_cls": "train/cls_loss",
+    "precision": "metrics/precision", "recall": "metrics/recall", "mAP50": "metrics/mAP_0.5",
+    "mAP50-95": "metrics/mAP_0.5:0.95", "val_box": "val/box_loss", "val_obj": "val/obj_loss",
+    "val_cls": "val/cls_loss",
+}
+
+
+class DetectTraining:
+    """Detection's answers to the engine (see the "Training" methods of :class:`~yolotrain.task.Task`)."""
+
+    # Whether the task's loader yields target masks and its model trains them.
+    trains_masks = False
+
+    def training_defaults(self, data: str | None) -> Mapping[str, Any]:
+        return SHAPES_DEFAULTS if data is None else DATASET_DEFAULTS
+
+    def from_scratch_hint(self, config: Any) -> str:
+        name = f"yolov5{parse_version(config.model)}"
+        if f"{name}.pt" in SHA256:
+            return f"--model {name}.pt starts from the official COCO weights"
+        return f"--cfg {name}.yaml --weights {name.removesuffix('-seg')}.pt starts from the detection weights"
+
+    def build_training_data(self, trainer: Any, autobatch: Callable[[], Any]) -> None:
+        """A detection or segmentation model on a YOLO dataset (the shapes when none is given); the model
+        built (its task follows the weights or YAML) decides whether the loaders yield masks."""
+        cfg = trainer.config
+        root = cfg.data.path
+        if root is None:
+            root = str(generate_shapes_dataset())
+        # The model is sized by the class names, and the batch shapes by the model's largest stride.
+        dataset_names = resolve_source(root).names
+        if not dataset_names:
+            raise ValueError(f"{root}: the dataset defines no class names")
+        trainer.names = run_class_names(dataset_names, cfg.data)
+        trainer.model = _detection_model(trainer)
+        if cfg.data.autobatch:
+            cfg = autobatch()
+        stride = trainer.model.max_stride
+        if cfg.data.img_size % stride:
+            raise ValueError(f"image size must be a multiple of {stride} (the model's largest stride), "
+                             f"got {cfg.data.img_size}")
+        masks = task_of(trainer.model).trains_masks
+        loaders = build_loaders(dataclasses.replace(cfg.data, path=root), cfg.augment, seed=cfg.seed,
+                                rank=trainer.ctx.rank, world_size=trainer.ctx.world_size, stride=stride,
+                                require_names=True, masks=masks)
+        if trainer.ctx.is_main and not masks:
+            _log_detection_of_polygons(trainer, loaders.train_index.has_polygons)
+        trainer.train_loader = loaders.train
+        trainer.train_set = trainer.train_loader.dataset
+        trainer.train_sampler = trainer.train_loader.batch_sampler
+        # Validation runs on rank 0 alone, over the whole split.
+        trainer.val_loader = loaders.val
+        trainer.val_set = trainer.val_loader.dataset
+        trainer.data_root = loaders.root
+        trainer.dataset_record = dataset_record(root, dataset_names, {"train": loaders.train_index,
+                                                                   "val": loaders.val_index},
+                                             generated=cfg.data.path is None)
+
+    def fit_anchors(self, trainer: Any, model: Any) -> None:
+        """AutoAnchor on the training labels; every process computes the same anchors from the seed."""
+        cfg = trainer.config
+        report = check_anchors(model, trainer.train_set.shapes, trainer.train_set.labels, cfg.data.img_size,
+                               cfg.loss.anchor_t, seed=cfg.seed, log=trainer._log if trainer.ctx.is_main else None)
+        if trainer.ctx.is_main:
+            trainer._log(report.summary())
+
+    def training_loss(self, config: Any) -> Callable[..., Callable]:
+        """The task's loss class (or factory), called as ``loss(model, rect_training=, img_size=, hyp=)``."""
+        return YoloLoss
+
+    def training_criteria(self, model: Any, ema_model: Any | None, config: Any,
+                          custom: Callable[[Any, bool], Callable] | None) -> tuple[Callable, Callable | None]:
+        loss = self.training_loss(config)
+        img_size = config.data.img_size
+        criterion = (custom(model, config.data.rect) if custom is not None
+                     else loss(model, rect_training=config.data.rect, img_size=img_size, hyp=config.loss))
+        return criterion, (loss(ema_model, rect_training=True, img_size=img_size, hyp=config.loss)
+                           if ema_model is not None else None)
+
+    def model_label(self, model: Any) -> str:
+        return f"yolov5{model.version}"
+
+    def save_training_labels(self, path: Path, labels: Any, names: Sequence[str]) -> Path:
+        """Instances per class, box centres and box sizes (``labels``: one ``[n, 5]`` array of class, cx, cy,
+        w, h per image), drawn as ``yolotrain data check`` draws them."""
+        return save_label_stats(list(labels), list(names), path)
+
+    def save_training_batch(self, path: Path, imgs: torch.Tensor, targets: torch.Tensor, rest: Sequence[Any],
+                            names: Sequence[str], config: Any) -> bool:
+        """The batch with its labels' boxes and names (see :func:`yolotrain.draw.draw_batch`)."""
+        cv2.imwrite(str(path), draw_batch(imgs, targets, names, self.batch_masks(rest), config.data.overlap_mask))
+        return True
+
+    def batch_masks(self, rest: Sequence[Any]) -> torch.Tensor | None:
+        """A loader batch's target masks (from its items after the targets); a detection batch has none."""
+        return None
+
+    @property
+    def result_columns(self) -> tuple[str, ...]:
+        return RESULT_METRICS
+
+    def result_values(self, result: Any) -> dict[str, float]:
+        """Boxes' precision, recall and mAPs, the masks' too when the result has them, and the loss parts."""
+        metrics = {"precision": result.mp, "recall": result.mr, "mAP50": result.map50, "mAP50-95": result.map}
+        if result.masks is not None:
+            masks = result.masks
+            metrics.update({"mask_precision": masks.mp, "mask_recall": masks.mr, "mask_mAP50": masks.map50,
+                            "mask_mAP50-95": masks.map})
+        metrics.update({f"val_{k}": v for k, v in (result.loss or {}).items()})
+        return metrics
+
+    def result_summary(self, result: Any) -> str:
+        mask = (f"  mask mAP50 {result.masks.map50:.3f}  mAP50-95 {result.masks.map:.3f}"
+                if result.masks is not None else "")
+        return f"P {result.mp:.3f}  R {result.mr:.3f}  mAP50 {result.map50:.3f}  mAP50-95 {result.map:.3f}{mask}"
+
+    @property
+    def logger_tags(self) -> Mapping[str, str]:
+        return TAGS
+
+
+def _detection_model(trainer: Any) -> Yolov5:
+    model = resolve_trainable(trainer.config.model, names=trainer.names)
+    if isinstance(model, Classifier):
+        raise ConfigError(f"{trainer.config.model} is a classifier: --data must be a folder of class folders "
+                          f"(train/<class>/*.jpg, val/<class>/*.jpg), got {trainer.config.data.path or 'none'}")
+    if model.num_classes != len(trainer.names):  # weights trained on other classes
+        model = with_new_head(model, len(trainer.names))
+    model.names = list(trainer.names)
+    pretrained = trainer.config.pretrained
+    if pretrained is not None and trainer.resume_from is None:
+        source = resolve_trainable(pretrained)
+        fresh = model.load_matching(source.state_dict())
+        if trainer.ctx.is_main:
+            total = len(model.state_dict())
+            trainer._log(f"Transferred {total - len(fresh)}/{total} tensors from {pretrained} into "
+                         f"yolov5{model.version}")
+    return model
+
+
+def _log_detection_of_polygons(trainer: Any, has_polygons: bool) -> None:
+    """A detection model on YOLO-seg labels trains their boxes; copy-paste needs the polygons' masks."""
+    if has_polygons:
+        trainer._log("Data: polygon labels, trained as their boxes by this detection model (a segmentation "
+                     "model such as --model yolov5n-seg trains the masks)")
+    if trainer.config.augment.copy_paste:
+        trainer._log(f"copy_paste {trainer.config.augment.copy_paste:g} is left out: it pastes objects by their "
+                     "masks, which only a segmentation model trains")
+
+
+def with_new_head(model: Yolov5, num_classes: int) -> Yolov5:
+    """Same backbone and neck for another class count; the Detect convolutions start fresh."""
+    anchors = model.head.anchors * model.head.stride.view(-1, 1, 1)
+    fresh = Yolov5(model.spec, num_classes=num_classes, anchors=anchors, in_channels=model.in_channels)
+    head_convs = f"model.{len(model.model) - 1}.m."
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith(head_convs)}
+    fresh.load_state_dict(state, strict=False)  # same architecture: only the head convolutions are missing
+    return fresh

@@ -1,0 +1,48 @@
+"""Segmentation's training: detection's, with the loader's target masks, :class:`~yolotrain.segment_loss.SegmentLoss`
+(``--overlap-mask``), and the mask results' columns and tags."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+
+from ...segment_loss import SegmentLoss
+from ..detect.train import TAGS as DETECT_TAGS
+from ..detect.train import DetectTraining
+
+# Validation columns of results.csv: box and mask results, the four parts of the loss.
+RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "mask_precision", "mask_recall",
+                  "mask_mAP50", "mask_mAP50-95", "val_box", "val_seg", "val_obj", "val_cls")
+# results.csv column → TensorBoard tag: detection's, and the reference's segment/train.py ones.
+TAGS = {**DETECT_TAGS, "train_seg": "train/seg_loss", "val_seg": "val/seg_loss",
+        "mask_precision": "metrics/precision(M)", "mask_recall": "metrics/recall(M)",
+        "mask_mAP50": "metrics/mAP_0.5(M)", "mask_mAP50-95": "metrics/mAP_0.5:0.95(M)"}
+
+
+class SegmentTraining(DetectTraining):
+    """Segmentation's answers to the engine where they differ from detection's."""
+
+    trains_masks = True
+
+    def training_loss(self, config: Any) -> Callable[..., Callable]:
+        return partial(SegmentLoss, overlap=config.data.overlap_mask)
+
+    def batch_masks(self, rest: Sequence[Any]) -> torch.Tensor | None:
+        """A segmentation batch is (imgs, targets, paths, shapes, masks)."""
+        return rest[-1]
+
+    def training_targets(self, targets: torch.Tensor, rest: Sequence[Any],
+                         device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The ``[N, 6]`` rows and the target masks, which the loss resizes to the prototypes' size."""
+        return targets.to(device, non_blocking=True), self.batch_masks(rest).to(device, non_blocking=True)
+
+    @property
+    def result_columns(self) -> tuple[str, ...]:
+        return RESULT_METRICS
+
+    @property
+    def logger_tags(self) -> Mapping[str, str]:
+        return TAGS
