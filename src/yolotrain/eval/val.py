@@ -102,8 +102,10 @@ class ValConfig:
     plots: bool = setting(True, "confusion matrix, P/R/F1/PR curves, val_batch*_labels/pred.jpg (--no-plots: skip "
                           "them)")
     map_classes: bool = setting(False, "score a model with other classes on the data's classes, matched by name")
-    task: Literal["val", "speed"] = setting("val", "speed: time pre-process, inference and NMS per image; "
-                                            "nothing is written")
+    # What val does, not which task the model has: --task is the reference's spelling of it (its val.py
+    # --task speed); the model's task comes with its weights.
+    mode: Literal["val", "speed"] = setting("val", "speed: time pre-process, inference and NMS per image; "
+                                            "nothing is written", flags=("--mode", "--task"))
     save_txt: bool = setting(False, "write labels/STEM.txt (class cx cy w h; segmentation: class x1 y1 x2 y2 ...) "
                              "per image")
     save_conf: bool = setting(False, "with --save-txt, add each detection's confidence")
@@ -193,7 +195,7 @@ def val(
     half: bool | None = ValConfig.half,
     fuse: bool = True,
     map_classes: bool = ValConfig.map_classes,
-    task: str = ValConfig.task,
+    mode: str = ValConfig.mode,
     save_txt: bool = ValConfig.save_txt,
     save_conf: bool = ValConfig.save_conf,
     single_cls: bool = ValConfig.single_cls,
@@ -238,7 +240,7 @@ def val(
         map_classes: score a model whose class count differs from the data's (an 80-class COCO model
             on a 2-class dataset) on the data's classes, matched by name; without it that is an error,
             since it would report a meaningless mAP.
-        task: ``"val"``, or ``"speed"`` to time pre-processing, inference and NMS per image the way
+        mode: ``"val"``, or ``"speed"`` to time pre-processing, inference and NMS per image the way
             the reference benchmarks them (square letterbox, conf 0.25, IoU 0.45, nothing written:
             ``save_dir`` and the options that write files are ignored).
         save_txt: write ``labels/STEM.txt`` under ``save_dir`` for every image: one ``class cx cy w h``
@@ -255,9 +257,9 @@ def val(
         augment: the reference's test-time augmentation (:mod:`.tta`; PyTorch detection models only).
     """
     hooks = as_callbacks(callbacks)
-    if task not in ("val", "speed"):
-        raise ValueError(f"task must be 'val' or 'speed', got {task!r}")
-    if task == "speed":
+    if mode not in ("val", "speed"):
+        raise ValueError(f"mode must be 'val' or 'speed', got {mode!r}")
+    if mode == "speed":
         rect, conf, iou, save_dir, save_json, save_txt = False, NMSConfig.conf, NMSConfig.iou, None, False, False
     check_nms_limits(max_det)
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code,
@@ -600,7 +602,7 @@ def run_val(args: argparse.Namespace) -> int:
     """Run ``yolotrain val`` from parsed arguments; returns the process exit code."""
     config = val_config(args)
     weights = weights_argument(config.weights)
-    speed = config.task == "speed"
+    speed = config.mode == "speed"
     save_dir = None if speed else next_run_dir(config.project, config.name, config.exist_ok)
     keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
     metrics = val(weights, config.data, save_dir=save_dir, **keywords)
