@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ...task import Task
+from .evaluate import ClassifyEvaluation
 
 
-class ClassifyTask(Task):
+class ClassifyTask(ClassifyEvaluation, Task):
     """Classification's answers to the shared code."""
 
     name = "classify"

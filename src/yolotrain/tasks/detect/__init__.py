@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ...task import Task
+from .evaluate import DetectEvaluation
 
 
-class DetectTask(Task):
+class DetectTask(DetectEvaluation, Task):
     """Detection's answers to the shared code."""
 
     name = "detect"
