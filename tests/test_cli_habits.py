@@ -170,7 +170,7 @@ def test_choices_are_taken_in_any_case(capsys):
     assert (config.optim.optimizer, config.amp, config.loggers) == ("Adam", "fp16", ("mlflow", "wandb"))
     assert build_parser().parse_args(["train", "optimizer=adamw"]).optimizer == "AdamW"
     assert build_parser().parse_args(["train", "--cache", "RAM"]).cache == "ram"
-    assert parsed(["val", "--weights", "a.pt", "--data", "d.yaml", "--task", "Speed"])["task"] == "speed"
+    assert parsed(["val", "--weights", "a.pt", "--data", "d.yaml", "--task", "Speed"])["mode"] == "speed"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--optimizer", "sgdd"])
     assert "invalid choice: 'sgdd'" in one_line_error(capsys)

@@ -210,7 +210,7 @@ def _label_counts(data: Path) -> tuple[int, set[int]]:
 
 def test_task_speed_prints_times_and_writes_nothing(shapes_data, tiny_weights, tmp_path, capsys):
     model, weights = tiny_weights
-    metrics = val(model, shapes_data / "data.yaml", img_size=64, device="cpu", workers=0, task="speed",
+    metrics = val(model, shapes_data / "data.yaml", img_size=64, device="cpu", workers=0, mode="speed",
                   save_dir=tmp_path / "ignored", save_txt=True, save_json=True)
     assert set(metrics.speed) == {"preprocess", "inference", "nms"} and metrics.speed["inference"] > 0
     assert metrics.images == 4
@@ -223,8 +223,8 @@ def test_task_speed_prints_times_and_writes_nothing(shapes_data, tiny_weights, t
     out = capsys.readouterr().out
     assert "ms inference" in out and "ms NMS" in out and "saved" not in out
     assert not (tmp_path / "runs").exists()  # the run folder is not even created
-    with pytest.raises(ValueError, match="task must be"):
-        val(model, shapes_data / "data.yaml", img_size=64, device="cpu", workers=0, task="test")
+    with pytest.raises(ValueError, match="mode must be"):
+        val(model, shapes_data / "data.yaml", img_size=64, device="cpu", workers=0, mode="test")
 
 
 def test_save_txt_and_save_conf_write_one_label_file_per_image(shapes_data, tiny_weights, tmp_path):

@@ -30,7 +30,7 @@ VAL_SAME_MEANING = {
     "--data": ("data", "data.yaml"), "--weights": ("weights", ("w.pt",)), "--batch-size": ("batch_size", 8),
     "--imgsz": ("img_size", 320), "--img": ("img_size", 320), "--img-size": ("img_size", 320),
     "--conf-thres": ("nms.conf", 0.01), "--iou-thres": ("nms.iou", 0.5), "--max-det": ("nms.max_det", 100),
-    "--task": ("task", "speed"), "--device": ("device", "cpu"), "--workers": ("workers", 3),
+    "--task": ("mode", "speed"), "--device": ("device", "cpu"), "--workers": ("workers", 3),
     "--single-cls": ("single_cls", True), "--save-txt": ("save_txt", True), "--save-conf": ("save_conf", True),
     "--save-json": ("save_json", True), "--project": ("project", "elsewhere"), "--name": ("name", "trial"),
     "--exist-ok": ("exist_ok", True), "--half": ("half", True),

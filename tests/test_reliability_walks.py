@@ -23,9 +23,9 @@ from yolotrain.engine import Trainer, resolve_config
 from yolotrain.eval import predict
 from yolotrain.eval.masks import masks_to_polygons, polygons_or_boxes
 from yolotrain.eval.predict import expand_sources
-from yolotrain.eval.val import _polygon_rows
 from yolotrain.model.classify import Classifier
 from yolotrain.settings import ConfigError
+from yolotrain.tasks.segment.evaluate import polygon_rows
 
 # (h, w) of images at the limits: one pixel high or wide, one pixel in all, and very long ones.
 EXTREME_SHAPES = ((3, 2001), (1, 1), (2001, 3), (1, 3001), (2, 1))
@@ -259,7 +259,7 @@ def test_masks_too_small_for_an_outline_get_their_boxes_corners():
     assert polygons[2].tolist() == [[1, 2], [6, 2], [6, 3], [1, 3]]
     assert polygons[3].tolist() == masks_to_polygons(masks[3:])[0].tolist()
     det = torch.cat((boxes, torch.tensor([[0.9, 1], [0.8, 0], [0.7, 1], [0.6, 0]])), 1)
-    rows = _polygon_rows(det, masks_to_polygons(masks), (8, 8), True).splitlines()  # val --save-txt
+    rows = polygon_rows(det, masks_to_polygons(masks), (8, 8), True).splitlines()  # val --save-txt
     assert len(rows) == 4 and all(len(r.split()) == 10 for r in rows)
     assert rows[0] == "1 0 0 0.5 0 0.5 0.5 0 0.5 0.9"
 

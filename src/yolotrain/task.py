@@ -121,6 +121,42 @@ class Task(ABC):
 
     # Evaluation and prediction: val, predict, inference, tracking.
 
+    @abstractmethod
+    def runs_in_torch(self, model: Any) -> bool:
+        """Whether ``model`` is this task's PyTorch model, which val and predict ready for inference on a copy
+        (fused, channels-last, in half precision) and whose layers ``--visualize`` looks into; false for an
+        export's runtime and for a wrapper of models (test-time augmentation, an ensemble)."""
+
+    @abstractmethod
+    def augment_refusal(self, name: str) -> str | None:
+        """Why ``--augment`` (the reference's test-time augmentation) is refused for this task's model
+        ``name`` (a file, or "the Yolov5 given"), in one line; None where the task's models have it."""
+
+    @abstractmethod
+    def ensemble_refusal(self, name: str) -> str | None:
+        """Why this task's model ``name`` cannot be a member of an ensemble (several ``--weights``, whose
+        boxes are merged), in one line; None where it can."""
+
+    @abstractmethod
+    def check_inference(self, model: Any) -> None:
+        """Refuse, in one line (``ValueError``), a model of this task that val and predict cannot run."""
+
+    @abstractmethod
+    def validate(self, model: Any, model_or_weights: Any, data: Any, device: torch.device, **settings: Any) -> Any:
+        """``val``'s results for ``model`` (ready for inference on ``device``; loaded from ``model_or_weights``)
+        on ``data``, with the keyword settings of :func:`yolotrain.eval.val.val` (``hooks``: its callbacks)."""
+
+    @abstractmethod
+    def predictor(self, predictor: Any, img_size: int | None, save_crop: bool) -> Any:
+        """What predicts on each image for ``predict``, given the detection :class:`~yolotrain.eval.predict.Predictor`
+        loaded with the run's settings (``img_size`` as asked, None: the model's); refuses in one line
+        (``ValueError``) the options the task has no meaning for."""
+
+    @abstractmethod
+    def track_refusal(self, name: str) -> str | None:
+        """Why ``track`` cannot follow this task's model ``name`` from frame to frame, in one line; None
+        where it can."""
+
     # Export, runtimes and checkpoints.
 
     # Models, the command line and the YOLO object.

@@ -181,7 +181,7 @@ class YOLO:
         """Evaluate this model: ``model.val(data="data.yaml", img_size=640, conf=0.001)``; ``yolotrain val``'s
         settings (:class:`~yolotrain.eval.val.ValConfig`). ``data`` defaults to the dataset a checkpoint of
         ours was trained on (the built-in shapes data included). Results go to ``runs/val/exp`` (``project``,
-        ``name``), as the command's; ``task="speed"`` writes nothing.
+        ``name``), as the command's; ``mode="speed"`` writes nothing.
 
         Returns:
             Detection :class:`~yolotrain.eval.metrics.Metrics` (with ``masks`` for segmentation), or a
@@ -191,7 +191,7 @@ class YOLO:
         if settings.get("data") is None:
             settings["data"] = self._trained_data()
         config = from_flat(ValConfig, settings)
-        save_dir = None if config.task == "speed" else next_run_dir(config.project, config.name, config.exist_ok)
+        save_dir = None if config.mode == "speed" else next_run_dir(config.project, config.name, config.exist_ok)
         keywords = _keywords(config, val_run, "model_or_weights", "data")
         keywords["device"] = self._device(config.device)
         return val_run(self.model, config.data, save_dir=save_dir, callbacks=callbacks, **keywords)

@@ -13,9 +13,8 @@ from ..detector import Detector
 from ..devices import native_bf16, native_half, select_device
 from ..interop.backends import is_exported
 from ..interop.resolve import ModelSource, resolve_model, weights_inputs
-from ..model import Yolov5
-from ..model.classify import Classifier
 from ..outputs import Labelled
+from ..task import task_of
 from .tta import AugmentedDetector, EnsembleDetector
 
 ModelOrWeights = ModelSource
@@ -100,13 +99,10 @@ def _first_names(names: Sequence[str]) -> str:
 def _check_augmentable(model: Detector, source: ModelOrWeights) -> None:
     """Test-time augmentation as the reference's: PyTorch detection models only (its segmentation and
     classification models have none that works, its exports none at all)."""
-    if model.task == "classify":
-        raise ValueError("--augment: the reference's classification has no test-time augmentation; "
-                         f"{_name(source)} is a classifier")
-    if model.task == "segment":
-        raise ValueError("--augment is not supported for segmentation models (the reference's loses the "
-                         f"prototype masks); {_name(source)} is one")
-    if not isinstance(model, Yolov5):
+    task = task_of(model)
+    if (refusal := task.augment_refusal(_name(source))) is not None:
+        raise ValueError(refusal)
+    if not task.runs_in_torch(model):
         raise ValueError(f"--augment runs PyTorch models at three scales: {_name(source)} is an export; give its "
                          "checkpoint or .pt")
 
@@ -114,10 +110,10 @@ def _check_augmentable(model: Detector, source: ModelOrWeights) -> None:
 def _check_ensemble_member(model: Detector, source: ModelOrWeights) -> None:
     """The reference's ensembles: PyTorch detection models (its Ensemble drops a segmentation model's
     prototype masks, and has no meaning for classifiers)."""
-    if model.task != "detect":
-        raise ValueError(f"an ensemble (several --weights) merges detection models' boxes: {_name(source)} is a "
-                         f"{'classifier' if model.task == 'classify' else 'segmentation model'}")
-    if not isinstance(model, Yolov5):
+    task = task_of(model)
+    if (refusal := task.ensemble_refusal(_name(source))) is not None:
+        raise ValueError(refusal)
+    if not task.runs_in_torch(model):
         raise ValueError(_export_in_ensemble(source))
 
 
@@ -149,7 +145,7 @@ def load_one_model(model_or_weights: ModelOrWeights, device: str | torch.device 
         yolotrain.checkpoint.CheckpointError: the weights file cannot be read.
     """
     model = resolve_model(model_or_weights, trust_code=trust_code)
-    if not isinstance(model, (Yolov5, Classifier)):
+    if not task_of(model).runs_in_torch(model):
         return model, model.device
     given = model is model_or_weights
     model = copy.deepcopy(model) if given else model
@@ -180,7 +176,7 @@ def precision_line(model: Detector, device: torch.device) -> str | None:
     the PyTorch model runs in and why; None for an export, which runs in the precision it was saved in."""
     if isinstance(model, (AugmentedDetector, EnsembleDetector)):
         model = model.first
-    if not isinstance(model, (Yolov5, Classifier)):
+    if not task_of(model).runs_in_torch(model):
         return None
     dtype = next(model.parameters()).dtype
     name = str(dtype).removeprefix("torch.")

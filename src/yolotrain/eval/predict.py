@@ -44,7 +44,8 @@ from ..settings import (
     from_flat,
     setting,
 )
-from .classify import ClassifyPredictor, ClassifyResult
+from ..task import task_of
+from .classify import ClassifyResult
 from .inference import (
     TRUST_HELP,
     WEIGHTS_HELP,
@@ -53,13 +54,6 @@ from .inference import (
     precision_line,
     weights_argument,
     weights_files,
-)
-from .masks import (
-    masks_in_original,
-    masks_to_polygons,
-    polygons_or_boxes,
-    scale_masks_to_original,
-    upsampled_masks,
 )
 from .result_boxes import Boxes
 from .result_outputs import DetectionOutputs
@@ -245,10 +239,8 @@ class Predictor:
                  augment: bool = PredictConfig.augment) -> None:
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half,
                                                        trust_code=trust_code, augment=augment)
-        self.segment = self.model.task == "segment"
-        if self.segment and self.model.end_to_end:
-            raise ValueError("a segmentation export with NMS inside has no mask coefficients: export it without "
-                             "--nms")
+        self.task = task_of(self.model)
+        self.task.check_inference(self.model)
         self.retina_masks = retina_masks
         self.stride = max(self.model.max_stride, 32)
         self.square = not self.model.dynamic_size
@@ -273,31 +265,16 @@ class Predictor:
                 det = self.model.detections(x, self.conf, self.iou, self.max_det, classes=self.classes,
                                             agnostic=self.agnostic)[0]
             else:
-                pred, proto = self.model(x) if self.segment else (self.model(x), None)
-                num_masks = self.model.num_masks if self.segment else 0
+                pred, proto = self.task.infer(self.model, x)
                 det = non_max_suppression(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
-                                          max_det=self.max_det, num_extra=num_masks)[0]
+                                          max_det=self.max_det, num_extra=self.model.num_masks)[0]
         h0, w0 = image.shape[:2]
         boxes = scale_boxes_to_original(det[:, :4], gain, pad, (h0, w0))
-        masks = polygons = None
-        if self.segment:
-            masks = self._masks(proto[0], det, boxes, x.shape[2:], gain, pad, (h0, w0))
-            polygons = polygons_or_boxes(masks_to_polygons(masks), boxes)
+        # A segmentation model's masks and outlines in the original image; None for a detector's boxes.
+        masks, polygons = self.task.result_masks(None if proto is None else proto[0], det, boxes, x.shape[2:], gain,
+                                                 pad, (h0, w0), self.retina_masks)
         return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame,
                       masks, polygons, image)
-
-    def _masks(self, proto: torch.Tensor, det: torch.Tensor, boxes: torch.Tensor, input_hw: tuple[int, int],
-               gain: tuple[float, float], pad: tuple[float, float], original_hw: tuple[int, int]) -> np.ndarray:
-        """The detections' bool masks ``[n, h0, w0]`` of the original image: made there directly with
-        ``retina_masks``, else at the network input and resized."""
-        resized = (original_hw[1] * gain[0], original_hw[0] * gain[1])
-        if self.retina_masks:
-            chunks = masks_in_original(proto, det[:, 6:], boxes, input_hw, pad, resized, original_hw)
-        else:
-            chunks = (scale_masks_to_original(m, pad, resized, original_hw)
-                      for m in upsampled_masks(proto, det[:, 6:], det[:, :4], input_hw))
-        parts = [m.cpu().numpy() for m in chunks]
-        return np.concatenate(parts) if parts else np.zeros((0, *original_hw), bool)
 
 
 def _frames(path: Path, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray, float]]:
@@ -526,10 +503,8 @@ def predict(
     hooks = as_callbacks(callbacks)
     predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code,
                           retina_masks, augment)
-    if predictor.model.task == "classify":
-        if save_crop:
-            raise ValueError("save_crop cuts out detected boxes: a classifier has none")
-        predictor = ClassifyPredictor(predictor.model, predictor.device, img_size)
+    # The task says what predicts on each image: these detection settings, or a classifier's top five.
+    predictor = predictor.task.predictor(predictor, img_size, save_crop)
     features = FeatureMaps(predictor.model) if visualize else None
     items = expand_sources(source)
     if save_dir is not None:

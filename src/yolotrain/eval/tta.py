@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model import Yolov5
+from ..task import task_of
 
 # The reference's test-time scales and, for each, whether the batch is flipped left-right first.
 TTA_SCALES = (1.0, 0.83, 0.67)
@@ -94,7 +95,7 @@ class AugmentedDetector(_Composite):
 
     def __init__(self, model: Yolov5) -> None:
         super().__init__()
-        if model.task != "detect":
+        if task_of(model).augment_refusal(type(model).__name__) is not None:
             raise ValueError(f"test-time augmentation runs detection models, not a {model.task} model")
         self.model = model
 

@@ -16,18 +16,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from ..boxes import letterbox_geometry, xywh_to_xyxy
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
-from ..data.sources import img2label_path
+from ..detector import Detector
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, unique_stems
@@ -43,7 +42,8 @@ from ..settings import (
     from_flat,
     setting,
 )
-from .classify import ClassifyMetrics, val_classifier
+from ..task import task_of
+from .classify import ClassifyMetrics
 from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
 from .inference import (
     TRUST_HELP,
@@ -54,16 +54,7 @@ from .inference import (
     weights_argument,
     weights_files,
 )
-from .label_masks import batch_label_masks, read_polygons
-from .masks import (
-    masks_in_original,
-    masks_to_polygons,
-    masks_to_rle,
-    polygons_or_boxes,
-    process_masks,
-    split_overlap_mask,
-)
-from .metrics import ConfusionMatrix, DetectionStats, Metrics, SegmentationStats, labelled_class_detections
+from .metrics import ConfusionMatrix, DetectionStats, Metrics
 from .plots import VAL_BATCH_PLOTS, plot_confusion_matrix, plot_curves, save_val_batch
 
 
@@ -102,8 +93,10 @@ class ValConfig:
     plots: bool = setting(True, "confusion matrix, P/R/F1/PR curves, val_batch*_labels/pred.jpg (--no-plots: skip "
                           "them)")
     map_classes: bool = setting(False, "score a model with other classes on the data's classes, matched by name")
-    task: Literal["val", "speed"] = setting("val", "speed: time pre-process, inference and NMS per image; "
-                                            "nothing is written")
+    # What val does, not which task the model has: --task is the reference's spelling of it (its val.py
+    # --task speed); the model's task comes with its weights.
+    mode: Literal["val", "speed"] = setting("val", "speed: time pre-process, inference and NMS per image; "
+                                            "nothing is written", flags=("--mode", "--task"))
     save_txt: bool = setting(False, "write labels/STEM.txt (class cx cy w h; segmentation: class x1 y1 x2 y2 ...) "
                              "per image")
     save_conf: bool = setting(False, "with --save-txt, add each detection's confidence")
@@ -193,7 +186,7 @@ def val(
     half: bool | None = ValConfig.half,
     fuse: bool = True,
     map_classes: bool = ValConfig.map_classes,
-    task: str = ValConfig.task,
+    mode: str = ValConfig.mode,
     save_txt: bool = ValConfig.save_txt,
     save_conf: bool = ValConfig.save_conf,
     single_cls: bool = ValConfig.single_cls,
@@ -203,8 +196,8 @@ def val(
 ) -> Metrics | ClassifyMetrics:
     """Evaluate a detector on a labelled split (a classifier: top-1/top-5 accuracy, see :mod:`.classify`).
 
-    A segmentation model (``task == "segment"``) is scored on its boxes and its masks: the returned
-    box :class:`Metrics` hold the mask ones in ``masks`` and the table prints both. Masks are compared
+    A segmentation model is scored on its boxes and its masks: the returned box :class:`Metrics` hold the
+    mask ones in ``masks`` and the table prints both. Masks are compared
     at the prototypes' resolution (1/4 of the input) with the labels' polygons drawn there as overlap
     masks, as the reference's training-time validation does; a data loader's batches may carry those
     masks (``(imgs, targets, paths, shapes, masks)``), else they are read from the label files.
@@ -238,7 +231,7 @@ def val(
         map_classes: score a model whose class count differs from the data's (an 80-class COCO model
             on a 2-class dataset) on the data's classes, matched by name; without it that is an error,
             since it would report a meaningless mAP.
-        task: ``"val"``, or ``"speed"`` to time pre-processing, inference and NMS per image the way
+        mode: ``"val"``, or ``"speed"`` to time pre-processing, inference and NMS per image the way
             the reference benchmarks them (square letterbox, conf 0.25, IoU 0.45, nothing written:
             ``save_dir`` and the options that write files are ignored).
         save_txt: write ``labels/STEM.txt`` under ``save_dir`` for every image: one ``class cx cy w h``
@@ -255,20 +248,76 @@ def val(
         augment: the reference's test-time augmentation (:mod:`.tta`; PyTorch detection models only).
     """
     hooks = as_callbacks(callbacks)
-    if task not in ("val", "speed"):
-        raise ValueError(f"task must be 'val' or 'speed', got {task!r}")
-    if task == "speed":
+    if mode not in ("val", "speed"):
+        raise ValueError(f"mode must be 'val' or 'speed', got {mode!r}")
+    if mode == "speed":
         rect, conf, iou, save_dir, save_json, save_txt = False, NMSConfig.conf, NMSConfig.iou, None, False, False
     check_nms_limits(max_det)
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code,
                                       augment=augment)
     if verbose and half is None and (line := precision_line(model, dev)):
         print(line)
-    if model.task == "classify":
-        weights = model_or_weights if isinstance(model_or_weights, (str, os.PathLike)) else None
-        return val_classifier(model, data, dev, img_size=img_size, batch_size=batch_size, workers=workers,
-                              criterion=criterion, save_dir=save_dir, plots=plots, verbose=verbose, weights=weights,
-                              hooks=hooks)
+    # The task says how its models are scored: detection's loop below (segmentation's extends it), a
+    # classifier's accuracy (eval/classify.py).
+    return task_of(model).validate(
+        model, model_or_weights, data, dev, img_size=img_size, batch_size=batch_size, conf=conf, iou=iou,
+        max_det=max_det, rect=rect, workers=workers, criterion=criterion, save_dir=save_dir, save_json=save_json,
+        plots=plots, verbose=verbose, map_classes=map_classes, save_txt=save_txt, save_conf=save_conf,
+        single_cls=single_cls, hooks=hooks)
+
+
+class DetectionValidation(Protocol):
+    """What :func:`validate_detections` asks a detection-family task (``tasks/detect/evaluate.py``; segmentation
+    extends it with the masks) about its models' outputs, their scores and the files written of them."""
+
+    val_loader_masks: bool  # whether the val loader's batches carry the labels' masks
+
+    def check_inference(self, model: Detector) -> None: ...
+
+    def infer(self, model: Detector, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decoded predictions of a batch and (masks) the prototypes, else None."""
+
+    def split_maps(self, maps: object) -> tuple[object, torch.Tensor | None]:
+        """The raw head maps of ``forward_maps`` and (masks) the prototypes, else None."""
+
+    def val_loss(self, criterion: Callable, maps: object, protos: torch.Tensor | None, targets: torch.Tensor,
+                 batch: tuple, device: torch.device, pred_size: tuple[int, int]) -> None: ...
+
+    def batch_label_masks(self, batch: tuple, dataset, targets: torch.Tensor) -> list[torch.Tensor] | None: ...
+
+    def plot_label_masks(self, batch: tuple) -> torch.Tensor | None: ...
+
+    def val_stats(self, nc: int) -> DetectionStats: ...
+
+    def read_label_masks(self, label_masks: list[torch.Tensor] | None, dataset, first: int, count: int,
+                         shape: tuple[int, int], resized: np.ndarray,
+                         pads: np.ndarray) -> list[torch.Tensor] | None: ...
+
+    def score_image(self, stats: DetectionStats, det: torch.Tensor, det_native: torch.Tensor, gt_boxes: torch.Tensor,
+                    gt_cls: torch.Tensor, proto: torch.Tensor | None, label_masks: torch.Tensor | None,
+                    shape: tuple[int, int]) -> None: ...
+
+    def original_masks(self, proto: torch.Tensor | None, det: torch.Tensor, det_native: torch.Tensor,
+                       input_hw: tuple[int, int], pad: np.ndarray, resized: np.ndarray, original_hw: tuple[int, int],
+                       rle: bool, polygons: bool) -> tuple[list[dict] | None, list[np.ndarray] | None]: ...
+
+    def label_rows(self, det: torch.Tensor, polygons: list[np.ndarray] | None, shape: tuple[int, int],
+                   with_conf: bool) -> str: ...
+
+    def coco_polygons(self, dataset) -> list | None: ...
+
+    def coco_masks(self, metrics: Metrics, out_dir: Path) -> None: ...
+
+
+def validate_detections(
+    task: DetectionValidation, model: Detector, model_or_weights: ModelsOrWeights, data: str | os.PathLike | DataLoader,
+    dev: torch.device, *, img_size: int | None, batch_size: int, conf: float, iou: float, max_det: int, rect: bool,
+    workers: int | None, criterion: Callable | None, save_dir: str | os.PathLike | None, save_json: bool,
+    plots: bool, verbose: bool, map_classes: bool, save_txt: bool, save_conf: bool, single_cls: bool,
+    hooks: Callbacks,
+) -> Metrics:
+    """:func:`val`'s scoring of a detection-family model ready for inference on ``dev`` (see :func:`val` for
+    the settings), with what differs between those tasks (masks) asked of ``task``."""
     # Exports fixed at one image size take square letterboxed batches, not rectangular ones.
     rect = rect and model.dynamic_size
     loader = data
@@ -277,7 +326,7 @@ def val(
         stride = max(model.max_stride, 32)
         size = model.default_img_size if img_size is None else img_size
         loader = build_val_loader(data, None if map_classes or single_cls else model.num_classes, size,
-                                  batch_size, rect, workers, stride=stride, masks=model.task == "segment")
+                                  batch_size, rect, workers, stride=stride, masks=task.val_loader_masks)
     _check_ordered(loader)
     dataset = loader.dataset
     model_names = class_names(model.names, model.num_classes)
@@ -292,14 +341,11 @@ def val(
     if out_dir is not None:
         refuse_overwriting_inputs([("--project/--name", out_dir)], weights_files(model_or_weights) + dataset_inputs(
             getattr(dataset, "im_files", ()), None if isinstance(data, DataLoader) else data))
-    segment = model.task == "segment"
-    num_masks = model.num_masks if segment else 0
-    if segment and model.end_to_end:
-        raise ValueError("a segmentation export with NMS inside has no mask coefficients: export it without --nms")
+    task.check_inference(model)
     with run_lock(out_dir):  # one writer per run folder, until its results are written
         scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
                               out_dir / "labels" if save_txt else None, save_conf, save_json,
-                              lambda path, det: hooks.run("on_val_image_end", path, det), segment)
+                              lambda path, det: hooks.run("on_val_image_end", path, det), task)
         timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
         loss_sum, batches = torch.zeros(len(getattr(criterion, "component_names", "box obj cls".split()))), 0
         dtype = model.dtype
@@ -326,36 +372,29 @@ def val(
                     if model.end_to_end:  # an export with NMS inside
                         dets = model.detections(imgs, conf, iou, max_det, multi_label=True)
                     elif criterion is None:
-                        preds, protos = model(imgs) if segment else (model(imgs), None)
+                        preds, protos = task.infer(model, imgs)
                     else:
-                        maps = model.forward_maps(imgs)
-                        maps, protos = maps if segment else (maps, None)
+                        maps, protos = task.split_maps(model.forward_maps(imgs))
                         preds = model.head.decode(maps)
                 if criterion is not None:
-                    if segment:  # the segmentation loss scores the masks of the batch too
-                        if len(batch) < 5:
-                            raise ValueError("the validation loss of a segmentation model needs batches with masks "
-                                             "(a segmentation data loader)")
-                        criterion((maps, protos), targets, batch[4].to(dev), pred_size=(h, w))
-                    else:
-                        criterion(maps, targets, pred_size=(h, w))
+                    task.val_loss(criterion, maps, protos, targets, batch, dev, (h, w))
                     loss_sum += criterion.components.float().cpu()
                     batches += 1
                 with timers["nms"]:
                     if not model.end_to_end:
                         # As the reference: one class means one suppression across all classes, then class 0.
                         dets = non_max_suppression(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
-                                                   max_det=max_det, num_extra=num_masks)
+                                                   max_det=max_det, num_extra=model.num_masks)
                     if single_cls:
                         dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:6]), d[:, 6:]), 1) for d in dets]
 
-                label_masks = _label_masks(batch, dataset, targets) if segment else None
+                label_masks = task.batch_label_masks(batch, dataset, targets)
                 scorer.add_batch(dets, targets, seen, (h, w), protos, label_masks)
                 if plots and out_dir is not None and batch_index < VAL_BATCH_PLOTS:
                     out_dir.mkdir(parents=True, exist_ok=True)
                     save_val_batch(out_dir, batch_index, batch[0], targets,
                                    dets if class_map is None else [_remap(d, class_map.to(d.device)) for d in dets],
-                                   names, batch[4] if segment and len(batch) > 4 else None,
+                                   names, task.plot_label_masks(batch),
                                    getattr(dataset, "overlap", True), protos)
                 bar.update()
                 hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
@@ -386,11 +425,10 @@ class _ImageScorer:
 
     def __init__(self, dataset, nc: int, class_map: torch.Tensor | None, confusion: bool,
                  labels_dir: Path | None, save_conf: bool, save_json: bool,
-                 image_end: Callable[[str, torch.Tensor], None] = lambda path, det: None,
-                 segment: bool = False) -> None:
+                 image_end: Callable[[str, torch.Tensor], None], task: DetectionValidation) -> None:
         self.dataset, self.class_map, self.image_end = dataset, class_map, image_end
-        self.segment = segment
-        self.stats = SegmentationStats(nc) if segment else DetectionStats(nc)
+        self.task = task
+        self.stats = task.val_stats(nc)
         self.confusion = ConfusionMatrix(nc) if confusion else None
         self.labels_dir, self.save_conf = labels_dir, save_conf
         self.coco_ids = image_ids(dataset.im_files) if save_json else None
@@ -410,8 +448,7 @@ class _ImageScorer:
         (h, w), b = shape, len(dets)
         gains, pads = batch_geometry(self.dataset, first, b, shape)
         resized = np.round(np.asarray(gains) * np.asarray(self.dataset.shapes[first:first + b], dtype=np.float64))
-        if self.segment and label_masks is None:
-            label_masks = batch_label_masks(self.dataset, first, b, shape, resized, pads)
+        label_masks = self.task.read_label_masks(label_masks, self.dataset, first, b, shape, resized, pads)
         counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
         order = targets[:, 0].argsort(stable=True)
         per_image = targets[order].split(counts)
@@ -424,21 +461,17 @@ class _ImageScorer:
             det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:6]), 1)
             gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
             gt_cls = per_image[i][:, 1]
-            if self.segment:
-                masked = labelled_class_detections(det[:, 5], gt_cls)
-                pred_masks = process_masks(protos[i], det[:, 6:], det[:, :4], shape, masked)
-                gt_masks = _at_size(label_masks[i].to(pred_masks.device), pred_masks.shape[1:])
-                self.stats.update_masks(det_native, gt_boxes, gt_cls, pred_masks, gt_masks, masked)
-            else:
-                self.stats.update(det_native, gt_boxes, gt_cls)
+            proto = None if protos is None else protos[i]
+            self.task.score_image(self.stats, det, det_native, gt_boxes, gt_cls, proto,
+                                  None if label_masks is None else label_masks[i], shape)
             self.image_end(self.dataset.im_files[first + i], det_native)
             if self.confusion is not None:
                 self.confusion.update(det_native, gt_boxes, gt_cls)
             outputs = self.coco_ids is not None or self.labels_dir is not None
             rles, polygons = None, None
-            if self.segment and outputs:
-                rles, polygons = _original_masks(protos[i], det, det_native, shape, pads[i], resized[i], (h0, w0),
-                                                 self.coco_ids is not None, self.labels_dir is not None)
+            if outputs:
+                rles, polygons = self.task.original_masks(proto, det, det_native, shape, pads[i], resized[i], (h0, w0),
+                                                          self.coco_ids is not None, self.labels_dir is not None)
             if self.coco_ids is not None:
                 found = detections_to_coco(det_native.cpu(), self.coco_ids[first + i])
                 for item, rle in zip(found, rles or ()):
@@ -446,38 +479,8 @@ class _ImageScorer:
                 self.coco_dets += found
             if self.labels_dir is not None:
                 stem = self.label_stems[first + i]
-                rows = (_polygon_rows(det_native, polygons, (h0, w0), self.save_conf) if self.segment
-                        else _yolo_rows(det_native, (h0, w0), self.save_conf))
+                rows = self.task.label_rows(det_native, polygons, (h0, w0), self.save_conf)
                 (self.labels_dir / f"{stem}.txt").write_text(rows)
-
-
-def _original_masks(proto: torch.Tensor, det: torch.Tensor, det_native: torch.Tensor, input_hw: tuple[int, int],
-                    pad: np.ndarray, resized: np.ndarray, original_hw: tuple[int, int], rle: bool,
-                    polygons: bool) -> tuple[list[dict] | None, list[np.ndarray] | None]:
-    """The detections' masks at the original image's resolution, as COCO RLEs and/or polygons (original
-    pixels), made a chunk of detections at a time."""
-    rles: list[dict] = []
-    outlines: list[np.ndarray] = []
-    for masks in masks_in_original(proto, det[:, 6:], det_native[:, :4], input_hw, tuple(pad), tuple(resized),
-                                   original_hw):
-        if rle:
-            rles += masks_to_rle(masks)
-        if polygons:
-            outlines += masks_to_polygons(masks)
-    return (rles if rle else None), (outlines if polygons else None)
-
-
-def _polygon_rows(det: torch.Tensor, polygons: list[np.ndarray], shape: tuple[int, int], with_conf: bool) -> str:
-    """YOLO-seg rows (``class x1 y1 x2 y2 ... [conf]``, normalised to the ``(h, w)`` image) of detections
-    and their mask outlines, a row for each: a mask too small for an outline (empty inside its box, one pixel
-    or one line) gives its box's corners (:func:`~.masks.polygons_or_boxes`)."""
-    h, w = shape
-    scale = np.array((w, h), np.float64)
-    lines = []
-    for (score, cls), polygon in zip(det[:, 4:6].double().cpu().tolist(), polygons_or_boxes(polygons, det[:, :4])):
-        values = [cls, *(polygon / scale).reshape(-1).tolist()] + ([score] if with_conf else [])
-        lines.append(" ".join(f"{v:g}" for v in values) + "\n")
-    return "".join(lines)
 
 
 def _save_results(metrics: Metrics, scorer: _ImageScorer, names: list[str], out_dir: Path) -> None:
@@ -489,22 +492,10 @@ def _save_results(metrics: Metrics, scorer: _ImageScorer, names: list[str], out_
         if metrics.curves is not None:
             plot_curves(metrics, out_dir)
     if scorer.coco_ids is not None:
-        metrics.coco = _coco_eval(scorer.dataset, names, scorer.coco_dets, out_dir, scorer.segment)
-        if scorer.segment and metrics.masks is not None:
-            metrics.masks.coco = coco_evaluate(out_dir / "ground_truth.json", out_dir / "predictions.json",
-                                               iou_type="segm")
+        metrics.coco = _coco_eval(scorer.dataset, names, scorer.coco_dets, out_dir,
+                                  scorer.task.coco_polygons(scorer.dataset))
+        scorer.task.coco_masks(metrics, out_dir)
     (out_dir / "metrics.json").write_text(json.dumps(metrics.as_dict(), indent=2))
-
-
-def _yolo_rows(det: torch.Tensor, shape: tuple[int, int], with_conf: bool) -> str:
-    """YOLO label rows (``class cx cy w h [conf]``, normalised to the ``(h, w)`` image) of xyxy detections,
-    numbers written as the reference's ``%g``."""
-    h, w = shape
-    d = det.double().cpu()
-    xywhn = torch.stack(((d[:, 0] + d[:, 2]) / 2 / w, (d[:, 1] + d[:, 3]) / 2 / h,
-                         (d[:, 2] - d[:, 0]) / w, (d[:, 3] - d[:, 1]) / h), 1)
-    columns = [d[:, 5:6], xywhn] + ([d[:, 4:5]] if with_conf else [])
-    return "".join(" ".join(f"{v:g}" for v in row) + "\n" for row in torch.cat(columns, 1).tolist())
 
 
 def _class_correspondence(model_names: list[str], data_names: list[str],
@@ -534,34 +525,10 @@ def _remap(det: torch.Tensor, class_map: torch.Tensor) -> torch.Tensor:
     return torch.cat((det[keep, :5], mapped[keep, None].to(det.dtype), det[keep, 6:]), 1)
 
 
-def _label_masks(batch: tuple, dataset, targets: torch.Tensor) -> list[torch.Tensor] | None:
-    """Per image of a segmentation batch ``(imgs, targets, paths, shapes, masks)``, the bool masks of its
-    labels in the order of their ``targets`` rows; None for a batch without masks (read from the label
-    files instead). ``masks`` are ``[B, h, w]`` overlap masks (value k + 1: the image's k-th label) when
-    the dataset's ``overlap`` is true (the default), else ``[n_targets, h, w]`` in the rows' order."""
-    if len(batch) < 5:
-        return None
-    masks, image_of = batch[4], targets[:, 0].long().cpu()
-    counts = torch.bincount(image_of, minlength=batch[0].shape[0]).tolist()
-    if getattr(dataset, "overlap", True):
-        return [split_overlap_mask(masks[i], n) for i, n in enumerate(counts)]
-    return list((masks[image_of.argsort(stable=True)] > 0).split(counts))
-
-
-def _at_size(masks: torch.Tensor, size: torch.Size) -> torch.Tensor:
-    """Label masks resized (bilinear, then > 0.5) to the predicted masks' size when they differ, as the
-    reference compares them."""
-    if masks.shape[1:] == size:
-        return masks
-    return F.interpolate(masks[None].float(), size, mode="bilinear", align_corners=False)[0] > 0.5
-
-
-def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path, segment: bool = False) -> list[float]:
-    """Write COCO ground truth (with each label's polygon for a segmentation model) and detections,
+def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path,
+               polygons: list | None = None) -> list[float]:
+    """Write COCO ground truth (with each label's polygon when given: a segmentation model's) and detections,
     evaluate the boxes and return the 12 summary numbers."""
-    polygons = getattr(dataset, "segments", None) if segment else None
-    if segment and polygons is None:  # a detection dataset: the polygons are read from its label files
-        polygons = [read_polygons(img2label_path(f), labels) for f, labels in zip(dataset.im_files, dataset.labels)]
     gt = coco_ground_truth(dataset.im_files, dataset.labels, dataset.shapes, names, polygons)
     gt_path, pred_path = out_dir / "ground_truth.json", out_dir / "predictions.json"
     gt_path.write_text(json.dumps(gt))
@@ -600,7 +567,7 @@ def run_val(args: argparse.Namespace) -> int:
     """Run ``yolotrain val`` from parsed arguments; returns the process exit code."""
     config = val_config(args)
     weights = weights_argument(config.weights)
-    speed = config.task == "speed"
+    speed = config.mode == "speed"
     save_dir = None if speed else next_run_dir(config.project, config.name, config.exist_ok)
     keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
     metrics = val(weights, config.data, save_dir=save_dir, **keywords)

@@ -16,8 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..model import Yolov5
-from ..model.classify import Classifier
+from ..task import task_of
 from .tta import AugmentedDetector, EnsembleDetector
 
 MAX_CHANNELS = 32  # channels drawn per layer, as the reference draws them
@@ -34,7 +33,7 @@ def visualized_layers(model: object) -> list[tuple[int, str, nn.Module]]:
     Raises:
         ValueError: ``model`` is an export (ONNX, OpenVINO, ...), which has no layers to look into.
     """
-    if isinstance(model, (Yolov5, Classifier)):
+    if task_of(model).runs_in_torch(model):
         layers = list(model.model.children())[:-1]
         return [(stage, type(layer).__name__, layer) for stage, layer in enumerate(layers)]
     if isinstance(model, (AugmentedDetector, EnsembleDetector)):

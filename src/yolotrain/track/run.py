@@ -40,6 +40,7 @@ from ..outputs import refuse_overwriting_inputs
 from ..progress import progress_bar
 from ..runs import next_run_dir, run_lock
 from ..settings import add_arguments, flat_names, flat_values, from_flat, setting
+from ..task import task_of
 from .config import TrackerConfig, tracker_config
 from .evaluate import GroundTruthWarning, evaluate_tracks
 from .outputs import MOT_FOLDER, SequenceOutputs
@@ -156,10 +157,9 @@ def _detector(model_or_weights: ModelOrWeights, predict_settings: dict) -> Detec
     boxes to track, is refused in one line before any source is read. A file's model runs where a file's
     would (the best device), not where a model given in memory is left."""
     model = resolve_model(model_or_weights, trust_code=predict_settings.get("trust_code", PredictConfig.trust_code))
-    if model.task == "classify":
-        what = model_or_weights if isinstance(model_or_weights, (str, os.PathLike)) else type(model).__name__
-        raise ValueError(f"track follows detected boxes from frame to frame: {what} is a classifier, which has no "
-                         "boxes to track; give detection or segmentation weights")
+    what = model_or_weights if isinstance(model_or_weights, (str, os.PathLike)) else type(model).__name__
+    if (refusal := task_of(model).track_refusal(what)) is not None:
+        raise ValueError(refusal)
     if model is not model_or_weights and predict_settings.get("device") is None:
         predict_settings["device"] = select_device(None)
     return model

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from ...task import Task
+from .evaluate import ClassifyEvaluation
 from .model import ClassifyModel
 from .train import ClassifyTraining
 
 
-class ClassifyTask(ClassifyTraining, ClassifyModel, Task):
+class ClassifyTask(ClassifyTraining, ClassifyEvaluation, ClassifyModel, Task):
     """Classification's answers to the shared code."""
 
     name = "classify"

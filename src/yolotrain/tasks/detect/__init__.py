@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from ...task import Task
+from .evaluate import DetectEvaluation
 from .model import DetectModel
 from .train import DetectTraining
 
 
-class DetectTask(DetectTraining, DetectModel, Task):
+class DetectTask(DetectTraining, DetectEvaluation, DetectModel, Task):
     """Detection's answers to the shared code."""
 
     name = "detect"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ..detect import DetectTask
+from .evaluate import SegmentEvaluation
 from .train import SegmentTraining
 
 
-class SegmentTask(SegmentTraining, DetectTask):
+class SegmentTask(SegmentTraining, SegmentEvaluation, DetectTask):
     """Segmentation's answers to the shared code: detection's, and the masks' where they differ."""
 
     name = "segment"

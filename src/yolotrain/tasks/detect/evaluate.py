@@ -1,0 +1,107 @@
+"""Detection's answers to evaluation and prediction: how its models are readied, validated (the shared loop of
+:func:`yolotrain.eval.val.validate_detections`) and predicted with, and what is made of their boxes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...eval.metrics import DetectionStats, Metrics
+from ...eval.val import validate_detections
+from ...model import Yolov5
+
+
+class DetectEvaluation:
+    """Detection's answers to val, predict, inference and tracking: boxes only (segmentation adds its masks
+    to these answers)."""
+
+    val_loader_masks = False  # the val loader's batches carry no masks
+
+    def runs_in_torch(self, model: Any) -> bool:
+        return isinstance(model, Yolov5)
+
+    def augment_refusal(self, name: str) -> str | None:
+        return None
+
+    def check_inference(self, model: Any) -> None:
+        return None  # every model of the task runs
+
+    def ensemble_refusal(self, name: str) -> str | None:
+        return None
+
+    def validate(self, model: Any, model_or_weights: Any, data: Any, device: torch.device, **settings: Any) -> Metrics:
+        return validate_detections(self, model, model_or_weights, data, device, **settings)
+
+    def predictor(self, predictor: Any, img_size: int | None, save_crop: bool) -> Any:
+        return predictor
+
+    def track_refusal(self, name: str) -> str | None:
+        return None
+
+    # What validation and prediction do with a batch's outputs (yolotrain.eval.val.DetectionValidation).
+
+    def infer(self, model: Any, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return model(imgs), None
+
+    def split_maps(self, maps: Any) -> tuple[Any, torch.Tensor | None]:
+        return maps, None
+
+    def val_loss(self, criterion: Any, maps: Any, protos: torch.Tensor | None, targets: torch.Tensor, batch: tuple,
+                 device: torch.device, pred_size: tuple[int, int]) -> None:
+        criterion(maps, targets, pred_size=pred_size)
+
+    def batch_label_masks(self, batch: tuple, dataset: Any, targets: torch.Tensor) -> list[torch.Tensor] | None:
+        return None
+
+    def plot_label_masks(self, batch: tuple) -> torch.Tensor | None:
+        return None
+
+    def val_stats(self, nc: int) -> DetectionStats:
+        return DetectionStats(nc)
+
+    def read_label_masks(self, label_masks: list[torch.Tensor] | None, dataset: Any, first: int, count: int,
+                         shape: tuple[int, int], resized: np.ndarray,
+                         pads: np.ndarray) -> list[torch.Tensor] | None:
+        return label_masks
+
+    def score_image(self, stats: DetectionStats, det: torch.Tensor, det_native: torch.Tensor,
+                    gt_boxes: torch.Tensor, gt_cls: torch.Tensor, proto: torch.Tensor | None,
+                    label_masks: torch.Tensor | None, shape: tuple[int, int]) -> None:
+        stats.update(det_native, gt_boxes, gt_cls)
+
+    def original_masks(self, proto: torch.Tensor | None, det: torch.Tensor, det_native: torch.Tensor,
+                       input_hw: tuple[int, int], pad: np.ndarray, resized: np.ndarray, original_hw: tuple[int, int],
+                       rle: bool, polygons: bool) -> tuple[list[dict] | None, list[np.ndarray] | None]:
+        return None, None
+
+    def label_rows(self, det: torch.Tensor, polygons: list[np.ndarray] | None, shape: tuple[int, int],
+                   with_conf: bool) -> str:
+        return yolo_rows(det, shape, with_conf)
+
+    def coco_polygons(self, dataset: Any) -> list | None:
+        return None
+
+    def coco_masks(self, metrics: Metrics, out_dir: Path) -> None:
+        return None
+
+    def result_masks(self, proto: torch.Tensor | None, det: torch.Tensor, boxes: torch.Tensor,
+                     input_hw: tuple[int, int], gain: tuple[float, float], pad: tuple[float, float],
+                     original_hw: tuple[int, int],
+                     retina_masks: bool) -> tuple[np.ndarray | None, list[np.ndarray] | None]:
+        """A prediction's masks and outlines in the original image (:class:`~yolotrain.eval.predict.Result`'s
+        ``masks`` and ``polygons``): a detection model has none."""
+        return None, None
+
+
+def yolo_rows(det: torch.Tensor, shape: tuple[int, int], with_conf: bool) -> str:
+    """YOLO label rows (``class cx cy w h [conf]``, normalised to the ``(h, w)`` image) of xyxy detections,
+    numbers written as the reference's ``%g``."""
+    h, w = shape
+    d = det.double().cpu()
+    xywhn = torch.stack(((d[:, 0] + d[:, 2]) / 2 / w, (d[:, 1] + d[:, 3]) / 2 / h,
+                         (d[:, 2] - d[:, 0]) / w, (d[:, 3] - d[:, 1]) / h), 1)
+    columns = [d[:, 5:6], xywhn] + ([d[:, 4:5]] if with_conf else [])
+    return "".join(" ".join(f"{v:g}" for v in row) + "\n" for row in torch.cat(columns, 1).tolist())
