@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ...task import Task
+from .export import ClassifyExport
 
 
-class ClassifyTask(Task):
+class ClassifyTask(ClassifyExport, Task):
     """Classification's answers to the shared code."""
 
     name = "classify"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ...task import Task
+from .export import DetectExport
 
 
-class DetectTask(Task):
+class DetectTask(DetectExport, Task):
     """Detection's answers to the shared code."""
 
     name = "detect"

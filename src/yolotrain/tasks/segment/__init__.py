@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..detect import DetectTask
+from .export import SegmentExport
 
 
-class SegmentTask(DetectTask):
+class SegmentTask(SegmentExport, DetectTask):
     """Segmentation's answers to the shared code: detection's, and the masks' where they differ."""
 
     name = "segment"
