@@ -42,6 +42,7 @@ from .atomic import current_umask, write_atomic
 from .messages import brief, shorten
 from .model.spec import MAX_CLASSES, ModelSpec, check_spec
 from .names import class_names
+from .task import Task, get_task, task_names
 
 FORMAT_NAME = "yolotrain-checkpoint"
 FORMAT_VERSION = 1
@@ -108,22 +109,17 @@ def _tensors_of(source: nn.Module | Mapping[str, torch.Tensor], prefix: str) -> 
     return {f"{prefix}.{key}": value.detach().cpu().contiguous() for key, value in state.items()}
 
 
+def _task_of(model: nn.Module) -> Task:
+    """The task of a model to save (a module without a ``task`` is a detector)."""
+    return get_task(getattr(model, "task", "detect"))
+
+
 def _architecture(model: nn.Module) -> dict[str, Any]:
-    if getattr(model, "task", None) == "classify":  # a Classifier: rebuilt by name, cut and class count
-        return {"task": "classify", "arch": model.arch, "cutoff": model.cutoff, "nc": int(model.num_classes),
-                "in_channels": int(model.in_channels)}
-    head = model.head
-    strides = [float(s) for s in head.stride.tolist()]
-    anchors = (head.anchors.detach().cpu().double() * head.stride.cpu().double().view(-1, 1, 1)).tolist()
-    architecture = {"version": model.version, "nc": int(head.nc), "anchors": anchors, "strides": strides,
-                    "in_channels": int(model.in_channels)}
-    if model.version == "custom":  # self-contained: the layers themselves, not a path to their YAML
-        architecture.update(cfg=model.spec.to_dict())
-    return architecture
+    return _task_of(model).checkpoint_architecture(model)
 
 
 def _checkpoint_names(model: nn.Module, metadata: Mapping[str, Any]) -> list[str]:
-    nc = model.num_classes if getattr(model, "task", None) == "classify" else model.head.nc
+    nc = _task_of(model).checkpoint_num_classes(model)
     return class_names(metadata.get("names", getattr(model, "names", None)), int(nc))
 
 
@@ -353,9 +349,16 @@ def validate_metadata(metadata: Any, json_path: Path) -> None:
     names = metadata.get("names")
     if not isinstance(names, list) or len(names) != nc or not all(isinstance(n, str) for n in names):
         raise bad("names", f"must be a list of {nc} class names")
-    if metadata.get("task") == "classify":
-        _validate_classifier(metadata, bad)
-        return
+    task = metadata.get("task", "detect")
+    if not (isinstance(task, str) and task in task_names()):
+        raise bad("task", f"must be one of {', '.join(task_names())}, got {str(task)[:40]}")
+    get_task(task).validate_checkpoint(metadata, bad)
+
+
+def validate_detector_metadata(metadata: dict[str, Any], bad: Callable[[str, str], CheckpointError]) -> None:
+    """The architecture fields of a detector's (or a segmentation model's) checkpoint: its version, anchors,
+    strides, input channels and, for a custom layout, its layers."""
+    nc = metadata["nc"]
     if not isinstance(metadata.get("version"), str) or not 0 < len(metadata["version"]) <= 16:
         raise bad("version", "must be a model size such as 'n' or 's'")
     anchors = metadata.get("anchors")
@@ -381,7 +384,7 @@ def validate_metadata(metadata: Any, json_path: Path) -> None:
             raise bad("cfg", f"is not a valid architecture ({shorten(str(exc), 300)})") from None
 
 
-def _validate_classifier(metadata: dict[str, Any], bad: Callable[[str, str], CheckpointError]) -> None:
+def validate_classifier_metadata(metadata: dict[str, Any], bad: Callable[[str, str], CheckpointError]) -> None:
     """The architecture fields of a classifier's checkpoint: its name and where a YOLOv5 backbone was cut."""
     arch = metadata.get("arch")
     if not isinstance(arch, str) or not 0 < len(arch) <= 64:

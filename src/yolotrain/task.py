@@ -159,6 +159,66 @@ class Task(ABC):
 
     # Export, runtimes and checkpoints.
 
+    # The output kinds an export of this task's models gives, in the graph's order (``"boxes"``,
+    # ``"mask_prototypes"``, ``"logits"``: see yolotrain.interop.export_graph); a format exports them when it
+    # carries every one.
+    export_outputs: tuple[str, ...]
+
+    @abstractmethod
+    def export_format_refusal(self, fmt: str, supported: Sequence[str]) -> str:
+        """Why this task's models do not export to ``fmt``, a format that lacks one of :attr:`export_outputs`
+        (``supported``: the formats that carry them all), in one line."""
+
+    @abstractmethod
+    def check_export_options(self, half: bool, int8: bool, raw: bool, nms: bool) -> None:
+        """Refuse, in a one-line ``ValueError``, the export options (``--half``, ``--int8``, ``--raw``,
+        ``--nms``) this task's exports cannot have; the format's own capabilities are checked before."""
+
+    @abstractmethod
+    def export_metadata(self, model: Any) -> dict[str, str]:
+        """The task's own fields of an export's string metadata (the model's name, its class count, and what
+        its runtime needs to read the outputs back: anchors, mask coefficients, the task's name)."""
+
+    @abstractmethod
+    def trace_export(self, graph: Any, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The outputs ``graph`` (an :class:`~yolotrain.interop.export_graph.ExportGraph`: its ``model``, ``raw``
+        and ``nms`` settings) gives for ``images`` when traced, in the order of :attr:`export_outputs` (a
+        detector's raw maps: one per level)."""
+
+    @abstractmethod
+    def exported_metadata_problem(self, raw: bool, nms: bool) -> str | None:
+        """Why an export's metadata saying ``raw`` outputs or ``nms`` inside cannot be one of this task's
+        (None when it can)."""
+
+    @abstractmethod
+    def exported_output_mismatch(self, runtime: Any, shapes: Sequence[Sequence[int | None]],
+                                 input_hw: Sequence[int | None]) -> str | None:
+        """What the metadata of ``runtime`` (an :class:`~yolotrain.interop.runtime.ExportedModel`) implies about
+        its outputs that ``shapes`` (None: an axis not known) contradicts, for an input of ``input_hw`` pixels;
+        None when nothing does."""
+
+    @abstractmethod
+    def exported_default_img_size(self, runtime: Any) -> int:
+        """The image side ``runtime`` runs at unless told otherwise."""
+
+    @abstractmethod
+    def checkpoint_architecture(self, model: Any) -> dict[str, Any]:
+        """The json fields a checkpoint of ``model`` records to rebuild it."""
+
+    @abstractmethod
+    def checkpoint_num_classes(self, model: Any) -> int:
+        """The class count of ``model`` (the number of class names a checkpoint or an export records)."""
+
+    @abstractmethod
+    def validate_checkpoint(self, metadata: dict[str, Any], bad: Callable[[str, str], Exception]) -> None:
+        """Check the architecture fields of a checkpoint json of this task (its ``nc`` and ``names`` are
+        checked already); ``bad(field, why)`` is the error to raise."""
+
+    @abstractmethod
+    def rebuild_checkpoint(self, metadata: dict[str, Any], state: dict[str, torch.Tensor], source: str) -> Any:
+        """The model of a checkpoint (its validated json and the tensors to load, kept in their dtype), in eval
+        mode; a one-line ``CheckpointError`` naming ``source`` when the tensors do not fit."""
+
     # Models, the command line and the YOLO object.
 
     @abstractmethod

@@ -51,8 +51,9 @@ from ..nms import NMSConfig, check_nms_limits
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, refuse_replacing_others
 from ..progress import progress_bar
 from ..settings import add_arguments, from_mapping, setting
+from ..task import task_names, task_of
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
-from .export_graph import ExportGraph, raw_output_names
+from .export_graph import BOXES, ExportGraph, raw_output_names
 from .formats import REGISTRY, ExportFormat, ExportJob, export_metadata_of
 from .resolve import resolve_trainable, weights_inputs
 
@@ -141,61 +142,41 @@ def _image_size(img_size: int | Sequence[int], stride: int = 32) -> tuple[int, i
 
 def export_metadata(model: Yolov5 | Classifier, size: tuple[int, int], raw: bool, dynamic_batch: bool,
                     dynamic_size: bool, precision: str = "fp32", nms: dict | None = None) -> dict[str, str]:
-    """String metadata stored with an export (read back by :class:`~yolotrain.interop.runtime.ExportedModel`).
+    """String metadata stored with an export (read back by :class:`~yolotrain.interop.runtime.ExportedModel`):
+    the model's task's own fields (:meth:`yolotrain.task.Task.export_metadata`), then those of every export.
 
     ``stride`` and ``names`` are written as the reference's ``export.py`` writes them (the largest stride
     as a whole number, the names as a ``{index: name}`` Python literal), so that its ``DetectMultiBackend``
     and ultralytics' ``AutoBackend`` read our files; ours are ``strides`` and ``class_names`` (JSON lists).
     """
-    if model.task == "classify":  # logits [B, nc]: no anchors to record
-        names, strides = list(model.names), [model.max_stride]
-        metadata = {"producer": "yolotrain", "model": model.arch, "task": "classify", "nc": str(model.num_classes)}
-    else:
-        head = model.head
-        names = list(getattr(model, "names", None) or [str(i) for i in range(head.nc)])
-        strides = [int(s) for s in head.stride.tolist()]
-        anchors = (head.anchors * head.stride.view(-1, 1, 1)).tolist()
-        metadata = {"producer": "yolotrain", "model": f"yolov5{model.version}", "nc": str(head.nc),
-                    "anchors": json.dumps(anchors)}
+    task = task_of(model)
+    names = list(getattr(model, "names", None) or [str(i) for i in range(task.checkpoint_num_classes(model))])
+    strides = [int(s) for s in model.stride.tolist()]
+    metadata = {"producer": "yolotrain", **task.export_metadata(model)}
     metadata.update({
         "stride": str(max(strides)), "names": repr(dict(enumerate(names))),
         "strides": json.dumps(strides), "class_names": json.dumps(names),
-        "img_size": json.dumps(list(size)), "raw": json.dumps(raw and model.task != "classify"),
+        # Raw head maps are the boxes' maps before decoding: an export without boxes has none.
+        "img_size": json.dumps(list(size)), "raw": json.dumps(raw and BOXES in task.export_outputs),
         "dynamic_batch": json.dumps(dynamic_batch), "dynamic_size": json.dumps(dynamic_size), "precision": precision,
     })
     if nms is not None:
         metadata["nms"] = json.dumps(nms)
-    if model.task == "segment":
-        metadata.update({"task": "segment", "nm": str(model.num_masks)})
     return metadata
 
 
-def _check_segment(fmt: str, raw: bool, nms: bool, int8: bool) -> None:
-    """One-line errors for what a segmentation model cannot be exported as."""
-    if not REGISTRY[fmt].segment:
-        supported = sorted(name for name, spec in REGISTRY.items() if spec.segment)
-        raise ValueError(f"segmentation models export to {', '.join(supported)}: {fmt} cannot carry their "
-                         "prototype masks")
-    if raw or nms:
-        raise ValueError(f"{'--raw' if raw else '--nms'} is for detection models: a segmentation model's export "
-                         "gives its decoded predictions and prototype masks")
-    if int8:
-        raise ValueError("int8 export is for detection models: how int8 prototype masks score is not measured; "
-                         "export a segmentation model in fp32 or fp16 (--half)")
-
-
-def _check_classify(fmt: str, half: bool, int8: bool, raw: bool, nms: bool) -> None:
-    """One-line errors for what a classifier cannot be exported as."""
-    if not REGISTRY[fmt].classify:
-        supported = sorted(name for name, spec in REGISTRY.items() if spec.classify)
-        raise ValueError(f"classifiers export to {', '.join(supported)}, not {fmt}")
-    asked = [flag for flag, on in (("--half", half), ("--int8", int8), ("--raw", raw), ("--nms", nms)) if on]
-    if asked:
-        raise ValueError(f"{asked[0]} is for detection models: a classifier's export gives float32 logits")
+def _check_task(model: Yolov5 | Classifier, fmt: str, half: bool, int8: bool, raw: bool, nms: bool) -> None:
+    """One-line errors for what the model's task cannot be exported as: a format that lacks one of its
+    output kinds, then the options its exports cannot have."""
+    task = task_of(model)
+    if not REGISTRY[fmt].carries(task.export_outputs):
+        supported = sorted(name for name, spec in REGISTRY.items() if spec.carries(task.export_outputs))
+        raise ValueError(task.export_format_refusal(fmt, supported))
+    task.check_export_options(half, int8, raw, nms)
 
 
 def _load(weights_or_model: str | Path | Yolov5 | Classifier) -> Yolov5 | Classifier:
-    if isinstance(weights_or_model, nn.Module) and not isinstance(weights_or_model, (Yolov5, Classifier)):
+    if isinstance(weights_or_model, nn.Module) and getattr(weights_or_model, "task", None) not in task_names():
         raise ValueError(f"only Yolov5 detectors and classifiers can be exported, got "
                          f"{type(weights_or_model).__name__}")
     model = resolve_trainable(weights_or_model)
@@ -275,10 +256,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     if spec.exact_suffix and out.suffix != spec.suffix:
         raise ValueError(f"{fmt} output must end in {spec.suffix}, got {out.name}")
     model = _load(weights_or_model)
-    if model.task == "segment":
-        _check_segment(fmt, raw, nms, int8)
-    if model.task == "classify":
-        _check_classify(fmt, half, int8, raw, nms)
+    _check_task(model, fmt, half, int8, raw, nms)
     size = _image_size(model.default_img_size if img_size is None else img_size, model.max_stride)
     calibration_set = calibration_files(data, calibration_images) if int8 else []
     calibration = CalibrationImages(calibration_set, size) if int8 else None

@@ -1,7 +1,12 @@
-"""The module every export traces: the fused detector with its output chosen (decoded predictions, the raw
-head maps, or final detections with NMS inside, built from ONNX's ``NonMaxSuppression``); a segmentation
-model's decoded predictions come with its prototype masks as a second output; a classifier's graph gives its
-logits."""
+"""The module every export traces: the fused model with its output chosen by its task (a detector's decoded
+predictions, raw head maps, or final detections with NMS inside, built from ONNX's ``NonMaxSuppression``; a
+segmentation model's decoded predictions with its prototype masks as a second output; a classifier's logits),
+and the output kinds an export can carry.
+
+An output kind names what one of an exported graph's outputs holds. Each task declares the kinds its exports
+give (:attr:`yolotrain.task.Task.export_outputs`) and each format the kinds it can carry
+(:attr:`yolotrain.interop.formats.ExportFormat.outputs`): a model exports to the formats that carry all of its.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +17,18 @@ from torch import nn
 
 from ..boxes import xywh_to_xyxy
 from ..model import Yolov5
+from ..task import task_of
 
 DECODED_OUTPUT = "output0"
 # A segmentation model's prototype masks [B, nm, H/4, W/4] (the reference's name for them).
 PROTO_OUTPUT = "output1"
 DETECTIONS_OUTPUT = "detections"
+
+# Output kinds. Boxes: decoded predictions [B, N, 5+nc(+nm)] (or, asked for, the raw head maps or final
+# detections); mask prototypes: a segmentation model's [B, nm, H/4, W/4]; logits: a classifier's [B, nc].
+BOXES = "boxes"
+MASK_PROTOTYPES = "mask_prototypes"
+LOGITS = "logits"
 
 
 class NonMaxSuppression(torch.autograd.Function):
@@ -41,28 +53,21 @@ class NonMaxSuppression(torch.autograd.Function):
 
 
 class ExportGraph(nn.Module):
-    """What gets traced: images → decoded output (and a segmentation model's prototypes), → the raw maps
-    as a tuple, or → final detections."""
+    """What gets traced: images → the outputs the model's task gives (see
+    :meth:`yolotrain.task.Task.trace_export`): a detector's decoded output, its raw maps as a tuple, or final
+    detections (:meth:`detections`)."""
 
     def __init__(self, model: Yolov5, raw: bool, nms: dict | None = None) -> None:
         super().__init__()
         self.model = model
+        self.task = task_of(model)  # asked while tracing: looked up once, before
         self.raw = raw
         self.nms = nms
 
     def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        if self.model.task == "classify":  # a classifier's logits [B, nc]
-            return self.model(images)
-        maps = self.model.forward_maps(images)
-        if self.model.task == "segment":  # (exporting checks that neither raw maps nor NMS were asked for)
-            maps, proto = maps
-            return self.model.head.decode(maps), proto
-        if self.raw:
-            return tuple(maps)
-        decoded = self.model.head.decode(maps)
-        return decoded if self.nms is None else self._detections(decoded)
+        return self.task.trace_export(self, images)
 
-    def _detections(self, pred: torch.Tensor) -> torch.Tensor:
+    def detections(self, pred: torch.Tensor) -> torch.Tensor:
         """Decoded output → ``[B, max_det, 6]``, the semantics of :func:`yolotrain.eval.non_max_suppression`
         (objectness and score above ``conf``, class-aware NMS, the ``max_det`` best per image) in fixed
         shapes: the kept (image, class, box) triples are marked in a dense score map whose ``max_det``

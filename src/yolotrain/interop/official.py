@@ -31,6 +31,9 @@ STEM_WEIGHT = "model.0.conv.weight"
 PROTO_WEIGHT = "proto.cv3.conv.weight"
 # Index of the Detect head in the published layouts, by number of detection levels (P5, P6).
 HEAD_INDEX: dict[int, int] = {3: 24, 4: 33}
+# (head class, detection levels) → the suffix of the published version with that head: yolov5s, yolov5s6,
+# yolov5s-seg (segmentation models are published with three levels only).
+PUBLISHED_SUFFIXES: dict[tuple[str, int], str] = {("Detect", 3): "", ("Detect", 4): "6", ("Segment", 3): SEGMENT_SUFFIX}
 SILU = "torch.nn.modules.activation.SiLU"
 
 
@@ -128,9 +131,10 @@ def _child(module: PickledObject, name: str) -> PickledObject | None:
 
 
 def _architecture_from_yaml(yaml: Any, levels: int, layers: int, source: str,
-                            segment: bool = False) -> tuple[str, ModelSpec | None]:
+                            head: str = "Detect") -> tuple[str, ModelSpec | None]:
     """(version, spec): a published version, or ``'custom'`` and the spec the pickled ``yaml`` describes
-    (``segment``: the head is a Segment, which only the layer lists or the published P5 layout give)."""
+    (``head``: the head's class, Detect or Segment; a Segment only the layer lists or the published P5
+    layout give)."""
     if not isinstance(yaml, Mapping):
         raise UnsupportedCheckpointError(f"{source}: the pickled model has no 'yaml' architecture description")
     if _has_layer_lists(yaml):
@@ -142,7 +146,7 @@ def _architecture_from_yaml(yaml: Any, levels: int, layers: int, source: str,
         return (version, None) if version else ("custom", spec)
     # Only the multiples recorded: one of the published layouts, told apart by the head.
     multiples = (float(yaml.get("depth_multiple", 0)), float(yaml.get("width_multiple", 0)))
-    suffix = {3: SEGMENT_SUFFIX if segment else "", 4: None if segment else "6"}.get(levels)
+    suffix = PUBLISHED_SUFFIXES.get((head, levels))
     if suffix is None or layers != HEAD_INDEX[levels] + 1:
         raise UnsupportedCheckpointError(
             f"{source}: unsupported checkpoint: a custom YOLOv5 layout ({layers} layers, {levels} detection levels) "
@@ -161,8 +165,8 @@ def from_pickled_model(model: PickledObject, source: str) -> DetectorWeights:
         raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {problem}")
     layers = list(_child(model, "model").get("_modules").values())
     head = layers[-1]
-    segment = head.pickled_name.endswith(".Segment")
-    version, spec = _architecture_from_yaml(model.get("yaml"), head.get("nl"), len(layers), source, segment)
+    version, spec = _architecture_from_yaml(model.get("yaml"), head.get("nl"), len(layers), source,
+                                            head.pickled_name.rpartition(".")[2])
     state = module_state_dict(model)
     nc = int(head.get("nc"))
     # The reference keeps ``stride`` as a plain attribute; a non-persistent buffer is accepted as well.

@@ -14,8 +14,9 @@ from ..checkpoint import CheckpointError, checkpoint_paths, read_checkpoint, rea
 from ..model import ModelSpec, Yolov5
 from ..model.classify import Classifier
 from ..names import class_names
+from ..task import get_task
 from .backends import is_exported
-from .classify import checkpoint_classifier, read_classifier
+from .classify import read_classifier
 from .hub import resolve_weights
 from .official import PROTO_WEIGHT, DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
 from .unpickler import read_torch_file
@@ -47,8 +48,9 @@ def build_detector(weights: DetectorWeights, source: str, error: type[Exception]
     return model.eval()
 
 
-def load_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[Yolov5, dict[str, Any]]:
-    """Build a :class:`~yolotrain.Yolov5` from one of our checkpoint sets; returns ``(model, metadata)``.
+def load_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[Yolov5 | Classifier, dict[str, Any]]:
+    """Build the model of one of our checkpoint sets (a :class:`~yolotrain.Yolov5`, or what its ``task``
+    rebuilds: :meth:`yolotrain.task.Task.rebuild_checkpoint`); returns ``(model, metadata)``.
 
     The EMA weights are used when present and ``use_ema`` (they are the ones evaluated during
     training). The model keeps the saved floating dtype (so a save/load round trip is bitwise exact),
@@ -58,8 +60,16 @@ def load_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[Yolov5, 
     meta = contents.metadata
     _, json_path, _ = checkpoint_paths(path)
     state = contents.ema_state if use_ema and contents.ema_state is not None else contents.model_state
-    if meta.get("task") == "classify":
-        return checkpoint_classifier(meta, state, str(json_path)), meta
+    return get_task(meta.get("task", "detect")).rebuild_checkpoint(meta, state, str(json_path)), meta
+
+
+def checkpoint_detector(meta: Mapping[str, Any], state: Mapping[str, torch.Tensor], json_path: str) -> Yolov5:
+    """The :class:`Yolov5` of one of our checkpoints (metadata validated by :mod:`yolotrain.checkpoint`): its
+    architecture and anchors, holding ``state`` in its saved dtype (eval mode).
+
+    Raises:
+        CheckpointError: an architecture this library cannot build, or tensors that do not fit it.
+    """
     if not isinstance(meta, Mapping) or any(key not in meta for key in ("version", "nc", "anchors")):
         raise CheckpointError(f"{json_path}: bad architecture entry (needs version, nc and anchors)")
     spec = None
@@ -74,7 +84,7 @@ def load_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[Yolov5, 
     if head_mismatch:  # checked before building: a json may claim any class count
         raise CheckpointError(f"{json_path}: does not match its tensors ({weights.kind}: {head_mismatch})")
     dtype = next(v.dtype for v in state.values() if v.is_floating_point())
-    return build_detector(weights, str(json_path), CheckpointError, dtype), meta
+    return build_detector(weights, json_path, CheckpointError, dtype)
 
 
 def _head_mismatch(state: Mapping[str, torch.Tensor], nc: int, na: int) -> str | None:

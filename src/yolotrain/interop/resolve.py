@@ -27,6 +27,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from torch import nn
+
 from ..checkpoint import CheckpointError, checkpoint_paths
 from ..detector import Detector
 from ..devices import select_device
@@ -65,7 +67,7 @@ def resolve_model(source: ModelSource, *, device: str | None = None, trust_code:
         return load_exported(source, trust_code=trust_code)
     else:
         model = _torch_model(Path(source), names, use_ema)
-    if device is not None and isinstance(model, (Yolov5, Classifier)):
+    if device is not None and isinstance(model, nn.Module):  # a PyTorch model (an export runs where its runtime does)
         model = model.to(select_device(device))
     return model
 
@@ -83,7 +85,7 @@ def resolve_trainable(source: Yolov5 | Classifier | str | os.PathLike,
         raise CheckpointError(f"{source}: an exported model, not a torch checkpoint: run it with val or predict "
                               "(or yolotrain.resolve_model); train and export take the checkpoint it was exported from")
     model = resolve_model(source, names=names)
-    if not isinstance(model, (Yolov5, Classifier)):
+    if not isinstance(model, nn.Module):
         raise CheckpointError(f"{type(model).__name__}: an exported model cannot be trained")
     return model
 

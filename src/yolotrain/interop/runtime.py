@@ -25,7 +25,8 @@ from ..checkpoint import MAX_CLASSES, CheckpointError
 from ..detector import Task
 from ..messages import brief, shorten
 from ..model import Detect
-from ..model.yolo import DEFAULT_IMG_SIZE
+from ..task import get_task, task_names, task_of
+from .export_graph import BOXES, MASK_PROTOTYPES
 
 
 class ExportedModel(abc.ABC):
@@ -68,7 +69,7 @@ class ExportedModel(abc.ABC):
         self.input_shape = [s if isinstance(s, int) and s > 0 else None for s in input_shape]
         if None not in self.input_shape[2:4] and tuple(self.input_shape[2:4]) != self.img_size:
             raise CheckpointError(f"{self.path}: its yolotrain metadata disagrees with its graph: img_size "
-                                  f"{list(self.img_size)}, the graph takes {_shape(self.input_shape)} "
+                                  f"{list(self.img_size)}, the graph takes {shape_text(self.input_shape)} "
                                   "(was the metadata edited? export the model again)")
         if output_shapes is not None:  # what the metadata says against what the graph computes
             shapes = [[d if isinstance(d, int) and d > 0 else None for d in shape] for shape in output_shapes]
@@ -88,49 +89,9 @@ class ExportedModel(abc.ABC):
                                   "(was the metadata edited? export the model again)")
 
     def _output_mismatch(self, shapes: Sequence[Sequence[int | None]], input_hw: Sequence[int | None]) -> str | None:
-        """What the metadata (classes, strides, anchors per level, NMS) implies about the outputs that
-        ``shapes`` contradicts, for an input of ``input_hw`` pixels; None when nothing does."""
-        na, no = self.anchors_per_level, self.num_classes + 5 + self.num_masks
-        strides = [int(s) for s in self.stride.tolist()]
-        height, width = input_hw
-        grids = [(height // s, width // s) if height is not None and width is not None else (None, None)
-                 for s in strides]
-
-        def differs(got: int | None, expected: int | None) -> bool:
-            return got is not None and expected is not None and got != expected
-
-        if self.task == "classify":
-            expected = [None, self.num_classes]
-        elif self.end_to_end:
-            expected = [None, self.nms_settings["max_det"], 6]
-        elif self.raw:
-            if len(shapes) != len(strides):
-                return f"{len(strides)} strides {strides} mean {len(strides)} raw outputs, it has {len(shapes)}"
-            for level, (shape, (gh, gw)) in enumerate(zip(shapes, grids)):
-                expected = [None, na, gh, gw, no]
-                if len(shape) != 5 or any(differs(g, e) for g, e in zip(shape, expected)):
-                    return (f"level {level} (stride {strides[level]}, {na} anchors, nc {self.num_classes}) means "
-                            f"maps of {_shape(expected)}, it gives {_shape(shape)}")
-            return None
-        else:
-            cells = None if None in grids[0] else sum(gh * gw for gh, gw in grids)
-            expected = [None, None if cells is None else na * cells, no]
-        if self.task == "segment":
-            proto = [None, self.num_masks] + [None if s is None else s // 4 for s in input_hw]
-            if len(shapes) != 2:
-                return f"a segmentation model has 2 outputs (predictions, prototype masks), it has {len(shapes)}"
-            if len(shapes[1]) != 4 or any(differs(g, e) for g, e in zip(shapes[1], proto)):
-                return f"nm {self.num_masks} means prototype masks of {_shape(proto)}, it gives {_shape(shapes[1])}"
-            shapes = shapes[:1]
-        if len(shapes) != 1:
-            return f"one output expected, it has {len(shapes)}"
-        if len(shapes[0]) != len(expected) or any(differs(g, e) for g, e in zip(shapes[0], expected)):
-            what = (f"nms max_det {self.nms_settings['max_det']}" if self.end_to_end else
-                    f"nc {self.num_classes} of a classifier" if self.task == "classify" else
-                    f"strides {strides}, {na} anchors per level and nc {self.num_classes}"
-                    + (f" (nm {self.num_masks})" if self.num_masks else ""))
-            return f"{what} mean an output of {_shape(expected)}, it gives {_shape(shapes[0])}"
-        return None
+        """What the metadata implies about the outputs that ``shapes`` contradicts (its task knows what its
+        outputs look like), for an input of ``input_hw`` pixels; None when nothing does."""
+        return task_of(self).exported_output_mismatch(self, shapes, input_hw)
 
     @property
     def end_to_end(self) -> bool:
@@ -151,9 +112,7 @@ class ExportedModel(abc.ABC):
 
     @property
     def default_img_size(self) -> int:
-        if self.task == "classify":  # the size it was exported at, also with a free image size
-            return self.img_size[0]
-        return self.img_size[0] if not self.dynamic_size else DEFAULT_IMG_SIZE.get(self.max_stride, 640)
+        return task_of(self).exported_default_img_size(self)
 
     @abc.abstractmethod
     def _run(self, images: np.ndarray) -> list[np.ndarray]:
@@ -189,16 +148,15 @@ class ExportedModel(abc.ABC):
 
     def __call__(self, imgs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Decoded ``[B, N, 5+nc]`` predictions for ``imgs`` ``[B, 3, H, W]`` (a segmentation model's with
-        its prototype masks: ``(decoded, proto)``)."""
+        its prototype masks: ``(decoded, proto)``; a classifier's logits): the export's outputs, one per
+        output kind of its task, raw head maps decoded."""
         if self.end_to_end:
             raise ValueError(f"{self.path.name} has NMS inside: it returns detections, not raw predictions")
         outputs = self._forward(imgs)
-        if self.task == "classify":
-            return outputs[0].to(imgs.device)
-        if self.task == "segment":
-            return outputs[0].to(imgs.device), outputs[1].to(imgs.device)
-        decoded = self._decoder.decode(outputs) if self._decoder is not None else outputs[0]
-        return decoded.to(imgs.device)
+        if self._decoder is not None:
+            outputs = [self._decoder.decode(outputs)]
+        outputs = [output.to(imgs.device) for output in outputs]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def detections(self, imgs: torch.Tensor, conf: float, iou: float, max_det: int,
                    multi_label: bool = False, classes: Sequence[int] | None = None,
@@ -234,8 +192,34 @@ class ExportedModel(abc.ABC):
                 f"precision={self.precision!r}{', nms' if self.end_to_end else ''})")
 
 
-def _shape(dims: Sequence[int | None]) -> str:
+def shape_text(dims: Sequence[int | None]) -> str:
+    """A shape as the runtime's messages write it: ``[?, 3, 640, 640]`` (``?``: an axis not known)."""
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def differs(got: int | None, expected: int | None) -> bool:
+    """Whether an axis of an output differs from what the metadata means (None, not known, never does)."""
+    return got is not None and expected is not None and got != expected
+
+
+def output_shape_mismatch(shapes: Sequence[Sequence[int | None]], expected: Sequence[int | None],
+                          what: str) -> str | None:
+    """Why ``shapes`` are not the one output of ``expected`` shape that ``what`` (the metadata) means; None
+    when they are."""
+    if len(shapes) != 1:
+        return f"one output expected, it has {len(shapes)}"
+    if len(shapes[0]) != len(expected) or any(differs(g, e) for g, e in zip(shapes[0], expected)):
+        return f"{what} mean an output of {shape_text(expected)}, it gives {shape_text(shapes[0])}"
+    return None
+
+
+def decoded_only_problem(kind: str, raw: bool, nms: bool) -> str | None:
+    """Why the metadata of a ``kind`` model (``"segmentation"`` ...), whose exports give only decoded outputs,
+    cannot say ``raw`` outputs or ``nms`` inside; None when it says neither."""
+    if not (raw or nms):
+        return None
+    return (f"yolotrain metadata of a {kind} model with {'raw outputs' if raw else 'NMS inside'}, which its "
+            "exports never have")
 
 
 def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
@@ -267,9 +251,11 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
     if current and largest != str(max(stride)):
         raise CheckpointError(f"{path}: metadata field 'stride' must be the largest of 'strides' {stride} "
                               f"({'missing' if largest is None else 'got ' + brief(largest)})")
-    task = field("task", lambda v: v in ("detect", "segment", "classify"), '"detect", "segment" or "classify"',
+    names_of_tasks = [f'"{name}"' for name in task_names()]
+    task = field("task", lambda v: v in task_names(), f"{', '.join(names_of_tasks[:-1])} or {names_of_tasks[-1]}",
                  "detect")
-    anchors = [] if task == "classify" else field(  # a classifier has none
+    outputs = get_task(task).export_outputs
+    anchors = [] if BOXES not in outputs else field(  # only boxes are decoded with anchors
         "anchors", lambda v: isinstance(v, list) and len(v) == len(stride) and all(
             isinstance(level, list) and 1 <= len(level) <= 16 and len(level) == len(v[0]) and all(
                 isinstance(a, list) and len(a) == 2 and all(_is_number(x) and x > 0 for x in a) for a in level)
@@ -281,12 +267,11 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
     nms = field("nms", lambda v: v is None or (isinstance(v, dict) and _is_int(v.get("max_det")) and 1 <= v["max_det"]
                 and all(_is_number(v.get(k)) for k in ("conf", "iou")) and isinstance(v.get("multi_label"), bool)),
                 "the NMS settings (conf, iou, max_det, multi_label)", None)
-    nm = field("nm", lambda v: _is_int(v) and (v == 0) == (task != "segment") and 0 <= v <= 1024,
+    nm = field("nm", lambda v: _is_int(v) and (v == 0) == (MASK_PROTOTYPES not in outputs) and 0 <= v <= 1024,
                "the number of mask coefficients (from 1 to 1024 for a segmentation model)", 0)
-    if task in ("segment", "classify") and (raw or nms is not None):
-        kind = "segmentation" if task == "segment" else "classification"
-        raise CheckpointError(f"{path}: yolotrain metadata of a {kind} model with "
-                              f"{'raw outputs' if raw else 'NMS inside'}, which its exports never have")
+    problem = get_task(task).exported_metadata_problem(raw, nms is not None)
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
     return {"nc": nc, "names": names, "stride": stride, "anchors": anchors, "img_size": img_size, "raw": raw,
             "precision": precision, "nms": nms, "task": task, "nm": nm}
 

@@ -12,11 +12,12 @@ import pkgutil
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 
+from ..export_graph import BOXES
 from ._common import ExportJob
 
 # What reading a damaged or foreign file's metadata raises (an XML parse error is a SyntaxError; zipfile
@@ -30,9 +31,10 @@ class ExportFormat:
     """One export format: its name (``--format``), file suffix, capabilities, writer and runtime.
 
     ``half``/``int8``/``nms``/``raw``: whether it can store fp16 or int8, build NMS inside, output the
-    raw head maps. ``segment``: whether it carries a segmentation model's prototype masks (a second
-    output; its runtime then returns both). ``classify``: whether it carries a classifier (logits ``[B, nc]``,
-    float32). ``dynamic``: whether its graph keeps a free batch axis and
+    raw head maps. ``outputs``: the output kinds it carries (:data:`~..export_graph.BOXES`,
+    :data:`~..export_graph.MASK_PROTOTYPES`, :data:`~..export_graph.LOGITS` ...); a model exports to it when
+    it carries every kind the model's task gives (:meth:`carries`). ``dynamic``: whether its graph keeps a
+    free batch axis and
     image size (the others are fixed at batch 1 and the export's size). ``companions``: suffixes of the
     files written beside the main one (OpenVINO's ``.bin``). ``exact_suffix``: whether ``--output``
     must end in ``suffix``.
@@ -53,8 +55,7 @@ class ExportFormat:
     int8: bool = False
     nms: bool = False
     raw: bool = False
-    segment: bool = False
-    classify: bool = False
+    outputs: frozenset[str] = frozenset({BOXES})
     dynamic: bool = False
     companions: tuple[str, ...] = ()
     exact_suffix: bool = False
@@ -63,6 +64,10 @@ class ExportFormat:
     runs_code: str | None = None
     unavailable: Callable[[], str | None] | None = None
     extra: str | None = None
+
+    def carries(self, output_kinds: Iterable[str]) -> bool:
+        """Whether this format carries every one of ``output_kinds``."""
+        return self.outputs.issuperset(output_kinds)
 
 
 def _discover() -> dict[str, ExportFormat]:

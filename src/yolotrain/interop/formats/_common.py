@@ -10,14 +10,23 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from ..export_graph import DECODED_OUTPUT, DETECTIONS_OUTPUT, PROTO_OUTPUT, ExportGraph, raw_output_names
+from ..export_graph import (
+    BOXES,
+    DECODED_OUTPUT,
+    DETECTIONS_OUTPUT,
+    LOGITS,
+    MASK_PROTOTYPES,
+    PROTO_OUTPUT,
+    ExportGraph,
+    raw_output_names,
+)
 
 if TYPE_CHECKING:
     from ..calibration import CalibrationImages
@@ -66,20 +75,40 @@ def staged(out: Path, suffixes: Sequence[str] = ("",)) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _dynamic_axes(raw: tuple[str, ...] | None, dynamic_batch: bool, dynamic_size: bool,
-                  nms: bool, segment: bool = False, classify: bool = False) -> dict[str, dict[int, str]]:
+def _boxes_outputs(graph: ExportGraph, batch: dict[int, str], dynamic_size: bool) -> dict[str, dict[int, str]]:
+    """The raw head maps (one per level), the final detections, or the decoded predictions."""
+    if graph.raw:
+        return {name: batch | ({2: f"grid_height{level}", 3: f"grid_width{level}"} if dynamic_size else {})
+                for level, name in enumerate(raw_output_names(graph.model))}
+    if graph.nms is not None:
+        return {DETECTIONS_OUTPUT: batch}
+    return {DECODED_OUTPUT: batch | ({1: "predictions"} if dynamic_size else {})}
+
+
+def _mask_prototype_outputs(graph: ExportGraph, batch: dict[int, str], dynamic_size: bool) -> dict[str, dict[int, str]]:
+    return {PROTO_OUTPUT: batch | ({2: "proto_height", 3: "proto_width"} if dynamic_size else {})}
+
+
+def _logits_outputs(graph: ExportGraph, batch: dict[int, str], dynamic_size: bool) -> dict[str, dict[int, str]]:
+    return {DECODED_OUTPUT: batch}  # (logits [B, nc] have no axis that follows the image size)
+
+
+# Output kind → its ONNX outputs' names and free axes, given the graph, the batch axis and whether the
+# image size is free.
+_ONNX_OUTPUTS: dict[str, Callable[[ExportGraph, dict[int, str], bool], dict[str, dict[int, str]]]] = {
+    BOXES: _boxes_outputs, MASK_PROTOTYPES: _mask_prototype_outputs, LOGITS: _logits_outputs}
+# The output kinds an ONNX graph (and the formats converted from it) carries: those it can name.
+ONNX_OUTPUT_KINDS = frozenset(_ONNX_OUTPUTS)
+
+
+def onnx_outputs(graph: ExportGraph, dynamic_batch: bool, dynamic_size: bool) -> dict[str, dict[int, str]]:
+    """The traced graph's ONNX outputs in order, each name with its free axes, for the output kinds of its
+    model's task."""
     batch = {0: "batch"} if dynamic_batch else {}
-    axes = {"images": batch | ({2: "height", 3: "width"} if dynamic_size else {})}
-    if raw:
-        axes.update({name: batch | ({2: f"grid_height{level}", 3: f"grid_width{level}"} if dynamic_size else {})
-                     for level, name in enumerate(raw)})
-    elif nms:
-        axes.update({DETECTIONS_OUTPUT: batch})
-    else:  # (a classifier's logits [B, nc] have no axis that follows the image size)
-        axes.update({DECODED_OUTPUT: batch | ({1: "predictions"} if dynamic_size and not classify else {})})
-    if segment:
-        axes.update({PROTO_OUTPUT: batch | ({2: "proto_height", 3: "proto_width"} if dynamic_size else {})})
-    return {name: value for name, value in axes.items() if value}
+    outputs: dict[str, dict[int, str]] = {}
+    for kind in graph.task.export_outputs:
+        outputs.update(_ONNX_OUTPUTS[kind](graph, batch, dynamic_size))
+    return outputs
 
 
 def onnx_module():
@@ -94,11 +123,9 @@ def onnx_proto(job: ExportJob) -> Any:
     """The traced float32 graph as an ONNX ``ModelProto`` (OpenVINO and TensorRT convert from it too)."""
     onnx = onnx_module()
     graph = job.graph
-    raw_names = raw_output_names(graph.model) if graph.raw else None
-    outputs = list(raw_names) if raw_names else [DETECTIONS_OUTPUT] if graph.nms else [DECODED_OUTPUT]
-    segment = graph.model.task == "segment"
-    if segment:
-        outputs.append(PROTO_OUTPUT)
+    outputs = onnx_outputs(graph, job.dynamic_batch, job.dynamic_size)
+    batch = {0: "batch"} if job.dynamic_batch else {}
+    axes = {"images": batch | ({2: "height", 3: "width"} if job.dynamic_size else {}), **outputs}
     with tempfile.TemporaryDirectory(prefix="yolotrain-export-") as folder:
         traced = Path(folder) / "traced.onnx"
         with warnings.catch_warnings():
@@ -106,10 +133,8 @@ def onnx_proto(job: ExportJob) -> Any:
             # dependency, so its deprecation notices are expected here.
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(graph, (job.example,), str(traced), dynamo=False, opset_version=job.opset,
-                              input_names=["images"], output_names=outputs, do_constant_folding=True,
-                              dynamic_axes=_dynamic_axes(raw_names, job.dynamic_batch, job.dynamic_size,
-                                                         graph.nms is not None, segment,
-                                                         graph.model.task == "classify"))
+                              input_names=["images"], output_names=list(outputs), do_constant_folding=True,
+                              dynamic_axes={name: value for name, value in axes.items() if value})
         proto = onnx.load(str(traced))
     return _simplify(proto) if job.simplify else proto
 

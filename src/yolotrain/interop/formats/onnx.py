@@ -13,6 +13,7 @@ from ..calibration import OnnxCalibrationReader, onnx_decode_tail, onnx_int8_flo
 from . import ExportFormat
 from ._common import (
     EXPORT_PACKAGES_HINT,
+    ONNX_OUTPUT_KINDS,
     ExportJob,
     onnx_module,
     onnx_proto,
@@ -97,5 +98,5 @@ def _onnx_int8(proto: Any, out: Path, calibration: Any) -> None:
 
 
 FORMAT = ExportFormat(name="onnx", suffix=".onnx", title="ONNX", write=write, read_metadata=read_metadata,
-                      half=True, int8=True, nms=True, raw=True, segment=True, classify=True, dynamic=True,
+                      half=True, int8=True, nms=True, raw=True, dynamic=True, outputs=ONNX_OUTPUT_KINDS,
                       runtime=("onnx_backend", "OnnxModel"), extra=EXPORT_PACKAGES_HINT)

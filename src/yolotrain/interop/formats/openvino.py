@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 
 from ..calibration import openvino_decode_tail
 from . import ExportFormat
-from ._common import ExportJob, onnx_module, onnx_proto, staged
+from ._common import ONNX_OUTPUT_KINDS, ExportJob, onnx_module, onnx_proto, staged
 
 EXTRA = "pip install 'yolotrain[openvino]'"
 # Where the export keeps its metadata inside the IR's runtime info.
@@ -64,5 +64,5 @@ def _openvino_int8(model: Any, calibration: Any) -> Any:
 
 FORMAT = ExportFormat(name="openvino", suffix=".xml", title="OpenVINO", write=write,
                       read_metadata=read_metadata, half=True, int8=True,
-                      nms=True, segment=True, classify=True, dynamic=True, companions=(".bin",), exact_suffix=True,
+                      nms=True, dynamic=True, outputs=ONNX_OUTPUT_KINDS, companions=(".bin",), exact_suffix=True,
                       runtime=("openvino_backend", "OpenVinoModel"), extra=EXTRA)

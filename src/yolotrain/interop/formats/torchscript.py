@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..export_graph import BOXES, LOGITS, MASK_PROTOTYPES
 from . import ExportFormat
 from ._common import MAX_METADATA_BYTES, ExportJob, staged
 
@@ -34,7 +35,7 @@ def read_metadata(path: Path) -> dict[str, str]:
 
 
 FORMAT = ExportFormat(name="torchscript", suffix=".torchscript", title="TorchScript", write=write,
-                      read_metadata=read_metadata, raw=True,
-                      segment=True, classify=True, runtime=("torchscript_backend", "TorchScriptModel"),
+                      read_metadata=read_metadata, raw=True, outputs=frozenset({BOXES, MASK_PROTOTYPES, LOGITS}),
+                      runtime=("torchscript_backend", "TorchScriptModel"),
                       runs_code="a TorchScript file is a program that runs its own code when loaded and called "
                                 "(it can create and write files)")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from ...task import Task
 from .evaluate import ClassifyEvaluation
+from .export import ClassifyExport
 from .model import ClassifyModel
 from .train import ClassifyTraining
 
 
-class ClassifyTask(ClassifyTraining, ClassifyEvaluation, ClassifyModel, Task):
+class ClassifyTask(ClassifyTraining, ClassifyEvaluation, ClassifyExport, ClassifyModel, Task):
     """Classification's answers to the shared code."""
 
     name = "classify"

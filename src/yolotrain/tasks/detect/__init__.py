@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from ...task import Task
 from .evaluate import DetectEvaluation
+from .export import DetectExport
 from .model import DetectModel
 from .train import DetectTraining
 
 
-class DetectTask(DetectTraining, DetectEvaluation, DetectModel, Task):
+class DetectTask(DetectTraining, DetectEvaluation, DetectExport, DetectModel, Task):
     """Detection's answers to the shared code."""
 
     name = "detect"
