@@ -93,7 +93,7 @@ def train_step(work: Path) -> dict[str, float]:
 
 def main() -> int:
     if not torch.cuda.is_available():
-        print("gpu-check: no CUDA GPU on this machine; nothing was run (the README keeps 'GPU: not measured')")
+        print("gpu-check: no CUDA GPU on this machine; nothing was run (docs/performance.md keeps 'GPU: not measured')")
         return 0
     gpus = torch.cuda.device_count()
     report: dict[str, object] = {"gpu": torch.cuda.get_device_name(0), "gpus": gpus, "torch": torch.__version__,

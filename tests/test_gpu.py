@@ -34,4 +34,4 @@ def test_the_gpu_check_answers_in_one_line_without_a_gpu(tmp_path):
                             text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        "gpu-check: no CUDA GPU on this machine; nothing was run (the README keeps 'GPU: not measured')"]
+        "gpu-check: no CUDA GPU on this machine; nothing was run (docs/performance.md keeps 'GPU: not measured')"]

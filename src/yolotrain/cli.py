@@ -50,7 +50,7 @@ DOMAIN_ERRORS: tuple[type[BaseException], ...] = (CheckpointError, TrainingError
 
 
 # Options of the reference's train.py for features yolotrain does not have, and why: each stops the run
-# with one line rather than being ignored. README.md lists them with the other differences.
+# with one line rather than being ignored. docs/coming-from-yolov5.md lists them with the other differences.
 UNSUPPORTED_TRAIN_OPTIONS = {
     "--bucket": "evolve.csv stays in the run folder; to share a search between machines, run yolotrain tune "
                 "with one --storage",

@@ -655,7 +655,7 @@ def _predict_frames(predictor: Predictor, outputs: _Outputs, frames: Iterable[tu
 
 
 # Options of the reference's detect.py that yolotrain does not have, and why: each stops the command in
-# one line rather than being ignored. README.md's "Coming from YOLOv5" lists them.
+# one line rather than being ignored. docs/coming-from-yolov5.md lists them.
 UNSUPPORTED_PREDICT_OPTIONS = {
     "--data": "class names come from the weights (a checkpoint, a .pt or an export's metadata), not a dataset YAML",
     "--update": "predict does not rewrite weights files",

@@ -537,7 +537,7 @@ def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path,
 
 
 # Options of the reference's val.py that yolotrain does not have, and why: each stops the command in one
-# line rather than being ignored. README.md's "Coming from YOLOv5" lists them.
+# line rather than being ignored. docs/coming-from-yolov5.md lists them.
 UNSUPPORTED_VAL_OPTIONS = {
     "--save-hybrid": "label+prediction hybrid files are not written: they mix the labels into the detections, "
                      "so a mAP over them is not the model's",

@@ -117,7 +117,7 @@ NO_EFFECT_REFERENCE_OPTIONS = {
     "--inplace": "the exported decode computes the same values with or without in-place operations",
 }
 # Options of the reference's export.py for what yolotrain's exports do not have: each stops the run in one
-# line rather than being ignored. README.md lists them with the other differences.
+# line rather than being ignored. docs/coming-from-yolov5.md lists them with the other differences.
 UNSUPPORTED_EXPORT_OPTIONS = {
     "--batch-size": "the batch axis is free (ONNX, OpenVINO, TensorRT) or 1; --static-batch fixes it to 1",
     "--keras": "TensorFlow SavedModel/Keras exports are not implemented (LiteRT is: --format tflite)",
@@ -294,7 +294,7 @@ class _ReferenceOption(argparse.Action):
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``yolotrain export``: one per :class:`ExportConfig` setting, and the reference's options
-    that have no effect or are refused (hidden from ``--help``; README.md lists them)."""
+    that have no effect or are refused (hidden from ``--help``; docs/coming-from-yolov5.md lists them)."""
     for flag in (*NO_EFFECT_REFERENCE_OPTIONS, *UNSUPPORTED_EXPORT_OPTIONS):
         parser.add_argument(flag, nargs="?", action=_ReferenceOption, default=argparse.SUPPRESS,
                             help=argparse.SUPPRESS)
