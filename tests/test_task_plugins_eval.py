@@ -44,7 +44,7 @@ def test_a_segmentation_export_with_nms_inside_is_refused_by_its_task():
 
 
 def test_only_a_tasks_own_pytorch_model_is_readied_for_inference():
-    assert not any(get_task(name).runs_in_torch(Carrier(name)) for name in ("detect", "segment", "classify"))
+    assert not any(get_task(name).is_pytorch_model(Carrier(name)) for name in ("detect", "segment", "classify"))
 
 
 def test_a_new_task_is_asked_without_editing_the_shared_code(monkeypatch):

@@ -122,12 +122,6 @@ class Task(ABC):
     # Evaluation and prediction: val, predict, inference, tracking.
 
     @abstractmethod
-    def runs_in_torch(self, model: Any) -> bool:
-        """Whether ``model`` is this task's PyTorch model, which val and predict ready for inference on a copy
-        (fused, channels-last, in half precision) and whose layers ``--visualize`` looks into; false for an
-        export's runtime and for a wrapper of models (test-time augmentation, an ensemble)."""
-
-    @abstractmethod
     def augment_refusal(self, name: str) -> str | None:
         """Why ``--augment`` (the reference's test-time augmentation) is refused for this task's model
         ``name`` (a file, or "the Yolov5 given"), in one line; None where the task's models have it."""
@@ -223,9 +217,11 @@ class Task(ABC):
 
     @abstractmethod
     def is_pytorch_model(self, model: Any) -> bool:
-        """Whether ``model`` is one of this task's PyTorch models (not an export's runtime or another
-        library's object): what ``info`` describes (by its ``arch_name``) and the YOLO object moves to the best
-        device."""
+        """Whether ``model`` is one of this task's PyTorch models (not an export's runtime, a wrapper of
+        models such as test-time augmentation or an ensemble, or another library's object): what val and
+        predict ready for inference on a copy (fused, channels-last, in half precision), whose layers
+        ``--visualize`` looks into, what ``info`` describes (by its ``arch_name``) and what the YOLO object
+        moves to the best device."""
 
     @abstractmethod
     def names_model_yaml(self, stem: str) -> bool:

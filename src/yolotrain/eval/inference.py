@@ -102,7 +102,7 @@ def _check_augmentable(model: Detector, source: ModelOrWeights) -> None:
     task = task_of(model)
     if (refusal := task.augment_refusal(_name(source))) is not None:
         raise ValueError(refusal)
-    if not task.runs_in_torch(model):
+    if not task.is_pytorch_model(model):
         raise ValueError(f"--augment runs PyTorch models at three scales: {_name(source)} is an export; give its "
                          "checkpoint or .pt")
 
@@ -113,7 +113,7 @@ def _check_ensemble_member(model: Detector, source: ModelOrWeights) -> None:
     task = task_of(model)
     if (refusal := task.ensemble_refusal(_name(source))) is not None:
         raise ValueError(refusal)
-    if not task.runs_in_torch(model):
+    if not task.is_pytorch_model(model):
         raise ValueError(_export_in_ensemble(source))
 
 
@@ -145,7 +145,7 @@ def load_one_model(model_or_weights: ModelOrWeights, device: str | torch.device 
         yolotrain.checkpoint.CheckpointError: the weights file cannot be read.
     """
     model = resolve_model(model_or_weights, trust_code=trust_code)
-    if not task_of(model).runs_in_torch(model):
+    if not task_of(model).is_pytorch_model(model):
         return model, model.device
     given = model is model_or_weights
     model = copy.deepcopy(model) if given else model
@@ -176,7 +176,7 @@ def precision_line(model: Detector, device: torch.device) -> str | None:
     the PyTorch model runs in and why; None for an export, which runs in the precision it was saved in."""
     if isinstance(model, (AugmentedDetector, EnsembleDetector)):
         model = model.first
-    if not task_of(model).runs_in_torch(model):
+    if not task_of(model).is_pytorch_model(model):
         return None
     dtype = next(model.parameters()).dtype
     name = str(dtype).removeprefix("torch.")

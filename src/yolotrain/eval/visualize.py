@@ -33,7 +33,7 @@ def visualized_layers(model: object) -> list[tuple[int, str, nn.Module]]:
     Raises:
         ValueError: ``model`` is an export (ONNX, OpenVINO, ...), which has no layers to look into.
     """
-    if task_of(model).runs_in_torch(model):
+    if task_of(model).is_pytorch_model(model):
         layers = list(model.model.children())[:-1]
         return [(stage, type(layer).__name__, layer) for stage, layer in enumerate(layers)]
     if isinstance(model, (AugmentedDetector, EnsembleDetector)):

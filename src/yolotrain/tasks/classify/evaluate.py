@@ -10,14 +10,10 @@ from typing import Any
 import torch
 
 from ...eval.classify import ClassifyMetrics, ClassifyPredictor, val_classifier
-from ...model.classify import Classifier
 
 
 class ClassifyEvaluation:
     """Classification's answers to val, predict, inference and tracking."""
-
-    def runs_in_torch(self, model: Any) -> bool:
-        return isinstance(model, Classifier)
 
     def augment_refusal(self, name: str) -> str | None:
         return f"--augment: the reference's classification has no test-time augmentation; {name} is a classifier"

@@ -11,7 +11,6 @@ import torch
 
 from ...eval.metrics import DetectionStats, Metrics
 from ...eval.val import validate_detections
-from ...model import Yolov5
 
 
 class DetectEvaluation:
@@ -19,9 +18,6 @@ class DetectEvaluation:
     to these answers)."""
 
     val_loader_masks = False  # the val loader's batches carry no masks
-
-    def runs_in_torch(self, model: Any) -> bool:
-        return isinstance(model, Yolov5)
 
     def augment_refusal(self, name: str) -> str | None:
         return None
