@@ -9,6 +9,9 @@ import subprocess
 import sys
 import warnings
 
+import cv2
+
+from yolotrain.cli import opencv_log_lines
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.messages import one_line_warnings
 
@@ -37,3 +40,23 @@ def test_each_warning_text_is_shown_once_and_filters_still_apply():
     assert out.getvalue().splitlines() == ["yolotrain val: UserWarning: first spread over lines",
                                            "yolotrain val: RuntimeWarning: second"]
     assert warnings.showwarning is not None and "filtered out" not in out.getvalue()
+
+
+def test_a_camera_that_cannot_be_opened_is_our_one_line_without_opencvs_log(tmp_path):
+    # OpenCV logs each video backend's failed probe of a missing camera (V4L2, FFmpeg, ...) on stderr;
+    # without --verbose the user reads only the command's own line.
+    env = {**os.environ, "YOLOTRAIN_CACHE": str(tmp_path / "cache"), "OPENCV_LOG_LEVEL": "INFO"}
+    result = subprocess.run([sys.executable, "-m", "yolotrain", "predict", "--weights", "yolov5n", "--source", "99",
+                             "--project", str(tmp_path / "runs")], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == ["yolotrain predict: error: cannot open stream 99"], result.stderr
+
+
+def test_opencv_log_level_is_restored_after_a_command():
+    before = cv2.utils.logging.getLogLevel()
+    with opencv_log_lines(shown=False):
+        assert cv2.utils.logging.getLogLevel() == cv2.utils.logging.LOG_LEVEL_SILENT
+    assert cv2.utils.logging.getLogLevel() == before
+    with opencv_log_lines(shown=True):
+        assert cv2.utils.logging.getLogLevel() == before

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
+
+import cv2
 
 from .checkpoint import CheckpointError
 from .data import generate_shapes_dataset
@@ -331,6 +334,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def opencv_log_lines(shown: bool) -> Iterator[None]:
+    """OpenCV's own log lines (each camera backend's failed probe, FFmpeg's errors) kept out of the terminal
+    unless ``shown`` (``--verbose``): the command says what went wrong in its own one line."""
+    if shown:
+        yield
+        return
+    previous = cv2.utils.logging.getLogLevel()
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    try:
+        yield
+    finally:
+        cv2.utils.logging.setLogLevel(previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["doctor"]:
@@ -338,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # what a launcher of several processes passes on to each
     try:
-        with one_line_warnings(f"yolotrain {args.command}"):
+        with one_line_warnings(f"yolotrain {args.command}"), opencv_log_lines(getattr(args, "verbose", False)):
             return int(args.run(args) or 0)
     except KeyboardInterrupt:
         print("yolotrain: interrupted", file=sys.stderr)
