@@ -1,4 +1,4 @@
-"""yolotrain: train, evaluate, export and debug YOLOv5 object detectors in PyTorch."""
+"""yolotrain: train, evaluate, export and debug YOLO models (detection, segmentation, classification) in PyTorch."""
 
 from .data import get_loaders
 from .detector import Detector

@@ -74,8 +74,9 @@ UNSUPPORTED_TRAIN_OPTIONS = {
 
 
 def _train_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a detector (default: yolov5n on the built-in shapes dataset)",
-                       description="Train a detector. Settings not given follow the data: the built-in shapes "
+    p = sub.add_parser("train", help="train a model (default: yolov5n on the built-in shapes dataset)",
+                       description="Train a detector, segmenter or classifier (the model and the data say which). "
+                       "Settings not given follow the data: the built-in shapes "
                        "dataset gets a quick CPU recipe, real datasets the reference YOLOv5 one.")
     p.add_argument("--config", help="a run's config.yaml (nested settings) to start from")
     p.add_argument("--hyp", help="hyper-parameter YAML (flat: lr0, mosaic, box ...) over the defaults")
@@ -324,7 +325,8 @@ def _setting_options(parser: argparse.ArgumentParser, key: str, value: str) -> l
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="yolotrain", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="yolotrain", description="Train, validate, predict, track, tune and export YOLO models "
+                           "(detection, segmentation, classification); find the line behind autograd errors.")
     parser.add_argument("--version", action="version", version=f"yolotrain {version('yolotrain')}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in PARSERS:
