@@ -27,9 +27,9 @@ class Detector(Protocol):
     ``detections`` gives the final boxes instead.
 
     A segmentation model (:attr:`task` ``"segment"``) returns ``(decoded, proto)``: ``decoded``
-    ``[B, N, 5+nc+nm]`` has :attr:`num_masks` raw mask coefficients after the class scores (NMS carries
-    them along), ``proto`` ``[B, nm, H/4, W/4]`` the prototype masks they weight; a detection's mask is
-    ``sigmoid(coefficients @ proto) > 0.5`` inside its box (:mod:`yolotrain.eval.masks`).
+    ``[B, N, 5+nc+nm]`` has the model's ``num_masks`` raw mask coefficients after the class scores
+    (its task tells NMS to carry them along), ``proto`` ``[B, nm, H/4, W/4]`` the prototype masks they
+    weight; a detection's mask is ``sigmoid(coefficients @ proto) > 0.5`` inside its box (:mod:`yolotrain.eval.masks`).
 
     A classifier (:attr:`task` ``"classify"``) takes images normalised with the ImageNet mean and
     standard deviation and returns class logits ``[B, nc]``.
@@ -38,7 +38,6 @@ class Detector(Protocol):
     names: list[str]
     num_classes: int
     task: Task
-    num_masks: int  # mask coefficients per prediction ("segment"; 0 for a detector)
 
     def __call__(self, imgs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 

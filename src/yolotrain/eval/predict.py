@@ -267,7 +267,7 @@ class Predictor:
             else:
                 pred, proto = self.task.infer(self.model, x)
                 det = non_max_suppression(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
-                                          max_det=self.max_det, num_extra=self.model.num_masks)[0]
+                                          max_det=self.max_det, num_extra=self.task.nms_extra_columns(self.model))[0]
         h0, w0 = image.shape[:2]
         boxes = scale_boxes_to_original(det[:, :4], gain, pad, (h0, w0))
         # A segmentation model's masks and outlines in the original image; None for a detector's boxes.

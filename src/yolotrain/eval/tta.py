@@ -51,7 +51,6 @@ class _Composite(nn.Module):
     lead: Yolov5
     first: Yolov5
     task = "detect"
-    num_masks = 0
     end_to_end = False
     dynamic_size = True
     fixed_size = None

@@ -277,6 +277,10 @@ class DetectionValidation(Protocol):
     def infer(self, model: Detector, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The decoded predictions of a batch and (masks) the prototypes, else None."""
 
+    def nms_extra_columns(self, model: Detector) -> int:
+        """How many columns after the class scores NMS carries along with each kept box (masks: the
+        coefficients)."""
+
     def split_maps(self, maps: object) -> tuple[object, torch.Tensor | None]:
         """The raw head maps of ``forward_maps`` and (masks) the prototypes, else None."""
 
@@ -384,7 +388,7 @@ def validate_detections(
                     if not model.end_to_end:
                         # As the reference: one class means one suppression across all classes, then class 0.
                         dets = non_max_suppression(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
-                                                   max_det=max_det, num_extra=model.num_masks)
+                                                   max_det=max_det, num_extra=task.nms_extra_columns(model))
                     if single_cls:
                         dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:6]), d[:, 6:]), 1) for d in dets]
 

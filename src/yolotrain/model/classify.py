@@ -227,7 +227,6 @@ class Classifier(nn.Module):
     """
 
     task: Task = "classify"
-    num_masks = 0  # the Detector protocol's mask coefficients: none
     dynamic_size = True
     fixed_size = None
     end_to_end = False

@@ -42,6 +42,9 @@ class DetectEvaluation:
     def infer(self, model: Any, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return model(imgs), None
 
+    def nms_extra_columns(self, model: Any) -> int:
+        return 0
+
     def split_maps(self, maps: Any) -> tuple[Any, torch.Tensor | None]:
         return maps, None
 

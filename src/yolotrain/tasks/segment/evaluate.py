@@ -46,6 +46,9 @@ class SegmentEvaluation:
     def infer(self, model: Any, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return model(imgs)
 
+    def nms_extra_columns(self, model: Any) -> int:
+        return model.num_masks
+
     def split_maps(self, maps: Any) -> tuple[Any, torch.Tensor | None]:
         return maps
 
