@@ -14,12 +14,12 @@ from yolotrain.task import Task, get_task, task_names, task_of
 SRC = Path(__file__).resolve().parents[1] / "src" / "yolotrain"
 TASK_NAME = r'"(?:detect|segment|classify)"'
 # What counts as a branch on a task outside its package: a comparison against a task's name (either
-# side, or membership in a literal tuple of names), an isinstance check on a task's model or head class,
-# a call of an `is_classifier...` test (its definition, in the model, is not a branch), and a branch on a
+# side, or membership in a literal tuple of names), an isinstance check on a task's model, head, metrics or
+# result class, a call of an `is_classifier...` test (its definition, in the model, is not a branch), and a branch on a
 # derived `segment` flag.
 TASK_BRANCH = re.compile(
     rf"(?:==|!=)\s*{TASK_NAME}|{TASK_NAME}\s*(?:==|!=)|\bin\s*\(\s*{TASK_NAME}"
-    r"|isinstance\([^)]*\b(?:Classifier|Yolov5|Segment|Detect|Classify)\b"
+    r"|isinstance\([^)]*\b(?:Yolov5\b|Classif\w*|Segment\w*|Detect(?!or\b)\w*)"
     r"|(?<!def )\bis_classifier"
     r"|\b(?:if|and|or|not)\s+(?:self\.)?segment\b(?!\s*[=(\[])|\b(?:self\.)?segment\s+(?:and|or|else)\b"
 )
@@ -45,8 +45,10 @@ def test_the_shared_code_does_not_branch_on_tasks():
 def test_the_branch_count_sees_each_kind_of_branch():
     lines = ['if model.task == "segment":', 'x = "classify" != task', 'if task in ("detect", "segment"):',
              "if isinstance(model, (Yolov5, Classifier)):", "if is_classifier_name(name):",
-             "if self.segment and plots:", "y = a if segment else b"]
-    assert [len(TASK_BRANCH.findall(line)) for line in lines] == [1, 1, 1, 1, 1, 1, 1]
+             "if self.segment and plots:", "y = a if segment else b", "if isinstance(result, ClassifyResult):",
+             "isinstance(metrics, SegmentationStats)"]
+    assert [len(TASK_BRANCH.findall(line)) for line in lines] == [1] * 9
+    assert not TASK_BRANCH.findall("if isinstance(source, Detector):")  # the protocol every model has
     assert not TASK_BRANCH.findall('segment = model.task_outputs  # "segment" as a word')
     assert not TASK_BRANCH.findall("def is_classifier_name(name: str) -> bool:")
 

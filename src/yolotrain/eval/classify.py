@@ -210,6 +210,11 @@ class ClassifyResult(ResultOutputs):
         """One line: the source and its top five classes with their probabilities."""
         return f"{self.path}: " + ", ".join(f"{self.names[i]} {float(self.probs[i]):.2f}" for i in self.top5)
 
+    @classmethod
+    def run_summary(cls, results: list[ClassifyResult]) -> str:
+        """Each image's top five, then how many were classified."""
+        return "\n".join([*(r.summary() for r in results), f"{len(results)} images/frames classified."])
+
     def to_dict(self) -> dict:
         out = {"source": self.path, "height": self.orig_shape[0], "width": self.orig_shape[1],
                "top5": [{"class": i, "name": self.names[i], "probability": round(float(self.probs[i]), 5)}

@@ -137,6 +137,19 @@ class Result(DetectionOutputs):
     polygons: list[np.ndarray] | None = None
     image: np.ndarray | None = field(default=None, repr=False, compare=False)
 
+    def summary(self) -> str:
+        """What was found, as the reference's detect.py says it: ``PATH: 2 circles, 1 square`` (``PATH frame N:
+        ...`` in a video)."""
+        where = self.path if self.frame is None else f"{self.path} frame {self.frame}"
+        counts = torch.bincount(self.classes, minlength=len(self.names)).tolist()
+        found = ", ".join(f"{n} {self.names[c]}{'s' if n > 1 else ''}" for c, n in enumerate(counts) if n)
+        return f"{where}: {found or 'no detections'}"
+
+    @classmethod
+    def run_summary(cls, results: list[Result]) -> str:
+        """How many images or frames, and how many detections in all."""
+        return f"{len(results)} images/frames, {sum(len(r.scores) for r in results)} detections."
+
     def __post_init__(self) -> None:
         self.boxes = Boxes.of(self.boxes, self.scores, self.classes)
 
@@ -730,21 +743,10 @@ def progress_hooks(bar: tqdm, verbose: bool) -> dict[str, Callable[[Result | Cla
     advances by each image or frame, and with ``verbose`` a line above it says what was found there."""
     def advance(result: Result | ClassifyResult) -> None:
         if verbose:
-            bar.write(image_line(result))
+            bar.write(result.summary())
         bar.update()
 
     return {"on_predict_image_end": advance}
-
-
-def image_line(result: Result | ClassifyResult) -> str:
-    """What was found in one image or frame, as the reference's detect.py says it: ``PATH: 2 circles, 1 square``
-    (``PATH frame N: ...`` in a video; a classifier's top five classes)."""
-    if isinstance(result, ClassifyResult):
-        return result.summary()
-    where = result.path if result.frame is None else f"{result.path} frame {result.frame}"
-    counts = torch.bincount(result.classes, minlength=len(result.names)).tolist()
-    found = ", ".join(f"{n} {result.names[c]}{'s' if n > 1 else ''}" for c, n in enumerate(counts) if n)
-    return f"{where}: {found or 'no detections'}"
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -760,10 +762,8 @@ def run_predict(args: argparse.Namespace) -> int:
         results = predict(weights, list(config.source), save_dir=save_dir, callbacks=hooks, **keywords)
     for w in caught:
         print(f"warning: {w.message}")
-    if results and isinstance(results[0], ClassifyResult):
-        print("\n".join(r.summary() for r in results))
-        print(f"{len(results)} images/frames classified. Results saved to {save_dir}")
-        return 0
-    total = sum(len(r.scores) for r in results)
-    print(f"{len(results)} images/frames, {total} detections. Results saved to {save_dir}")
-    return 0 if results else 1
+    if not results:
+        print(f"0 images/frames, 0 detections. Results saved to {save_dir}")
+        return 1
+    print(f"{type(results[0]).run_summary(results)} Results saved to {save_dir}")
+    return 0

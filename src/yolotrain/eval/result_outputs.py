@@ -27,8 +27,8 @@ _ROW_KEYS = ("detections", "tracks", "top5")
 
 
 class ResultOutputs(ABC):
-    """Base of the prediction results: they hold ``path``, ``frame``, ``image`` and define ``to_dict()`` and
-    ``annotate()``; the rest is built on those two."""
+    """Base of the prediction results: they hold ``path``, ``frame``, ``image`` and define ``to_dict()``,
+    ``annotate()``, ``summary()`` and ``run_summary()``; the rest is built on the first two."""
 
     path: str
     frame: int | None
@@ -37,6 +37,15 @@ class ResultOutputs(ABC):
     @abstractmethod
     def to_dict(self) -> dict:
         """The result as plain data (what ``predictions.json`` holds for it)."""
+
+    @abstractmethod
+    def summary(self) -> str:
+        """One line on what was found in this image or frame (``predict --verbose`` prints it)."""
+
+    @classmethod
+    @abstractmethod
+    def run_summary(cls, results: list) -> str:
+        """What ``predict`` prints of a whole run's (non-empty) ``results`` before saying where they are."""
 
     @abstractmethod
     def annotate(self, image: np.ndarray, *, line_width: int | None = None, hide_labels: bool = False,

@@ -578,4 +578,4 @@ def run_val(args: argparse.Namespace) -> int:
     if speed:
         return 0
     print(f"Results saved to {save_dir}")
-    return 0 if math.isfinite(metrics.top1 if isinstance(metrics, ClassifyMetrics) else metrics.map) else 1
+    return 0 if math.isfinite(metrics.fitness()) else 1
