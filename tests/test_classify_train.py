@@ -15,11 +15,11 @@ from test_train import run_cli
 import yolotrain
 from yolotrain import Yolov5, train
 from yolotrain.checkpoint import CheckpointError, save_checkpoint
-from yolotrain.classify_loss import ClassifyLoss
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.data.classify import write_shape_crops
 from yolotrain.engine import Trainer, resolve_config
 from yolotrain.interop import load_checkpoint
+from yolotrain.loss import ClassifyLoss
 from yolotrain.model.classify import Classifier
 from yolotrain.settings import ConfigError
 

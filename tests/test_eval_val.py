@@ -376,7 +376,7 @@ def test_segmentation_batches_with_masks_score_as_label_files_and_give_the_loss(
 
     from yolotrain.eval.label_masks import batch_label_masks
     from yolotrain.eval.val import batch_geometry, build_val_loader
-    from yolotrain.segment_loss import SegmentLoss
+    from yolotrain.loss import SegmentLoss
 
     model = our_segmenter(segmenter)
     data = coco128_subset(tmp_path / "data", 4, coco128_seg)

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from yolotrain import Yolov5
-from yolotrain.segment_loss import SegmentLoss, _box_pixels
+from yolotrain.loss import SegmentLoss
+from yolotrain.loss.segment import _box_pixels
 
 
 def sorted_targets(n: int, batch: int, nc: int, seed: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The machinery behind the configuration tree: typed, frozen dataclasses of settings.
 
 Each stage defines its own small dataclass next to the code that reads it (``AugmentConfig`` in
-``data/augment.py``, ``LossConfig`` in ``loss.py`` ...); :class:`yolotrain.engine.TrainConfig` holds
+``data/augment.py``, ``LossConfig`` in ``loss/detect.py`` ...); :class:`yolotrain.engine.TrainConfig` holds
 them. Every field is declared with :func:`setting`, which records its one-line help, its command-line
 flags and its bounds, so that validation and the ``train`` command line are generated from the one
 declaration and a default is written once.

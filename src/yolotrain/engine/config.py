@@ -6,7 +6,7 @@ code that reads it::
     TrainConfig                      model, epochs, device, seed, project, name ...
     ├── data:    DataConfig          data/loaders.py   dataset, image size, batch, workers, cache
     ├── augment: AugmentConfig       data/augment.py   HSV, affine, flips, mosaic, mixup
-    ├── loss:    LossConfig          loss.py           box/obj/cls gains, anchor threshold
+    ├── loss:    LossConfig          loss/detect.py    box/obj/cls gains, anchor threshold
     ├── optim:   OptimConfig         engine/optim.py   optimiser, lr schedule, warm-up, accumulation
     ├── ema:     EMAConfig           engine/ema.py     decay and its ramp
     ├── eval:    EvalConfig          eval/val.py       per-epoch validation, NMS settings, plots

@@ -1,5 +1,5 @@
 """Classification's training: a classifier on an ImageNet-style folder of class folders, the reference's
-``classify/train.py`` recipe, :class:`~yolotrain.classify_loss.ClassifyLoss`, and its results.csv columns
+``classify/train.py`` recipe, :class:`~yolotrain.loss.ClassifyLoss`, and its results.csv columns
 and logger tags."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from ...classify_loss import ClassifyLoss
 from ...data.check import save_class_counts
 from ...data.classify import (
     ClassifyAugment,
@@ -21,6 +20,7 @@ from ...data.classify import (
 )
 from ...data.fingerprint import dataset_record
 from ...interop.resolve import resolve_trainable
+from ...loss import ClassifyLoss
 from ...model.classify import Classifier, classifier_from, is_classifier_name, parse_cls_name, set_dropout
 from ...settings import ConfigError
 

@@ -1,4 +1,4 @@
-"""Segmentation's training: detection's, with the loader's target masks, :class:`~yolotrain.segment_loss.SegmentLoss`
+"""Segmentation's training: detection's, with the loader's target masks, :class:`~yolotrain.loss.SegmentLoss`
 (``--overlap-mask``), and the mask results' columns and tags."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ...segment_loss import SegmentLoss
+from ...loss import SegmentLoss
 from ..detect.train import TAGS as DETECT_TAGS
 from ..detect.train import DetectTraining
 

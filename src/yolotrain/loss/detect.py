@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .boxes import complete_iou
-from .settings import from_mapping, setting
+from ..boxes import complete_iou
+from ..settings import from_mapping, setting
+from .divergence import DivergenceError
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,6 @@ class Matches(NamedTuple):
     image: torch.Tensor
     target_index: torch.Tensor
     predictions: torch.Tensor
-
-
-class DivergenceError(FloatingPointError):
-    """Training has diverged: the loss or the predictions are NaN/infinite, or the logits saturated."""
 
 
 def targets_to_tensor(targets: TargetsLike, device: torch.device | None = None) -> torch.Tensor:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .loss import DivergenceError
+from .divergence import DivergenceError
 
 
 class ClassifyLoss:

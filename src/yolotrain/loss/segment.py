@@ -1,4 +1,4 @@
-"""The YOLOv5 segmentation loss: the detection loss of :mod:`yolotrain.loss` plus a mask term.
+"""The YOLOv5 segmentation loss: the detection loss of :mod:`yolotrain.loss.detect` plus a mask term.
 
 Semantics follow the reference's ``utils/segment/loss.py`` ``ComputeLoss``: every prediction assigned to
 a target combines the prototypes with its mask coefficients; the BCE against the target's mask, kept
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from .loss import LossConfig, Matches, TargetsLike, YoloLoss
+from .detect import LossConfig, Matches, TargetsLike, YoloLoss
 
 
 class SegmentLoss(YoloLoss):
