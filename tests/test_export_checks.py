@@ -56,7 +56,7 @@ def edited(source: Path, out: Path, **fields: str | None) -> Path:
     ({"nc": "many"}, "yolotrain metadata field 'nc' must be an integer from 1 to 10000 (got 'many')"),
     ({"nc": "1000000000"}, "field 'nc' must be an integer from 1 to 10000"),
     ({"class_names": None}, "yolotrain metadata field 'class_names' must be a list of 2 class names (missing)"),
-    ({"stride": "16"}, "metadata field 'stride' must be the largest of 'strides' [8, 16, 32] (got '16')"),
+    ({"stride": "16"}, "metadata field 'stride' must be a multiple of the largest of 'strides' [8, 16, 32] (got '16')"),
     ({"strides": "[" * 100_000}, "field 'strides' must be a list of 1 to 8 strides"),
     ({"anchors": "[[[1, 2]]]"}, "field 'anchors' must be 3 levels (one per stride)"),
     ({"nms": '{"max_det": -1}'}, "field 'nms' must be the NMS settings"),
