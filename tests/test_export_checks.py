@@ -77,6 +77,13 @@ def test_exports_made_before_the_reference_readable_fields_still_load(exports, t
     assert (model.names, model.stride.tolist()) == (["a", "b"], [8, 16, 32])
 
 
+def test_inputs_round_to_the_exports_stride_a_multiple_of_its_largest_output_stride(exports, tmp_path):
+    # A model with a layer coarser than its head takes multiples of that layer's stride.
+    model = load_exported(edited(exports["dynamic"], tmp_path / "coarse.onnx", stride="64"))
+    assert (model.size_multiple, model.max_stride, model.stride.tolist()) == (64, 32, [8, 16, 32])
+    assert load_exported(exports["dynamic"]).size_multiple == 32
+
+
 def test_metadata_that_only_the_run_can_contradict_is_one_line_in_predict(exports, tmp_path, capsys):
     # With a free image size the graph's box count is not known until it runs.
     path = edited(exports["dynamic"], tmp_path / "edited.onnx", strides="[8, 16, 64]", stride="64")

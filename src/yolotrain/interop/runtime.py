@@ -65,7 +65,7 @@ class ExportedModel(abc.ABC):
         self.task: Task = fields["task"]
         self.num_masks: int = fields["nm"]
         self.anchors_per_level = len(fields["anchors"][0]) if fields["anchors"] else 0
-        if fields["strides"]:  # the box protocol's fields, for the exports that predict boxes only
+        if fields["strides"]:  # the box protocol's fields, for the exports that predict boxes (BoxDetector) only
             self.stride = torch.tensor(fields["strides"], dtype=torch.float32)
             self.max_stride: int = max(fields["strides"])
             self.end_to_end: bool = self.nms_settings is not None  # NMS is part of the graph
@@ -244,20 +244,16 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
                  "detect")
     outputs = get_task(task).export_outputs
     strides: list[int] = []  # the output levels, of the exports that predict boxes
-    if BOXES in outputs:  # input sides are multiples of the largest stride, or of a coarser layer's
+    if BOXES in outputs:  # input sides are multiples of the largest stride (or of a coarser layer's)
         strides = field(strides_key, lambda v: isinstance(v, list) and 1 <= len(v) <= 8
                         and all(_is_stride(s) for s in v), "a list of 1 to 8 strides (whole numbers)")
-        multiple = metadata.get("stride")
-        if current and not (multiple and multiple.isascii() and multiple.isdigit() and _is_stride(int(multiple))
-                            and int(multiple) % max(strides) == 0):
-            raise CheckpointError(f"{path}: metadata field 'stride' must be a multiple of the largest of 'strides' "
-                                  f"{strides} ({'missing' if multiple is None else 'got ' + brief(multiple)})")
-        size_multiple = int(multiple) if current else max(strides)
-    else:  # no output levels: `stride` alone is the multiple input sides round to (a list in exports made before)
-        multiple = field("stride", lambda v: _is_stride(v) if current else (
-            isinstance(v, list) and 1 <= len(v) <= 8 and all(_is_stride(s) for s in v)),
-            "a whole number from 1 to 1024")
-        size_multiple = multiple if current else max(multiple)
+        size_multiple = field("stride", lambda v: _is_stride(v) and v % max(strides) == 0,
+                              f"a multiple of the largest of 'strides' {strides}") if current else max(strides)
+    elif current:  # no output levels: `stride` alone is the multiple input sides round to
+        size_multiple = field("stride", _is_stride, "a whole number from 1 to 1024")
+    else:  # exports made before held a list of strides there
+        size_multiple = max(field("stride", lambda v: isinstance(v, list) and 1 <= len(v) <= 8
+                                  and all(_is_stride(s) for s in v), "a list of 1 to 8 strides (whole numbers)"))
     anchors = [] if BOXES not in outputs else field(  # only boxes are decoded with anchors
         "anchors", lambda v: isinstance(v, list) and len(v) == len(strides) and all(
             isinstance(level, list) and 1 <= len(level) <= 16 and len(level) == len(v[0]) and all(
