@@ -38,7 +38,7 @@ def reference_segmenter(reference, weights_path: Path, nc: int = 80, seed: int =
 
 
 class ReferenceSegmenter:
-    """A reference ``SegmentationModel`` behind the Detector protocol: ``model(imgs)`` is (decoded, proto)."""
+    """A reference ``SegmentationModel`` behind the BoxDetector protocol: ``model(imgs)`` is (decoded, proto)."""
 
     task = "segment"
     end_to_end = False
@@ -55,7 +55,7 @@ class ReferenceSegmenter:
         self.num_classes = model.model[-1].nc
         self.num_masks = model.model[-1].nm
         self.stride = model.stride
-        self.max_stride = int(model.stride.max())
+        self.max_stride = self.size_multiple = int(model.stride.max())
 
     def __call__(self, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         decoded, proto = self.model(imgs)[:2]

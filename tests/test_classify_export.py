@@ -14,6 +14,7 @@ from torch import nn
 from yolotrain import val
 from yolotrain.checkpoint import CheckpointError
 from yolotrain.data.classify import write_shape_crops
+from yolotrain.detector import BoxDetector, Detector
 from yolotrain.interop import export, load_exported
 from yolotrain.model.classify import Classifier
 
@@ -91,3 +92,26 @@ def test_classifier_metadata_that_contradicts_the_logits_is_one_line(classifier,
     with pytest.raises(CheckpointError, match="nc 3 of a classifier") as error:
         load_exported(path)
     assert "\n" not in str(error.value)
+
+
+def test_a_classifier_export_has_no_strides_only_the_multiple_its_inputs_round_to(classifier, tmp_path):
+    import onnx
+
+    path = tmp_path / "cls.onnx"
+    export(classifier, "onnx", out=path, img_size=SIZE, simplify=False)
+    proto = onnx.load(str(path))
+    metadata = {entry.key: entry.value for entry in proto.metadata_props}
+    assert metadata["stride"] == "32" and "strides" not in metadata and "anchors" not in metadata
+    runner = load_exported(path)
+    assert runner.size_multiple == 32 and isinstance(runner, Detector) and not isinstance(runner, BoxDetector)
+    assert not any(hasattr(runner, name) for name in ("stride", "max_stride", "end_to_end"))
+    # Exports made before held our JSON lists under `names` and `stride` (a classifier's one stride).
+    del proto.metadata_props[:]
+    metadata.update(names='["circle", "rectangle"]', stride="[32]")
+    del metadata["class_names"]
+    for key, value in metadata.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, str(path))
+    older = load_exported(path)
+    assert (older.names, older.size_multiple) == (["circle", "rectangle"], 32)

@@ -15,7 +15,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 import yolotrain
 from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
-from yolotrain.detector import Detector
+from yolotrain.detector import BoxDetector, Detector
 from yolotrain.interop import UnsupportedCheckpointError, load_model
 from yolotrain.model.blocks import Conv
 from yolotrain.model.classify import Classifier, classifier_from
@@ -106,6 +106,9 @@ def test_published_classifier_names_resolve_to_classifiers():
     model = yolotrain.load("yolov5n-cls", names=["cat", "dog"])
     assert isinstance(model, Classifier) and model.names == ["cat", "dog"] and model.task == "classify"
     assert isinstance(model, Detector) and not hasattr(model, "num_masks")  # no mask field to fake
+    # No output levels or NMS to fake either: only the size its inputs round to.
+    assert not any(hasattr(model, name) for name in ("stride", "max_stride", "end_to_end"))
+    assert not isinstance(model, BoxDetector) and model.size_multiple == 32
     assert yolotrain.resolve_model("yolov5n-cls").num_classes == 1000
     with pytest.raises(ValueError, match="unknown classification model 'yolov5q-cls'"):
         Classifier.from_name("yolov5q-cls")

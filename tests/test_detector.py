@@ -1,4 +1,5 @@
-"""One model interface: the Detector protocol (PyTorch model and exported runtimes) and resolve_model."""
+"""One model interface: the Detector protocol (PyTorch model and exported runtimes), its box sub-protocol and
+resolve_model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from conftest import YOLOV5N_WEIGHTS
 import yolotrain
 from yolotrain import Detector, Yolov5, resolve_model
 from yolotrain.checkpoint import CheckpointError, save_checkpoint
-from yolotrain.detector import EndToEndDetector
+from yolotrain.detector import BoxDetector, EndToEndDetector
 from yolotrain.interop import ExportedModel, export, resolve_trainable
 from yolotrain.interop.trust import UntrustedModelError
 
@@ -48,10 +49,10 @@ def tiny_onnx(tiny, tmp_path_factory):
 
 
 def check_protocol(model: Detector, *, dynamic: bool, end_to_end: bool = False) -> None:
-    """Every attribute of the protocol, with the values the tiny model implies."""
-    assert isinstance(model, Detector)
+    """Every attribute of the protocols, with the values the tiny model implies."""
+    assert isinstance(model, Detector) and isinstance(model, BoxDetector)
     assert (model.names, model.num_classes, model.task) == (NAMES, 2, "detect")
-    assert model.stride.tolist() == [8.0, 16.0, 32.0] and model.max_stride == 32
+    assert model.stride.tolist() == [8.0, 16.0, 32.0] and model.max_stride == model.size_multiple == 32
     assert model.dynamic_size is dynamic and model.end_to_end is end_to_end
     assert model.fixed_size == (None if dynamic else (SIZE, SIZE))
     assert model.default_img_size == (640 if dynamic else SIZE)
@@ -91,7 +92,7 @@ def test_resolve_model_resolves_every_kind_of_spec(tiny, tiny_onnx, tmp_path):
     assert resolve_model(tiny) is tiny  # a model in memory is itself
     built = resolve_model("yolov5n", names=NAMES)
     assert (type(built), built.version, built.names) == (Yolov5, "n", NAMES)
-    assert resolve_model("n6").max_stride == 64 and resolve_model("yolov5n").num_classes == 80
+    assert resolve_model("n6").size_multiple == 64 and resolve_model("yolov5n").num_classes == 80
     yaml_path = tmp_path / "tiny.yaml"
     yaml_path.write_text(TINY_YAML)
     from_yaml = resolve_model(yaml_path)

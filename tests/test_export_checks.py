@@ -56,7 +56,7 @@ def edited(source: Path, out: Path, **fields: str | None) -> Path:
     ({"nc": "many"}, "yolotrain metadata field 'nc' must be an integer from 1 to 10000 (got 'many')"),
     ({"nc": "1000000000"}, "field 'nc' must be an integer from 1 to 10000"),
     ({"class_names": None}, "yolotrain metadata field 'class_names' must be a list of 2 class names (missing)"),
-    ({"stride": "16"}, "metadata field 'stride' must be the largest of 'strides' [8, 16, 32] (got '16')"),
+    ({"stride": "16"}, "metadata field 'stride' must be a multiple of the largest of 'strides' [8, 16, 32] (got '16')"),
     ({"strides": "[" * 100_000}, "field 'strides' must be a list of 1 to 8 strides"),
     ({"anchors": "[[[1, 2]]]"}, "field 'anchors' must be 3 levels (one per stride)"),
     ({"nms": '{"max_det": -1}'}, "field 'nms' must be the NMS settings"),
@@ -75,6 +75,13 @@ def test_exports_made_before_the_reference_readable_fields_still_load(exports, t
                   stride="[8, 16, 32]")
     model = load_exported(path)
     assert (model.names, model.stride.tolist()) == (["a", "b"], [8, 16, 32])
+
+
+def test_inputs_round_to_the_exports_stride_a_multiple_of_its_largest_output_stride(exports, tmp_path):
+    # A model with a layer coarser than its head takes multiples of that layer's stride.
+    model = load_exported(edited(exports["dynamic"], tmp_path / "coarse.onnx", stride="64"))
+    assert (model.size_multiple, model.max_stride, model.stride.tolist()) == (64, 32, [8, 16, 32])
+    assert load_exported(exports["dynamic"]).size_multiple == 32
 
 
 def test_metadata_that_only_the_run_can_contradict_is_one_line_in_predict(exports, tmp_path, capsys):

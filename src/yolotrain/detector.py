@@ -1,9 +1,11 @@
-"""The one interface every detector offers to evaluation, prediction and export, whatever runs it.
+"""The one interface every model offers to evaluation, prediction and export, whatever runs it.
 
-:class:`~yolotrain.model.Yolov5` (PyTorch) and every exported runtime
-(:class:`~yolotrain.interop.runtime.ExportedModel`: ONNX Runtime, OpenVINO, LiteRT, TensorRT, TorchScript)
-implement :class:`Detector`; :func:`yolotrain.interop.resolve.resolve_model` turns any model spec into one.
-This module imports nothing of the project, so every layer can name the protocol.
+:class:`~yolotrain.model.Yolov5` and :class:`~yolotrain.model.classify.Classifier` (PyTorch) and every
+exported runtime (:class:`~yolotrain.interop.runtime.ExportedModel`: ONNX Runtime, OpenVINO, LiteRT,
+TensorRT, TorchScript) implement :class:`Detector`; :func:`yolotrain.interop.resolve.resolve_model` turns
+any model spec into one. What a model's outputs hold is its task's to say (:mod:`yolotrain.tasks`); the
+models that predict boxes on output levels (detection, segmentation) are also :class:`BoxDetector`.
+This module imports nothing of the project, so every layer can name the protocols.
 """
 
 from __future__ import annotations
@@ -18,40 +20,28 @@ Task = Literal["detect", "segment", "classify"]
 
 @runtime_checkable
 class Detector(Protocol):
-    """A detector ready to run on ``[B, 3, H, W]`` float images (0..1) of :attr:`dtype` on :attr:`device`.
+    """A model ready to run on ``[B, 3, H, W]`` float images of :attr:`dtype` on :attr:`device`.
 
     Input sizes: a model with :attr:`dynamic_size` takes any sides that are multiples of
-    :attr:`max_stride`; one without takes :attr:`fixed_size` only. ``model(imgs)`` returns the decoded
-    ``[B, N, 5+nc]`` predictions (xywh, objectness, class scores) that NMS turns into detections —
-    unless :attr:`end_to_end`, where NMS is part of the model and :class:`EndToEndDetector`'s
-    ``detections`` gives the final boxes instead.
-
-    A segmentation model (:attr:`task` ``"segment"``) returns ``(decoded, proto)``: ``decoded``
-    ``[B, N, 5+nc+nm]`` has the model's ``num_masks`` raw mask coefficients after the class scores
-    (its task tells NMS to carry them along), ``proto`` ``[B, nm, H/4, W/4]`` the prototype masks they
-    weight; a detection's mask is ``sigmoid(coefficients @ proto) > 0.5`` inside its box (:mod:`yolotrain.eval.masks`).
-
-    A classifier (:attr:`task` ``"classify"``) takes images normalised with the ImageNet mean and
-    standard deviation and returns class logits ``[B, nc]``.
+    :attr:`size_multiple`; one without takes :attr:`fixed_size` only. What ``model(imgs)`` returns, and
+    how its images are prepared, is its :attr:`task`'s (``tasks/detect``, ``tasks/segment``,
+    ``tasks/classify``).
     """
 
     names: list[str]
     num_classes: int
     task: Task
 
-    def __call__(self, imgs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+    def __call__(self, imgs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]: ...
 
     @property
-    def stride(self) -> torch.Tensor:
-        """Strides of the output levels in pixels (8, 16, 32 and 64 on P6 models)."""
-
-    @property
-    def max_stride(self) -> int:
-        """The largest stride: input sides must be multiples of it."""
+    def size_multiple(self) -> int:
+        """Input sides are rounded to multiples of it: the model's total downsampling (a YOLO detector's
+        largest stride, 32 for a classifier)."""
 
     @property
     def dynamic_size(self) -> bool:
-        """Whether any multiple of :attr:`max_stride` is accepted (else only :attr:`fixed_size`)."""
+        """Whether any multiple of :attr:`size_multiple` is accepted (else only :attr:`fixed_size`)."""
 
     @property
     def fixed_size(self) -> tuple[int, int] | None:
@@ -59,11 +49,8 @@ class Detector(Protocol):
 
     @property
     def default_img_size(self) -> int:
-        """The input size the model was made for (its fixed size, else 640; 1280 for P6)."""
-
-    @property
-    def end_to_end(self) -> bool:
-        """Whether NMS runs inside the model (then use ``detections``, not ``model(imgs)``)."""
+        """The input size the model was made for (its fixed size, else its task's: 640, 1280 for P6, 224 for
+        a classifier)."""
 
     @property
     def device(self) -> torch.device:
@@ -79,8 +66,28 @@ class Detector(Protocol):
 
 
 @runtime_checkable
-class EndToEndDetector(Detector, Protocol):
-    """A :class:`Detector` with NMS inside (:attr:`~Detector.end_to_end` is true)."""
+class BoxDetector(Detector, Protocol):
+    """A :class:`Detector` that predicts boxes on output levels of increasing stride (detection and
+    segmentation models): ``model(imgs)`` gives the decoded predictions NMS turns into detections, unless
+    :attr:`end_to_end`, where NMS is part of the model and :class:`EndToEndDetector`'s ``detections`` gives
+    the final boxes instead."""
+
+    @property
+    def stride(self) -> torch.Tensor:
+        """Strides of the output levels in pixels (8, 16, 32 and 64 on P6 models)."""
+
+    @property
+    def max_stride(self) -> int:
+        """The largest stride."""
+
+    @property
+    def end_to_end(self) -> bool:
+        """Whether NMS runs inside the model (then use ``detections``, not ``model(imgs)``)."""
+
+
+@runtime_checkable
+class EndToEndDetector(BoxDetector, Protocol):
+    """A :class:`BoxDetector` with NMS inside (:attr:`~BoxDetector.end_to_end` is true)."""
 
     def detections(self, imgs: torch.Tensor, conf: float, iou: float, max_det: int, multi_label: bool = False,
                    classes: Sequence[int] | None = None, agnostic: bool = False) -> list[torch.Tensor]:

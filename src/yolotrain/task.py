@@ -171,7 +171,7 @@ class Task(ABC):
     @abstractmethod
     def export_metadata(self, model: Any) -> dict[str, str]:
         """The task's own fields of an export's string metadata (the model's name, its class count, and what
-        its runtime needs to read the outputs back: anchors, mask coefficients, the task's name)."""
+        its runtime needs to read the outputs back: output strides and anchors, mask coefficients, the task's name)."""
 
     @abstractmethod
     def trace_export(self, graph: Any, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:

@@ -79,8 +79,9 @@ class TrainStep:
 
     def _multi_scale(self, imgs: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
         """The reference's ``--multi-scale``: the batch resized so its long side is a random multiple of the
-        largest stride in 0.5-1.5x the image size; drawn from (seed, epoch, batch), the same on every process."""
-        stride = int(self.state.model.max_stride)
+        model's size multiple (a detector's largest stride) in 0.5-1.5x the image size; drawn from (seed, epoch,
+        batch), the same on every process."""
+        stride = int(self.state.model.size_multiple)
         size = self.config.data.img_size
         rng = np.random.default_rng([self.config.seed, epoch, batch])
         target = max(int(rng.integers(int(size * 0.5), int(size * 1.5) + stride)) // stride * stride, stride)

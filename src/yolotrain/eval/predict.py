@@ -242,7 +242,9 @@ def prepare_image(image: np.ndarray, img_size: int, stride: int = 32,
 
 
 class Predictor:
-    """A loaded detector with fixed settings; call :meth:`predict_image` per image."""
+    """A loaded model with fixed settings; call :meth:`predict_image` per image for the boxes of a
+    :class:`~yolotrain.detector.BoxDetector` (another task's predictor takes over the loaded model:
+    :meth:`yolotrain.task.Task.predictor`)."""
 
     def __init__(self, model_or_weights: ModelsOrWeights, img_size: int | None = None, conf: float = NMSConfig.conf,
                  iou: float = NMSConfig.iou, classes: Sequence[int] | None = None, max_det: int = NMSConfig.max_det,
@@ -255,7 +257,7 @@ class Predictor:
         self.task = task_of(self.model)
         self.task.check_inference(self.model)
         self.retina_masks = retina_masks
-        self.stride = max(self.model.max_stride, 32)
+        self.stride = max(self.model.size_multiple, 32)
         self.square = not self.model.dynamic_size
         if img_size is None:  # the size the model was made for: an export's fixed size, 1280 for P6, else 640
             img_size = self.model.default_img_size

@@ -8,7 +8,7 @@
 - :class:`EnsembleDetector`: the reference's ``Ensemble`` (its "NMS ensemble"): the members' predictions
   concatenated along the prediction axis, so one NMS merges the models' detections.
 
-Both are detection-only PyTorch modules presenting the :class:`~yolotrain.detector.Detector` interface of
+Both are detection-only PyTorch modules presenting the :class:`~yolotrain.detector.BoxDetector` interface of
 the models inside them.
 """
 
@@ -45,7 +45,7 @@ def scale_images(imgs: torch.Tensor, ratio: float, stride: int) -> torch.Tensor:
 
 
 class _Composite(nn.Module):
-    """The :class:`~yolotrain.detector.Detector` attributes of a detector made of PyTorch detection models,
+    """The :class:`~yolotrain.detector.BoxDetector` attributes of a detector made of PyTorch detection models,
     read from ``self.lead`` (the member with the largest stride) and ``self.first``."""
 
     lead: Yolov5
@@ -70,6 +70,10 @@ class _Composite(nn.Module):
     @property
     def max_stride(self) -> int:
         return self.lead.max_stride
+
+    @property
+    def size_multiple(self) -> int:
+        return self.lead.size_multiple
 
     @property
     def default_img_size(self) -> int:

@@ -26,7 +26,7 @@ from ..boxes import letterbox_geometry, xywh_to_xyxy
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
-from ..detector import Detector
+from ..detector import BoxDetector
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, unique_stems
@@ -272,12 +272,12 @@ class DetectionValidation(Protocol):
 
     val_loader_masks: bool  # whether the val loader's batches carry the labels' masks
 
-    def check_inference(self, model: Detector) -> None: ...
+    def check_inference(self, model: BoxDetector) -> None: ...
 
-    def infer(self, model: Detector, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def infer(self, model: BoxDetector, imgs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The decoded predictions of a batch and (masks) the prototypes, else None."""
 
-    def nms_extra_columns(self, model: Detector) -> int:
+    def nms_extra_columns(self, model: BoxDetector) -> int:
         """How many columns after the class scores NMS carries along with each kept box (masks: the
         coefficients)."""
 
@@ -314,11 +314,11 @@ class DetectionValidation(Protocol):
 
 
 def validate_detections(
-    task: DetectionValidation, model: Detector, model_or_weights: ModelsOrWeights, data: str | os.PathLike | DataLoader,
-    dev: torch.device, *, img_size: int | None, batch_size: int, conf: float, iou: float, max_det: int, rect: bool,
-    workers: int | None, criterion: Callable | None, save_dir: str | os.PathLike | None, save_json: bool,
-    plots: bool, verbose: bool, map_classes: bool, save_txt: bool, save_conf: bool, single_cls: bool,
-    hooks: Callbacks,
+    task: DetectionValidation, model: BoxDetector, model_or_weights: ModelsOrWeights,
+    data: str | os.PathLike | DataLoader, dev: torch.device, *, img_size: int | None, batch_size: int, conf: float,
+    iou: float, max_det: int, rect: bool, workers: int | None, criterion: Callable | None,
+    save_dir: str | os.PathLike | None, save_json: bool, plots: bool, verbose: bool, map_classes: bool, save_txt: bool,
+    save_conf: bool, single_cls: bool, hooks: Callbacks,
 ) -> Metrics:
     """:func:`val`'s scoring of a detection-family model ready for inference on ``dev`` (see :func:`val` for
     the settings), with what differs between those tasks (masks) asked of ``task``."""
@@ -327,7 +327,7 @@ def validate_detections(
     loader = data
     if not isinstance(data, DataLoader):
         # Rect batch shapes must suit the largest stride (64 on P6 models).
-        stride = max(model.max_stride, 32)
+        stride = max(model.size_multiple, 32)
         size = model.default_img_size if img_size is None else img_size
         loader = build_val_loader(data, None if map_classes or single_cls else model.num_classes, size,
                                   batch_size, rect, workers, stride=stride, masks=task.val_loader_masks)

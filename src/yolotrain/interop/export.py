@@ -145,17 +145,16 @@ def export_metadata(model: Yolov5 | Classifier, size: tuple[int, int], raw: bool
     """String metadata stored with an export (read back by :class:`~yolotrain.interop.runtime.ExportedModel`):
     the model's task's own fields (:meth:`yolotrain.task.Task.export_metadata`), then those of every export.
 
-    ``stride`` and ``names`` are written as the reference's ``export.py`` writes them (the largest stride
-    as a whole number, the names as a ``{index: name}`` Python literal), so that its ``DetectMultiBackend``
-    and ultralytics' ``AutoBackend`` read our files; ours are ``strides`` and ``class_names`` (JSON lists).
+    ``stride`` and ``names`` are written as the reference's ``export.py`` writes them (the multiple input
+    sides round to, a detector's largest stride, as a whole number; the names as a ``{index: name}`` Python
+    literal), so that its ``DetectMultiBackend`` and ultralytics' ``AutoBackend`` read our files; ours are
+    ``class_names`` (a JSON list) and, from a box model's task, ``strides``.
     """
     task = task_of(model)
     names = list(getattr(model, "names", None) or [str(i) for i in range(task.checkpoint_num_classes(model))])
-    strides = [int(s) for s in model.stride.tolist()]
     metadata = {"producer": "yolotrain", **task.export_metadata(model)}
     metadata.update({
-        "stride": str(max(strides)), "names": repr(dict(enumerate(names))),
-        "strides": json.dumps(strides), "class_names": json.dumps(names),
+        "stride": str(model.size_multiple), "names": repr(dict(enumerate(names))), "class_names": json.dumps(names),
         # Raw head maps are the boxes' maps before decoding: an export without boxes has none.
         "img_size": json.dumps(list(size)), "raw": json.dumps(raw and BOXES in task.export_outputs),
         "dynamic_batch": json.dumps(dynamic_batch), "dynamic_size": json.dumps(dynamic_size), "precision": precision,
@@ -257,7 +256,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
         raise ValueError(f"{fmt} output must end in {spec.suffix}, got {out.name}")
     model = _load(weights_or_model)
     _check_task(model, fmt, half, int8, raw, nms)
-    size = _image_size(model.default_img_size if img_size is None else img_size, model.max_stride)
+    size = _image_size(model.default_img_size if img_size is None else img_size, model.size_multiple)
     calibration_set = calibration_files(data, calibration_images) if int8 else []
     calibration = CalibrationImages(calibration_set, size) if int8 else None
     nms_settings = {"conf": conf, "iou": iou, "max_det": max_det, "multi_label": multi_label} if nms else None
@@ -274,7 +273,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
                                 "yolotrain export", "--force")
     out.parent.mkdir(parents=True, exist_ok=True)
     job = ExportJob(graph=graph, example=torch.zeros(1, model.in_channels, *size), out=out, metadata=metadata,
-                    half=half, calibration=calibration, size=size, min_side=model.max_stride,
+                    half=half, calibration=calibration, size=size, min_side=model.size_multiple,
                     dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, simplify=simplify, opset=opset)
     with warnings.catch_warnings():
         # The input-shape checks in forward_maps are Python conditions the tracer reports as constants.

@@ -32,13 +32,13 @@ from .export_graph import BOXES, MASK_PROTOTYPES
 class ExportedModel(abc.ABC):
     """Base of the runtime backends: metadata, shape checks and decoding shared by every format.
 
-    A :class:`~yolotrain.detector.Detector`: ``model(imgs)`` takes ``[B, 3, H, W]`` float images (0..1)
-    and returns the decoded ``[B, N, 5+nc]`` output on the images' device, like ``Yolov5.eval()``;
-    exports with NMS inside instead answer :meth:`detections`. ``names``, ``stride``, ``num_classes``,
-    ``img_size``, ``precision`` and ``end_to_end`` come from the file's metadata. An export of a
-    segmentation model (``task`` ``"segment"``, ``num_masks`` coefficients) returns
-    ``(decoded [B, N, 5+nc+nm], proto [B, nm, H/4, W/4])``, as the PyTorch model does; one of a classifier
-    (``task`` ``"classify"``) its logits ``[B, nc]``.
+    A :class:`~yolotrain.detector.Detector`: ``model(imgs)`` takes ``[B, 3, H, W]`` float images and returns
+    on the images' device what the PyTorch model of its ``task`` returns in ``eval()`` mode (the export's
+    outputs, one per output kind of the task). ``names``, ``num_classes``, ``size_multiple``, ``img_size``
+    and ``precision`` come from the file's metadata. The export of a model that predicts boxes (detection,
+    segmentation) is also a :class:`~yolotrain.detector.BoxDetector`: its ``stride``, ``max_stride`` and
+    ``end_to_end`` come from the metadata too, and one with NMS inside answers :meth:`detections`; an
+    export without boxes (a classifier's) has none of these three.
     """
 
     format_name = "exported"
@@ -57,7 +57,7 @@ class ExportedModel(abc.ABC):
         fields = _read_metadata(metadata, self.path)
         self.num_classes: int = fields["nc"]
         self.names: list[str] = fields["names"]
-        self.stride = torch.tensor(fields["stride"], dtype=torch.float32)
+        self.size_multiple: int = fields["size_multiple"]
         self.img_size: tuple[int, int] = tuple(fields["img_size"])
         self.raw: bool = fields["raw"]
         self.precision: str = fields["precision"]
@@ -65,6 +65,10 @@ class ExportedModel(abc.ABC):
         self.task: Task = fields["task"]
         self.num_masks: int = fields["nm"]
         self.anchors_per_level = len(fields["anchors"][0]) if fields["anchors"] else 0
+        if fields["strides"]:  # the box protocol's fields, for the exports that predict boxes (BoxDetector) only
+            self.stride = torch.tensor(fields["strides"], dtype=torch.float32)
+            self.max_stride: int = max(fields["strides"])
+            self.end_to_end: bool = self.nms_settings is not None  # NMS is part of the graph
         # Fixed axes are ints, free ones None (the runtimes name or mark them differently).
         self.input_shape = [s if isinstance(s, int) and s > 0 else None for s in input_shape]
         if None not in self.input_shape[2:4] and tuple(self.input_shape[2:4]) != self.img_size:
@@ -76,9 +80,8 @@ class ExportedModel(abc.ABC):
             self._check_outputs(shapes, self.input_shape[2:4], "its graph")
         # Raw exports leave decoding to the caller; Detect owns that maths, so reuse it (its 1-channel
         # convolutions are never run).
-        levels = len(self.stride)
-        self._decoder = Detect(self.num_classes, torch.tensor(fields["anchors"]), (1,) * levels,
-                               tuple(int(s) for s in self.stride.tolist())) if self.raw else None
+        self._decoder = Detect(self.num_classes, torch.tensor(fields["anchors"]), (1,) * len(fields["strides"]),
+                               tuple(fields["strides"])) if self.raw else None
 
     def _check_outputs(self, shapes: Sequence[Sequence[int | None]], input_hw: Sequence[int | None],
                        source: str) -> None:
@@ -94,21 +97,12 @@ class ExportedModel(abc.ABC):
         return task_of(self).exported_output_mismatch(self, shapes, input_hw)
 
     @property
-    def end_to_end(self) -> bool:
-        """Whether NMS is part of the exported graph (outputs are final detections)."""
-        return self.nms_settings is not None
-
-    @property
     def dynamic_size(self) -> bool:
         return self.input_shape[2] is None or self.input_shape[3] is None
 
     @property
     def fixed_size(self) -> tuple[int, int] | None:
         return None if self.dynamic_size else self.img_size
-
-    @property
-    def max_stride(self) -> int:
-        return int(self.stride.max())
 
     @property
     def default_img_size(self) -> int:
@@ -150,7 +144,7 @@ class ExportedModel(abc.ABC):
         """Decoded ``[B, N, 5+nc]`` predictions for ``imgs`` ``[B, 3, H, W]`` (a segmentation model's with
         its prototype masks: ``(decoded, proto)``; a classifier's logits): the export's outputs, one per
         output kind of its task, raw head maps decoded."""
-        if self.end_to_end:
+        if self.nms_settings is not None:
             raise ValueError(f"{self.path.name} has NMS inside: it returns detections, not raw predictions")
         outputs = self._forward(imgs)
         if self._decoder is not None:
@@ -189,7 +183,7 @@ class ExportedModel(abc.ABC):
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({str(self.path)!r}, nc={self.num_classes}, img_size={self.img_size}, "
-                f"precision={self.precision!r}{', nms' if self.end_to_end else ''})")
+                f"precision={self.precision!r}{', nms' if self.nms_settings is not None else ''})")
 
 
 def shape_text(dims: Sequence[int | None]) -> str:
@@ -245,21 +239,26 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
     names_key, strides_key = ("class_names", "strides") if current else ("names", "stride")
     names = field(names_key, lambda v: isinstance(v, list) and len(v) == nc and all(isinstance(n, str) for n in v),
                   f"a list of {nc} class names")
-    stride = field(strides_key, lambda v: isinstance(v, list) and 1 <= len(v) <= 8
-                   and all(_is_int(s) and 1 <= s <= 1024 for s in v), "a list of 1 to 8 strides (whole numbers)")
-    largest = metadata.get("stride")
-    if current and largest != str(max(stride)):
-        raise CheckpointError(f"{path}: metadata field 'stride' must be the largest of 'strides' {stride} "
-                              f"({'missing' if largest is None else 'got ' + brief(largest)})")
     names_of_tasks = [f'"{name}"' for name in task_names()]
     task = field("task", lambda v: v in task_names(), f"{', '.join(names_of_tasks[:-1])} or {names_of_tasks[-1]}",
                  "detect")
     outputs = get_task(task).export_outputs
+    strides: list[int] = []  # the output levels, of the exports that predict boxes
+    if BOXES in outputs:  # input sides are multiples of the largest stride (or of a coarser layer's)
+        strides = field(strides_key, lambda v: isinstance(v, list) and 1 <= len(v) <= 8
+                        and all(_is_stride(s) for s in v), "a list of 1 to 8 strides (whole numbers)")
+        size_multiple = field("stride", lambda v: _is_stride(v) and v % max(strides) == 0,
+                              f"a multiple of the largest of 'strides' {strides}") if current else max(strides)
+    elif current:  # no output levels: `stride` alone is the multiple input sides round to
+        size_multiple = field("stride", _is_stride, "a whole number from 1 to 1024")
+    else:  # exports made before held a list of strides there
+        size_multiple = max(field("stride", lambda v: isinstance(v, list) and 1 <= len(v) <= 8
+                                  and all(_is_stride(s) for s in v), "a list of 1 to 8 strides (whole numbers)"))
     anchors = [] if BOXES not in outputs else field(  # only boxes are decoded with anchors
-        "anchors", lambda v: isinstance(v, list) and len(v) == len(stride) and all(
+        "anchors", lambda v: isinstance(v, list) and len(v) == len(strides) and all(
             isinstance(level, list) and 1 <= len(level) <= 16 and len(level) == len(v[0]) and all(
                 isinstance(a, list) and len(a) == 2 and all(_is_number(x) and x > 0 for x in a) for a in level)
-            for level in v), f"{len(stride)} levels (one per stride) of equally many (w, h) pairs")
+            for level in v), f"{len(strides)} levels (one per stride) of equally many (w, h) pairs")
     img_size = field("img_size", lambda v: isinstance(v, list) and len(v) == 2 and all(_is_int(s) and s > 0 for s in v),
                      "[height, width]")
     raw = field("raw", lambda v: isinstance(v, bool), "true or false")
@@ -272,8 +271,8 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
     problem = get_task(task).exported_metadata_problem(raw, nms is not None)
     if problem:
         raise CheckpointError(f"{path}: {problem}")
-    return {"nc": nc, "names": names, "stride": stride, "anchors": anchors, "img_size": img_size, "raw": raw,
-            "precision": precision, "nms": nms, "task": task, "nm": nm}
+    return {"nc": nc, "names": names, "strides": strides, "size_multiple": size_multiple, "anchors": anchors,
+            "img_size": img_size, "raw": raw, "precision": precision, "nms": nms, "task": task, "nm": nm}
 
 
 _REQUIRED = object()
@@ -281,6 +280,10 @@ _REQUIRED = object()
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_stride(value: Any) -> bool:
+    return _is_int(value) and 1 <= value <= 1024
 
 
 def _is_number(value: Any) -> bool:

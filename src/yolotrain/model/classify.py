@@ -229,8 +229,8 @@ class Classifier(nn.Module):
     task: Task = "classify"
     dynamic_size = True
     fixed_size = None
-    end_to_end = False
-    max_stride = 32
+    # The YOLOv5 backbones and the torchvision models downsample 32 times: input sides round to multiples of it.
+    size_multiple = 32
     default_img_size = CLASSIFY_IMG_SIZE
 
     def __init__(self, layers: nn.Module, num_classes: int, arch: str, names: Sequence[str] | None = None,
@@ -278,10 +278,6 @@ class Classifier(nn.Module):
     def arch_name(self) -> str:
         """The architecture's name (:attr:`arch`: ``yolov5s-cls``, ``resnet18``)."""
         return self.arch
-
-    @property
-    def stride(self) -> torch.Tensor:
-        return torch.tensor([float(self.max_stride)])
 
     @property
     def device(self) -> torch.device:

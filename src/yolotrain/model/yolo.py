@@ -70,7 +70,7 @@ class Yolov5(nn.Module):
     largest stride.
     ``self.model`` keeps the reference's layer indices, so a reference ``state_dict`` loads unchanged.
     ``version`` is ``'custom'`` for a spec that is not one of the published architectures;
-    ``in_channels`` defaults to the spec's ``ch`` (3). It implements :class:`~yolotrain.detector.Detector`
+    ``in_channels`` defaults to the spec's ``ch`` (3). It implements :class:`~yolotrain.detector.BoxDetector`
     (any multiple of the largest stride as input size, NMS outside the model); weights files are read by
     :func:`yolotrain.load`.
     """
@@ -148,6 +148,11 @@ class Yolov5(nn.Module):
     @property
     def stride(self) -> torch.Tensor:
         return self.head.stride
+
+    @property
+    def size_multiple(self) -> int:
+        """Input sides are multiples of the largest stride (:attr:`max_stride`)."""
+        return self.max_stride
 
     @property
     def device(self) -> torch.device:

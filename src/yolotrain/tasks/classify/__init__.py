@@ -1,4 +1,9 @@
-"""Image classification: class scores for a whole image (a YOLOv5 backbone or a torchvision model)."""
+"""Image classification: class scores for a whole image (a YOLOv5 backbone or a torchvision model).
+
+A classifier (:class:`~yolotrain.model.classify.Classifier` or its export) is a plain
+:class:`~yolotrain.detector.Detector`: ``model(imgs)`` takes images normalised with the ImageNet mean and
+standard deviation and returns class logits ``[B, nc]``; it has no output levels, strides or NMS.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""Object detection: boxes with a class and a confidence (YOLOv5's anchor-based head)."""
+"""Object detection: boxes with a class and a confidence (YOLOv5's anchor-based head).
+
+A detection model is a :class:`~yolotrain.detector.BoxDetector`: ``model(imgs)`` takes ``[B, 3, H, W]`` float
+images (0..1) and returns the decoded ``[B, N, 5+nc]`` predictions (xywh, objectness, class scores) that NMS
+turns into detections; an export with NMS inside (``end_to_end``) gives the final ``[n, 6]`` boxes through
+``detections`` instead.
+"""
 
 from __future__ import annotations
 

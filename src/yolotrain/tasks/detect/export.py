@@ -31,7 +31,8 @@ class DetectExport:
     def export_metadata(self, model: Yolov5) -> dict[str, str]:
         head = model.head
         anchors = (head.anchors * head.stride.view(-1, 1, 1)).tolist()
-        return {"model": f"yolov5{model.version}", "nc": str(head.nc), "anchors": json.dumps(anchors)}
+        return {"model": f"yolov5{model.version}", "nc": str(head.nc), "anchors": json.dumps(anchors),
+                "strides": json.dumps([int(s) for s in head.stride.tolist()])}
 
     def trace_export(self, graph: ExportGraph, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         maps = graph.model.forward_maps(images)
