@@ -86,7 +86,7 @@ def main() -> None:
     from yolov5.utils.general import non_max_suppression, scale_boxes
 
     from yolotrain.eval import val
-    from yolotrain.eval.predict import Predictor
+    from yolotrain.prediction.run import Predictor
 
     common = dict(batch_size=32, device="cpu")
     sides = {

@@ -57,7 +57,7 @@ def available(fmt: str) -> bool:
 def scored(weights, data: Path, img: int, rect: bool, image: np.ndarray | None, repeats: int) -> dict:
     """val mAP and speed (the second of two passes), and single-image predict latency unless ``image`` is None."""
     from yolotrain.eval import val
-    from yolotrain.eval.predict import Predictor
+    from yolotrain.prediction.run import Predictor
 
     # The exports measured here were written by this script: trusted, TorchScript and TensorRT included.
     options = {"img_size": img, "batch_size": 32, "workers": 0, "rect": rect, "verbose": False, "plots": False,

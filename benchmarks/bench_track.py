@@ -28,7 +28,7 @@ import torch
 from common import ROOT, YOLOV5N, reference_env
 
 from yolotrain.data.shapes_video import render
-from yolotrain.eval import predict
+from yolotrain.prediction import predict
 from yolotrain.track import make_tracker, tracker_config
 from yolotrain.track.run import track
 

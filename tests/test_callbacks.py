@@ -12,8 +12,8 @@ import torch
 from yolotrain import predict, resolve_config, train
 from yolotrain.callbacks import HOOKS, CallbackError, Callbacks
 from yolotrain.engine import Trainer, TrainResult
-from yolotrain.eval.predict import Predictor, Result
 from yolotrain.interop import load_checkpoint
+from yolotrain.prediction.run import Predictor, Result
 
 FAST = {"img_size": 64, "batch_size": 4, "workers": 0, "autoanchor": False}
 TRAIN_BATCH = ["on_train_batch_start", "optimizer_step", "on_before_zero_grad", "on_train_batch_end"]

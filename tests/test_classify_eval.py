@@ -20,9 +20,10 @@ from torch import nn
 
 import yolotrain
 from yolotrain.data.classify import build_classify_loaders, write_shape_crops
-from yolotrain.eval.classify import ClassifyMetrics, ClassifyResult, accuracy_metrics
+from yolotrain.eval.classify import ClassifyMetrics, accuracy_metrics
 from yolotrain.interop import load_model
 from yolotrain.model.classify import Classifier
+from yolotrain.prediction.classify import ClassifyResult
 
 COCO128_CLS = SHARED / "datasets" / "coco128-cls"
 

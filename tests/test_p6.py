@@ -22,8 +22,8 @@ from yolotrain.engine import resolve_config
 from yolotrain.engine.build import build_data
 from yolotrain.engine.trainer import Trainer
 from yolotrain.eval import val
-from yolotrain.eval.predict import Predictor, predict
 from yolotrain.interop import load_checkpoint
+from yolotrain.prediction.run import Predictor, predict
 
 MODEL_SOURCES = Path(__file__).resolve().parents[1] / "src" / "yolotrain" / "model"
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import YOLOV5N_WEIGHTS
 
-from yolotrain.eval import SourceWarning, add_predict_arguments, predict, run_predict
 from yolotrain.interop import load_model
+from yolotrain.prediction import SourceWarning, add_predict_arguments, predict, run_predict
 
 BUS_LIKE = "000000000009.jpg"  # a coco128 image with several clear objects
 
@@ -148,8 +148,8 @@ def test_segmentation_results_carry_masks_polygons_and_files(segmenter, images, 
     ``labels/*.txt`` hold polygon rows."""
     from yolov5.utils.segment.general import process_mask_native
 
-    from yolotrain.eval.predict import prepare_image
     from yolotrain.nms import non_max_suppression, scale_boxes_to_original
+    from yolotrain.prediction.run import prepare_image
 
     path = images / BUS_LIKE
     image = cv2.imread(str(path))

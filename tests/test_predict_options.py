@@ -21,8 +21,8 @@ from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.cli import main
 from yolotrain.draw import draw_detections
-from yolotrain.eval import predict
-from yolotrain.eval.streams import LatestFrameReader, is_stream
+from yolotrain.prediction import predict
+from yolotrain.prediction.streams import LatestFrameReader, is_stream
 
 # A random-init model scores every anchor at ~0.007: this threshold gives a handful of detections.
 LOW_CONF = dict(conf=0.001, max_det=6, img_size=128, device="cpu")

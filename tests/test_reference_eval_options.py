@@ -17,9 +17,10 @@ from test_reference_options import YOLOV5_PAGE, reference_options
 from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.cli import build_parser, main
-from yolotrain.eval import predict, val
-from yolotrain.eval.predict import UNSUPPORTED_PREDICT_OPTIONS, PredictConfig, predict_config
+from yolotrain.eval import val
 from yolotrain.eval.val import UNSUPPORTED_VAL_OPTIONS, ValConfig, val_config
+from yolotrain.prediction import predict
+from yolotrain.prediction.run import UNSUPPORTED_PREDICT_OPTIONS, PredictConfig, predict_config
 from yolotrain.settings import flat_values
 
 # A value for each reference option that takes one, unlike yolotrain's default so the effect shows.

@@ -20,10 +20,10 @@ from yolotrain.data.sources import list_images
 from yolotrain.data.verify import DataWarning
 from yolotrain.data.walk import FolderWalkWarning, walk_folders
 from yolotrain.engine import Trainer, resolve_config
-from yolotrain.eval import predict
 from yolotrain.eval.masks import masks_to_polygons, polygons_or_boxes
-from yolotrain.eval.predict import expand_sources
 from yolotrain.model.classify import Classifier
+from yolotrain.prediction import predict
+from yolotrain.prediction.run import expand_sources
 from yolotrain.settings import ConfigError
 from yolotrain.tasks.segment.evaluate import polygon_rows
 

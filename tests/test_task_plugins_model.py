@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from yolotrain import task as task_registry
-from yolotrain.eval.predict import Result
 from yolotrain.model import Detect, Segment, Yolov5
 from yolotrain.model.classify import Classifier
 from yolotrain.model.spec import published_variant
+from yolotrain.prediction.run import Result
 from yolotrain.task import get_task, task_of
 from yolotrain.tasks.detect import DetectTask
 from yolotrain.yolo import _published_name

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from yolotrain.cli import main
 from yolotrain.data.shapes_video import generate_shapes_video, render
-from yolotrain.eval import predict
+from yolotrain.prediction import predict
 from yolotrain.settings import ConfigError
 from yolotrain.track import TrackerConfig, make_tracker, tracker_config
 from yolotrain.track.evaluate import evaluate_tracks

@@ -16,9 +16,10 @@ from test_eval_val import TOLERANCE, by_image
 from yolotrain import YOLO, Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.cli import main
-from yolotrain.eval import predict, val
+from yolotrain.eval import val
 from yolotrain.eval.tta import AugmentedDetector, EnsembleDetector, scale_images
 from yolotrain.model.classify import Classifier
+from yolotrain.prediction import predict
 
 IMAGES, IMG_SIZE = 16, 320
 # The reference's val labels sit half a pixel off its pixels where the letterbox padding is odd (see
@@ -176,8 +177,8 @@ def test_predict_ensemble_merges_the_models_predictions(tiny):
     assert len(results) == 1 and len(results[0].scores) > 0
 
     from yolotrain.eval.inference import load_inference_model
-    from yolotrain.eval.predict import prepare_image
     from yolotrain.nms import non_max_suppression
+    from yolotrain.prediction.run import prepare_image
 
     ensemble, _ = load_inference_model([str(first), str(second)], "cpu", half=False)
     assert isinstance(ensemble, EnsembleDetector)

@@ -17,9 +17,9 @@ from yolotrain.checkpoint import save_checkpoint
 from yolotrain.cli import build_parser, main, train_settings
 from yolotrain.engine import resolve_config
 from yolotrain.engine.loggers import box_interval
-from yolotrain.eval import predict
-from yolotrain.eval.visualize import MAX_CHANNELS
 from yolotrain.model.classify import Classifier
+from yolotrain.prediction import predict
+from yolotrain.prediction.visualize import MAX_CHANNELS
 from yolotrain.settings import ConfigError
 
 # The layers of yolov5n (and every published YOLOv5 P5 layout) before its head, as the reference's

@@ -24,10 +24,11 @@ from yolotrain.data import generate_shapes_dataset
 from yolotrain.data.classify import write_shape_crops
 from yolotrain.data.shapes_video import generate_shapes_video
 from yolotrain.engine import TrainResult
-from yolotrain.eval.classify import ClassifyMetrics, ClassifyResult
+from yolotrain.eval.classify import ClassifyMetrics
 from yolotrain.eval.metrics import Metrics
-from yolotrain.eval.predict import Result
 from yolotrain.model.classify import Classifier
+from yolotrain.prediction.classify import ClassifyResult
+from yolotrain.prediction.run import Result
 from yolotrain.track import TrackResult
 
 QUICK = {"workers": 0, "device": "cpu", "epochs": 1, "plots": False, "tensorboard": False}

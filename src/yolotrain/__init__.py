@@ -3,12 +3,12 @@
 from .data import get_loaders
 from .detector import Detector
 from .engine import TrainConfig, resolve_config, train
-from .eval.predict import predict
 from .eval.val import val
 from .interop import export, resolve_model
 from .interop import resolve_trainable as load
 from .loss import YOLO_LOSS, DivergenceError, YoloLoss
 from .model import Yolov5
+from .prediction.run import predict
 from .settings import ConfigError
 from .track.run import track  # the function: the package's names import as `from yolotrain.track import ...`
 from .tuning import tune

@@ -27,7 +27,6 @@ from .engine.config import TrainConfig, add_weights_option, model_settings
 from .engine.distributed import DistributedError, launch_command, record_error_for_agent
 from .engine.loggers import LoggerError
 from .engine.trainer import ResumeOptions, TrainingError
-from .eval.predict import add_predict_arguments, run_predict
 from .eval.val import add_val_arguments, run_val
 from .interop import UnsafeCheckpointError
 from .interop.export import add_export_arguments, run_export
@@ -35,6 +34,7 @@ from .interop.resolve import resolve_model
 from .loss import DivergenceError
 from .messages import closest_name, one_line_warnings, shorten
 from .model.summary import layer_table, summarise
+from .prediction.run import add_predict_arguments, run_predict
 from .runs import RunInUseError
 from .settings import add_arguments, add_refused, check_refused, unknown_name_error
 from .task import task_of

@@ -142,7 +142,7 @@ class Task(ABC):
 
     @abstractmethod
     def predictor(self, predictor: Any, img_size: int | None, save_crop: bool) -> Any:
-        """What predicts on each image for ``predict``, given the detection :class:`~yolotrain.eval.predict.Predictor`
+        """What predicts on each image for ``predict``, given the detection :class:`~yolotrain.prediction.run.Predictor`
         loaded with the run's settings (``img_size`` as asked, None: the model's); refuses in one line
         (``ValueError``) the options the task has no meaning for."""
 

@@ -10,7 +10,7 @@
 
 Each method takes the settings of its command as keywords, under their names in the typed configurations
 (:class:`~yolotrain.engine.TrainConfig`, :class:`~yolotrain.eval.val.ValConfig`,
-:class:`~yolotrain.eval.predict.PredictConfig`, :class:`~yolotrain.interop.export.ExportConfig`,
+:class:`~yolotrain.prediction.run.PredictConfig`, :class:`~yolotrain.interop.export.ExportConfig`,
 :class:`~yolotrain.track.run.TrackConfig`, :class:`~yolotrain.tuning.study.TuneOptions`): the accepted
 names are read from them and the values validated by them, so a misspelt name is one
 :class:`~yolotrain.settings.ConfigError` with the closest valid one. The model itself is the object's:
@@ -38,16 +38,17 @@ from .devices import select_device
 from .engine import TrainConfig, TrainResult
 from .engine import train as train_run
 from .engine.resume import ResumeOptions
-from .eval.classify import ClassifyMetrics, ClassifyResult
+from .eval.classify import ClassifyMetrics
 from .eval.metrics import Metrics
-from .eval.predict import PredictConfig, Result, Source
-from .eval.predict import predict as predict_run
 from .eval.val import ValConfig
 from .eval.val import val as val_run
 from .interop.export import ExportConfig, default_output
 from .interop.export import export as export_run
 from .interop.resolve import MODEL_YAML_SUFFIXES, resolve_model
 from .model.summary import ModelSummary, summarise
+from .prediction.classify import ClassifyResult
+from .prediction.run import PredictConfig, Result, Source
+from .prediction.run import predict as predict_run
 from .runs import next_run_dir
 from .settings import ConfigError, field_types, flat_names, flat_values, from_flat, is_section, unknown_name_error
 from .task import get_task, task_names, task_of
@@ -214,13 +215,13 @@ class YOLO:
                 **settings: Any) -> list[Result | ClassifyResult] | Iterator[Result | ClassifyResult]:
         """Predict on images, videos, folders, globs, BGR arrays, cameras or streams:
         ``model.predict("images/", conf=0.5, img_size=640)``; ``yolotrain predict``'s settings
-        (:class:`~yolotrain.eval.predict.PredictConfig`). As Python users expect, nothing is written unless
+        (:class:`~yolotrain.prediction.run.PredictConfig`). As Python users expect, nothing is written unless
         asked: ``save=True`` (annotated images and videos), ``save_txt``, ``save_crop``, ``visualize`` make a run folder
         (``runs/predict/exp``; ``project``, ``name``) with ``predictions.json``.
 
         Returns:
-            One result per image and frame (:class:`~yolotrain.eval.predict.Result`, or
-            :class:`~yolotrain.eval.classify.ClassifyResult` for a classifier); those of still images keep the
+            One result per image and frame (:class:`~yolotrain.prediction.run.Result`, or
+            :class:`~yolotrain.prediction.classify.ClassifyResult` for a classifier); those of still images keep the
             image, so ``plot()`` needs no file; video frames are read again. With ``stream``, an iterator
             whose results all keep their image.
         """
@@ -248,7 +249,7 @@ class YOLO:
               callbacks: Callbacks | CallbackSpec | None = None,
               **settings: Any) -> list[TrackResult] | Iterator[TrackResult]:
         """Follow objects through videos, streams and folders of frames: ``model.track("clip.mp4",
-        tracker="botsort")``; ``yolotrain track``'s settings (:class:`~yolotrain.eval.predict.PredictConfig`'s,
+        tracker="botsort")``; ``yolotrain track``'s settings (:class:`~yolotrain.prediction.run.PredictConfig`'s,
         with ``conf`` 0.1 unless given, and :class:`~yolotrain.track.run.TrackConfig`'s). As :meth:`predict`,
         files are written only when asked (``save``, ``save_txt``, ``save_crop``: ``runs/track/exp`` with the
         MOTChallenge rows and JSON of each sequence); ``eval`` (a ground-truth folder) scores the tracks into

@@ -18,10 +18,10 @@ from ..atomic import write_atomic
 from ..checkpoint import read_metadata, save_checkpoint
 from ..data.dataset import ImageReadError
 from ..data.loaders import image_weights
-from ..eval.predict import predict
 from ..eval.val import val
 from ..model.summary import summarise
 from ..model.yolo import PRECISIONS
+from ..prediction.run import predict
 from ..progress import progress_bar
 from . import distributed as D
 from .optim import apply_warmup, warmup_iterations

@@ -1,8 +1,6 @@
-"""Classification evaluation and prediction: top-1/top-5 accuracy, per-class table, confusion matrix and
-validation loss (the reference's ``classify/val.py``); the top-5 classes of each image with their
-probabilities, written as text and onto the image (its ``classify/predict.py``).
-
-:func:`yolotrain.val` and :func:`yolotrain.predict` come here for a model whose ``task`` is ``"classify"``.
+"""Classification evaluation: top-1/top-5 accuracy, per-class table, confusion matrix and validation loss
+(the reference's ``classify/val.py``). :func:`yolotrain.val` comes here for a model whose ``task`` is
+``"classify"``; its predictions are :mod:`yolotrain.prediction.classify`'s.
 """
 
 from __future__ import annotations
@@ -13,22 +11,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from ..callbacks import Callbacks
-from ..data.classify import ClassifyLoaders, build_classify_loaders, eval_transform
+from ..data.classify import ClassifyLoaders, build_classify_loaders
 from ..detector import Detector
-from ..draw import class_colour
 from ..interop.resolve import weights_inputs
 from ..outputs import refuse_overwriting_inputs
 from ..progress import progress_bar
 from ..runs import run_lock
 from .plots import MAX_LABELLED_CLASSES, VAL_BATCH_PLOTS, plot_normalised_matrix, save_classify_val_batch
-from .result_outputs import ResultOutputs
 
+# The reference's top-k: accuracy top-1 and top-5, and the five classes a prediction lists.
 TOP_K = 5
 # Width of the class column of the results table (the reference's).
 TABLE_WIDTH = 24
@@ -176,84 +172,3 @@ def _clock(device: torch.device) -> Callable[[], float]:
         return elapsed
 
     return tick
-
-
-@dataclass
-class ClassifyResult(ResultOutputs):
-    """Class probabilities of one image or video frame: ``probs`` ``[nc]`` (softmax), ``top5`` the indices of
-    the five most probable classes (fewer with fewer classes), best first. ``image`` is the BGR image or
-    frame classified, on the results of ``predict(stream=True)`` only, as for detections. ``plot()``,
-    ``save(path)``, ``to_json()`` and ``to_df()`` come from :class:`ResultOutputs`."""
-
-    path: str
-    probs: torch.Tensor
-    names: list[str]
-    orig_shape: tuple[int, int]
-    frame: int | None = None
-    image: np.ndarray | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def top5(self) -> list[int]:
-        return self.probs.topk(min(TOP_K, len(self.probs))).indices.tolist()
-
-    @property
-    def top1(self) -> int:
-        return int(self.probs.argmax())
-
-    def lines(self) -> list[str]:
-        """``probability name`` of the top five classes, as the reference's ``classify/predict.py`` saves them."""
-        return [f"{float(self.probs[i]):.2f} {self.names[i]}" for i in self.top5]
-
-    yolo_lines = lines  # the label file of each image, as detection results write theirs
-
-    def summary(self) -> str:
-        """One line: the source and its top five classes with their probabilities."""
-        return f"{self.path}: " + ", ".join(f"{self.names[i]} {float(self.probs[i]):.2f}" for i in self.top5)
-
-    @classmethod
-    def run_summary(cls, results: list[ClassifyResult]) -> str:
-        """Each image's top five, then how many were classified."""
-        return "\n".join([*(r.summary() for r in results), f"{len(results)} images/frames classified."])
-
-    def to_dict(self) -> dict:
-        out = {"source": self.path, "height": self.orig_shape[0], "width": self.orig_shape[1],
-               "top5": [{"class": i, "name": self.names[i], "probability": round(float(self.probs[i]), 5)}
-                        for i in self.top5]}
-        if self.frame is not None:
-            out["frame"] = self.frame
-        return out
-
-    def annotate(self, image: np.ndarray, *, line_width: int | None = None, hide_labels: bool = False,
-                 hide_conf: bool = False) -> np.ndarray:
-        """A copy of the BGR ``image`` with the top five classes (and probabilities) written at its top left."""
-        out = np.ascontiguousarray(image).copy()
-        if hide_labels:
-            return out
-        h, w = out.shape[:2]
-        thickness = line_width or max(round((h + w) / 2 * 0.003), 2)
-        scale, font = thickness / 3, cv2.FONT_HERSHEY_SIMPLEX
-        y = 0
-        for i in self.top5:
-            text = self.names[i] if hide_conf else f"{float(self.probs[i]):.2f} {self.names[i]}"
-            (tw, th), baseline = cv2.getTextSize(text, font, scale, max(thickness - 1, 1))
-            cv2.rectangle(out, (0, y), (tw + 4, y + th + baseline + 4), class_colour(i), -1)
-            cv2.putText(out, text, (2, y + th + 2), font, scale, (255, 255, 255), max(thickness - 1, 1), cv2.LINE_AA)
-            y += th + baseline + 4
-        return out
-
-
-class ClassifyPredictor:
-    """A classifier ready for inference with its input size; :meth:`predict_image` per BGR image (the
-    reference's evaluation transform: centre crop, ImageNet normalisation)."""
-
-    def __init__(self, model: Detector, device: torch.device, img_size: int | None = None) -> None:
-        self.model, self.device = model, device
-        self.names = list(model.names)
-        self.img_size = img_size or model.default_img_size
-        self.dtype = model.dtype
-
-    def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None) -> ClassifyResult:
-        x = eval_transform(image, self.img_size)[None].to(self.device, self.dtype)
-        with torch.inference_mode():
-            probs = self.model(x).float().softmax(1)[0].cpu()
-        return ClassifyResult(path, probs, self.names, tuple(image.shape[:2]), frame, image)

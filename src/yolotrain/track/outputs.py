@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 
 from ..draw import class_colour, draw_detections
-from ..eval.predict import _show
+from ..prediction.run import _show
 from .result import TrackResult
 
 MOT_FOLDER = "mot"  # MOTChallenge files, one per sequence: what --eval scores

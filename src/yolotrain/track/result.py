@@ -6,14 +6,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..eval.predict import Result
+from ..prediction.run import Result
 
 
 @dataclass
 class TrackResult(Result):
     """The confirmed tracks of one image or frame, in original image pixels.
 
-    As :class:`~yolotrain.eval.predict.Result`, with ``ids`` ``[n]`` (long, from 1 per sequence) for the
+    As :class:`~yolotrain.prediction.run.Result`, with ``ids`` ``[n]`` (long, from 1 per sequence) for the
     ``boxes`` (each track's Kalman estimate after this frame's match), ``scores`` and ``classes`` (those of
     the detection it matched); ``sequence`` names the video, stream or folder of frames, and ``mot_frame``
     is the 1-based frame number of the MOTChallenge files.

@@ -20,7 +20,9 @@ import torch
 from ..detector import Detector
 from ..devices import select_device
 from ..eval.inference import ModelOrWeights, one_weights
-from ..eval.predict import (
+from ..interop.resolve import resolve_model, weights_inputs
+from ..outputs import refuse_overwriting_inputs
+from ..prediction.run import (
     PredictConfig,
     Result,
     Source,
@@ -34,9 +36,7 @@ from ..eval.predict import (
     predict_config,
     progress_hooks,
 )
-from ..eval.streams import frame_rate, is_stream
-from ..interop.resolve import resolve_model, weights_inputs
-from ..outputs import refuse_overwriting_inputs
+from ..prediction.streams import frame_rate, is_stream
 from ..progress import progress_bar
 from ..runs import next_run_dir, run_lock
 from ..settings import add_arguments, flat_names, flat_values, from_flat, setting
@@ -105,7 +105,7 @@ def track(
     tracked from a fresh tracker with ids from 1.
 
     Args:
-        model_or_weights, source: as :func:`~yolotrain.eval.predict`.
+        model_or_weights, source: as :func:`~yolotrain.prediction.predict`.
         tracker: ``bytetrack``, ``botsort`` (the published settings), a tracker YAML, or a
             :class:`~yolotrain.track.TrackerConfig`.
         save_dir: where each sequence's files go: ``mot/SEQUENCE.txt`` (MOTChallenge rows, always),
@@ -115,7 +115,7 @@ def track(
         trail: frames of each track's path drawn behind its box.
         stream: return an iterator of results (one frame at a time) instead of the list.
         save, save_txt, save_crop, view_img, hide_labels, hide_conf, line_width: as :func:`predict`'s.
-        predict_settings: the other keywords of :func:`~yolotrain.eval.predict` (``img_size``,
+        predict_settings: the other keywords of :func:`~yolotrain.prediction.predict` (``img_size``,
             ``conf``, ``device``, ``vid_stride`` ...); ``conf`` defaults to :data:`TRACK_CONF`, 0.1, so that
             the weak detections of ByteTrack's second round reach the tracker.
 

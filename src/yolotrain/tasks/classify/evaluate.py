@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from ...eval.classify import ClassifyMetrics, ClassifyPredictor, val_classifier
+from ...eval.classify import ClassifyMetrics, val_classifier
+from ...prediction.classify import ClassifyPredictor
 
 
 class ClassifyEvaluation:

@@ -90,7 +90,7 @@ class DetectEvaluation:
                      input_hw: tuple[int, int], gain: tuple[float, float], pad: tuple[float, float],
                      original_hw: tuple[int, int],
                      retina_masks: bool) -> tuple[np.ndarray | None, list[np.ndarray] | None]:
-        """A prediction's masks and outlines in the original image (:class:`~yolotrain.eval.predict.Result`'s
+        """A prediction's masks and outlines in the original image (:class:`~yolotrain.prediction.run.Result`'s
         ``masks`` and ``polygons``): a detection model has none."""
         return None, None
 

@@ -1,7 +1,7 @@
 """What one prediction result offers besides its tensors: a picture (``plot``, ``save``), JSON and a table.
 
-:class:`~yolotrain.eval.predict.Result` (detections, masks), its tracking form and
-:class:`~yolotrain.eval.classify.ClassifyResult` (class probabilities) take these methods from
+:class:`~yolotrain.prediction.run.Result` (detections, masks), its tracking form and
+:class:`~yolotrain.prediction.classify.ClassifyResult` (class probabilities) take these methods from
 :class:`ResultOutputs`; each draws itself with its own ``annotate`` and describes itself with its own
 ``to_dict``, so the picture, the JSON and the table agree with what ``predict`` saves.
 """

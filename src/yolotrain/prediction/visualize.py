@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..eval.tta import AugmentedDetector, EnsembleDetector
 from ..task import task_of
-from .tta import AugmentedDetector, EnsembleDetector
 
 MAX_CHANNELS = 32  # channels drawn per layer, as the reference draws them
 GRID_COLUMNS = 8
@@ -49,7 +49,7 @@ class FeatureMaps:
     """Forward hooks on the layers of ``model`` (:func:`visualized_layers`) that keep the first image's
     feature maps of the first forward after each :meth:`save` (test-time augmentation's later passes see
     flipped or scaled copies of the image). The hooks stay on ``model`` for its life: give it a model of
-    its own (:func:`~yolotrain.eval.predict.predict` gives its copy of the weights)."""
+    its own (:func:`~yolotrain.prediction.run.predict` gives its copy of the weights)."""
 
     def __init__(self, model: object) -> None:
         self.captured: dict[int, tuple[str, torch.Tensor]] = {}

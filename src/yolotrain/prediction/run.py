@@ -30,6 +30,15 @@ from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.augment import letterbox
 from ..data.sources import IMG_FORMATS
 from ..data.walk import FolderWalkWarning, glob_files
+from ..eval.inference import (
+    TRUST_HELP,
+    WEIGHTS_HELP,
+    ModelsOrWeights,
+    load_inference_model,
+    precision_line,
+    weights_argument,
+    weights_files,
+)
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import refuse_overwriting_inputs, unique_stems
@@ -46,15 +55,6 @@ from ..settings import (
 )
 from ..task import task_of
 from .classify import ClassifyResult
-from .inference import (
-    TRUST_HELP,
-    WEIGHTS_HELP,
-    ModelsOrWeights,
-    load_inference_model,
-    precision_line,
-    weights_argument,
-    weights_files,
-)
 from .result_boxes import Boxes
 from .result_outputs import DetectionOutputs
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
@@ -115,7 +115,7 @@ class Result(DetectionOutputs):
 
     ``boxes`` ``[n, 4]`` x1, y1, x2, y2 (float), ``scores`` ``[n]``, ``classes`` ``[n]`` (long), sorted
     by score; ``names`` maps class ids to names; ``frame`` is the frame index for videos and streams.
-    ``boxes`` is a :class:`~yolotrain.eval.result_boxes.Boxes` tensor, which also answers ``boxes.xyxy``,
+    ``boxes`` is a :class:`~yolotrain.prediction.result_boxes.Boxes` tensor, which also answers ``boxes.xyxy``,
     ``.xywh``, ``.conf``, ``.cls`` and ``.data`` (``[n, 6]``) as YOLO tooling's results do.
     A segmentation model's results also carry each detection's ``masks`` (bool ``[n, h, w]`` of the
     original image) and ``polygons`` (its outline, ``(k, 2)`` float32 x, y pixels, k >= 3; its box's
@@ -190,7 +190,7 @@ def expand_sources(source: Source | Sequence[Source]) -> list[Path | np.ndarray 
 
     A folder contributes its image and video files (not recursive), a glob its matches, a list each
     of its items. Camera indices (``0``, ``"1"``) and stream URLs (``rtsp://``, ``rtmp://``,
-    ``http(s)://``) stay as strings, to be opened by :class:`~yolotrain.eval.streams.LatestFrameReader`.
+    ``http(s)://``) stay as strings, to be opened by :class:`~yolotrain.prediction.streams.LatestFrameReader`.
 
     Raises:
         FileNotFoundError: a named path does not exist, or a glob or folder holds nothing to read.
@@ -453,7 +453,7 @@ def predict(
     augment: bool = PredictConfig.augment,
 ) -> list[Result | ClassifyResult] | Iterator[Result | ClassifyResult]:
     """Detect objects in images, videos, cameras and network streams (a classifier: the top-5 classes of each
-    image with their probabilities, as :class:`~yolotrain.eval.classify.ClassifyResult`).
+    image with their probabilities, as :class:`~yolotrain.prediction.classify.ClassifyResult`).
 
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy) or a weights path; a list
