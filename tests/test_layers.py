@@ -25,6 +25,9 @@ ALLOWED_INSIDE_FUNCTIONS = {
     ("inplace_doctor/__init__.py", "ipython"),
     # The tuner's samplers subclass Optuna's, an optional dependency imported only when tuning.
     ("yolotrain/tuning/study.py", "samplers"),
+    # `yolotrain doctor` starts with torch and the doctor alone: the console script imports the command line
+    # (OpenCV, torchvision, the whole API) only for the other commands.
+    ("yolotrain/entry.py", "cli"),
 }
 
 

@@ -353,7 +353,7 @@ def opencv_log_lines(shown: bool) -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["doctor"]:
+    if argv[:1] == ["doctor"]:  # the console script sends `doctor` there itself, before importing this module
         return doctor_main(argv[1:])
     args = build_parser().parse_args(argv)
     args.argv = argv  # what a launcher of several processes passes on to each
