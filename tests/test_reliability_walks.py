@@ -217,7 +217,9 @@ def test_predict_takes_images_of_any_size(task, extreme_images, tmp_path):
     model = Yolov5("n", num_classes=2, names=["a", "b"], task=task).eval()
     for size, retina in ((320, False), (64, True)):
         out = tmp_path / f"{size}"
-        results = predict(model, extreme_images, img_size=size, conf=0.001, max_det=5, device="cpu",
+        # A randomly initialised head scores about 0.001 at the finest levels (the reference's objectness
+        # prior): a threshold far below it gives every image its detections whatever kernel sums the convs.
+        results = predict(model, extreme_images, img_size=size, conf=1e-6, max_det=5, device="cpu",
                           save_dir=out, save_txt=True, save_crop=True, retina_masks=retina)
         assert predicted_shapes(results) == sorted(EXTREME_SHAPES)  # before: an OpenCV assertion at 320
         assert all(len(r.scores) for r in results)
