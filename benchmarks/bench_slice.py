@@ -132,8 +132,8 @@ def main() -> None:
         print(f"| {row['run']} | {row['mAP50']:.3f} | {row['mAP50-95']:.3f} | {row['seconds']:.0f} |")
     if not args.no_save:
         result = {"images": args.images, "objects": labels, "object_sides": OBJECT_SIDES, "seed": args.seed,
-                  "weights": YOLOV5N.name, "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-                  "threads": torch.get_num_threads(), "runs": rows}
+                  "weights": YOLOV5N.name, "torch": torch.__version__,
+                  "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(), "runs": rows}
         (ROOT / "benchmarks" / "results" / "slice.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
