@@ -212,3 +212,15 @@ def test_slicing_segmentation_and_classification_models_is_one_line(model, messa
         predict(model(), np.zeros((64, 64, 3), np.uint8), slice=32, device="cpu")
     assert str(raised.value) == f"--slice merges detection models' boxes across tiles: the {type(model()).__name__} " \
                                 f"given {message}"
+
+
+def test_slicing_an_export_is_one_line(model, tmp_path):
+    """Slicing runs PyTorch models only: an export is refused, even one that takes any input size."""
+    pytest.importorskip("onnxruntime")
+    from yolotrain.interop import export
+
+    path = export(model, "onnx", out=tmp_path / "model.onnx", img_size=96, dynamic_size=True)
+    with pytest.raises(ValueError) as raised:
+        predict(str(path), np.zeros((96, 96, 3), np.uint8), slice=64, device="cpu")
+    assert str(raised.value) == (f"--slice runs PyTorch models on batches of tiles: {path} is an export; give its "
+                                 "checkpoint or .pt")
