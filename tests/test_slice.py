@@ -44,12 +44,13 @@ def test_exact_multiples_without_overlap_tile_side_by_side():
     assert tile_origins(2560, 640, 0.2) == [0, 480, 960, 1440, 1920]
 
 
-@pytest.mark.parametrize(("height", "width"), [(320, 320), (64, 640), (200, 96)])
+@pytest.mark.parametrize(("height", "width"), [(320, 320), (64, 576), (200, 96)])
 def test_a_side_no_longer_than_a_tile_is_one_tile_of_that_side(height, width):
     tiles = tile_boxes(height, width, 320, 0.2)
-    assert {(top, th) for top, _, th, _ in tiles} == {(0, height)} if height <= 320 else True
-    assert all(left + tw <= width and top + th <= height for top, left, th, tw in tiles)
-    if height <= 320 and width <= 320:
+    assert {(top, th) for top, _, th, _ in tiles} == {(0, height)}  # every side here is at most one tile high
+    columns = {(0, width)} if width <= 320 else {(0, 320), (width - 320, 320)}
+    assert {(left, tw) for _, left, _, tw in tiles} == columns
+    if width <= 320:
         assert tiles == [(0, 0, height, width)]
 
 
