@@ -127,6 +127,11 @@ class Task(ABC):
         ``name`` (a file, or "the Yolov5 given"), in one line; None where the task's models have it."""
 
     @abstractmethod
+    def slicing_refusal(self, name: str) -> str | None:
+        """Why ``--slice`` (predicting on overlapping tiles whose boxes NMS merges) is refused for this task's
+        model ``name``, in one line; None where the task's models have it."""
+
+    @abstractmethod
     def ensemble_refusal(self, name: str) -> str | None:
         """Why this task's model ``name`` cannot be a member of an ensemble (several ``--weights``, whose
         boxes are merged), in one line; None where it can."""

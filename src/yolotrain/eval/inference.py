@@ -15,7 +15,8 @@ from ..interop.backends import is_exported
 from ..interop.resolve import ModelSource, resolve_model, weights_inputs
 from ..outputs import Labelled
 from ..task import task_of
-from .tta import AugmentedDetector, EnsembleDetector
+from .slicing import SlicedDetector, slice_settings_refusal
+from .tta import AugmentedDetector, EnsembleDetector, _Composite
 
 ModelOrWeights = ModelSource
 # One model, or several making an ensemble (the reference's several --weights).
@@ -50,19 +51,25 @@ def weights_files(models_or_weights: ModelsOrWeights) -> list[Labelled]:
 
 def load_inference_model(models_or_weights: ModelsOrWeights, device: str | torch.device | None = None,
                          fuse: bool = True, half: bool | None = None, trust_code: bool = False,
-                         augment: bool = False) -> tuple[Detector, torch.device]:
+                         augment: bool = False, slice: int | None = None,
+                         slice_overlap: float = 0.2) -> tuple[Detector, torch.device]:
     """:func:`load_one_model` for one model or weights path; for a list of several, the reference's
     ensemble of them (:class:`~yolotrain.eval.tta.EnsembleDetector`: their predictions merged before NMS).
     ``augment`` runs each detection model with the reference's test-time augmentation
-    (:class:`~yolotrain.eval.tta.AugmentedDetector`).
+    (:class:`~yolotrain.eval.tta.AugmentedDetector`). ``slice`` (a tile side in px; None or 0: off) runs the
+    whole on overlapping tiles of the input, ``slice_overlap`` of a tile apart at least
+    (:class:`~yolotrain.eval.slicing.SlicedDetector`).
 
     Raises:
-        ValueError: ``augment`` for a model other than a PyTorch detection model; an ensemble with an export,
+        ValueError: ``augment`` or ``slice`` for a model other than a PyTorch detection model; ``slice`` or
+            ``slice_overlap`` out of range; an ensemble with an export,
             a classifier or a segmentation model in it, or of models predicting different classes.
     """
     sources = list(models_or_weights) if isinstance(models_or_weights, (list, tuple)) else [models_or_weights]
     if not sources:
         raise ValueError("no model to run: give one or more weights files")
+    if (refusal := slice_settings_refusal(slice, slice_overlap)) is not None:
+        raise ValueError(refusal)
     if len(sources) > 1:
         for source in sources:  # before any runtime is started
             if isinstance(source, (str, os.PathLike)) and is_exported(source):
@@ -73,9 +80,11 @@ def load_inference_model(models_or_weights: ModelsOrWeights, device: str | torch
             _check_ensemble_member(model, source)
         elif augment:
             _check_augmentable(model, source)
+        if slice:
+            _check_sliceable(model, source)
     models = [AugmentedDetector(model) if augment else model for model, _ in loaded]
     if len(models) == 1:
-        return models[0], loaded[0][1]
+        return (SlicedDetector(models[0], slice, slice_overlap) if slice else models[0]), loaded[0][1]
     first, first_source = loaded[0][0], sources[0]
     for source, (model, _) in zip(sources[1:], loaded[1:]):
         if model.names != first.names:
@@ -85,7 +94,8 @@ def load_inference_model(models_or_weights: ModelsOrWeights, device: str | torch
         if (model.device, model.dtype) != (first.device, first.dtype):
             raise ValueError(f"an ensemble's models must run on one device in one precision: {_name(first_source)} "
                              f"is {first.dtype} on {first.device}, {_name(source)} {model.dtype} on {model.device}")
-    return EnsembleDetector(models), loaded[0][1]
+    ensemble = EnsembleDetector(models)
+    return (SlicedDetector(ensemble, slice, slice_overlap) if slice else ensemble), loaded[0][1]
 
 
 def _name(source: ModelOrWeights) -> str:
@@ -104,6 +114,18 @@ def _check_augmentable(model: Detector, source: ModelOrWeights) -> None:
         raise ValueError(refusal)
     if not task.is_pytorch_model(model):
         raise ValueError(f"--augment runs PyTorch models at three scales: {_name(source)} is an export; give its "
+                         "checkpoint or .pt")
+
+
+def _check_sliceable(model: Detector, source: ModelOrWeights) -> None:
+    """Slicing: PyTorch detection models (tiles are batched through the network at the tile size, which an
+    export fixed at one size or one batch does not take; a segmentation model's masks come from one image's
+    prototypes)."""
+    task = task_of(model)
+    if (refusal := task.slicing_refusal(_name(source))) is not None:
+        raise ValueError(refusal)
+    if not task.is_pytorch_model(model):
+        raise ValueError(f"--slice runs PyTorch models on batches of tiles: {_name(source)} is an export; give its "
                          "checkpoint or .pt")
 
 
@@ -174,7 +196,7 @@ def inference_dtype(half: bool | None, device: torch.device) -> torch.dtype | No
 def precision_line(model: Detector, device: torch.device) -> str | None:
     """The line ``val`` and ``predict`` open with when they chose the precision (``--half auto``): what
     the PyTorch model runs in and why; None for an export, which runs in the precision it was saved in."""
-    if isinstance(model, (AugmentedDetector, EnsembleDetector)):
+    if isinstance(model, _Composite):
         model = model.first
     if not task_of(model).is_pytorch_model(model):
         return None

@@ -56,6 +56,7 @@ from .inference import (
 )
 from .metrics import ConfusionMatrix, DetectionStats, Metrics
 from .plots import VAL_BATCH_PLOTS, plot_confusion_matrix, plot_curves, save_val_batch
+from .slicing import SliceConfig
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class ValConfig:
     rect: bool = setting(True, "rectangular batches in the reference's order (--no-rect: square letterbox)")
     augment: bool = setting(False, "test-time augmentation, the reference's: each image also at 0.83x flipped "
                             "and 0.67x, detections merged by one NMS (PyTorch detection models)")
+    slicing: SliceConfig = field(default_factory=SliceConfig)
     device: str | None = setting(None, "cpu, cuda, 0 ... (default: GPU if available)")
     workers: int | None = setting(None, "loader processes", min=0)
     half: bool | None = setting(None, "half-precision inference: float16 on CUDA, bfloat16 on the CPU "
@@ -193,6 +195,8 @@ def val(
     trust_code: bool = ValConfig.trust_code,
     callbacks: Callbacks | CallbackSpec | None = None,
     augment: bool = ValConfig.augment,
+    slice: int | None = SliceConfig.slice,
+    slice_overlap: float = SliceConfig.slice_overlap,
 ) -> Metrics | ClassifyMetrics:
     """Evaluate a detector on a labelled split (a classifier: top-1/top-5 accuracy, see :mod:`.classify`).
 
@@ -246,6 +250,9 @@ def val(
         callbacks: functions for the ``on_val_*`` hooks (``{"on_val_image_end": fn}``; see
             :data:`yolotrain.callbacks.HOOKS` for what each receives).
         augment: the reference's test-time augmentation (:mod:`.tta`; PyTorch detection models only).
+        slice, slice_overlap: sliced inference (:mod:`.slicing`; PyTorch detection models only): each
+            letterboxed image (give ``img_size`` at the images' resolution) cut into tiles of ``slice`` px
+            overlapping by at least ``slice_overlap`` of a tile, their detections merged by the NMS.
     """
     hooks = as_callbacks(callbacks)
     if mode not in ("val", "speed"):
@@ -254,7 +261,7 @@ def val(
         rect, conf, iou, save_dir, save_json, save_txt = False, NMSConfig.conf, NMSConfig.iou, None, False, False
     check_nms_limits(max_det)
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code,
-                                      augment=augment)
+                                      augment=augment, slice=slice, slice_overlap=slice_overlap)
     if verbose and half is None and (line := precision_line(model, dev)):
         print(line)
     # The task says how its models are scored: detection's loop below (segmentation's extends it), a

@@ -57,6 +57,7 @@ from ..task import task_of
 from .classify import ClassifyResult
 from .result_boxes import Boxes
 from .result_outputs import DetectionOutputs
+from ..eval.slicing import SliceConfig
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 from .visualize import FeatureMaps
 
@@ -80,6 +81,7 @@ class PredictConfig:
     nms: NMSConfig = field(default_factory=NMSConfig)
     augment: bool = setting(False, "test-time augmentation, the reference's: each image also at 0.83x flipped "
                             "and 0.67x, detections merged by one NMS (PyTorch detection models)")
+    slicing: SliceConfig = field(default_factory=SliceConfig)
     device: str | None = setting(None, "cpu, cuda, 0 ... (default: GPU if available)")
     half: bool | None = setting(None, "half-precision inference: float16 on CUDA, bfloat16 on the CPU "
                                   "(default: where the device computes it natively, else float32)")
@@ -251,9 +253,11 @@ class Predictor:
                  agnostic: bool = NMSConfig.agnostic, device: str | torch.device | None = None,
                  half: bool | None = None,
                  trust_code: bool = False, retina_masks: bool = PredictConfig.retina_masks,
-                 augment: bool = PredictConfig.augment) -> None:
+                 augment: bool = PredictConfig.augment, slice: int | None = SliceConfig.slice,
+                 slice_overlap: float = SliceConfig.slice_overlap) -> None:
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half,
-                                                       trust_code=trust_code, augment=augment)
+                                                       trust_code=trust_code, augment=augment, slice=slice,
+                                                       slice_overlap=slice_overlap)
         self.task = task_of(self.model)
         self.task.check_inference(self.model)
         self.retina_masks = retina_masks
@@ -451,6 +455,8 @@ def predict(
     stream: bool = False,
     callbacks: Callbacks | CallbackSpec | None = None,
     augment: bool = PredictConfig.augment,
+    slice: int | None = SliceConfig.slice,
+    slice_overlap: float = SliceConfig.slice_overlap,
 ) -> list[Result | ClassifyResult] | Iterator[Result | ClassifyResult]:
     """Detect objects in images, videos, cameras and network streams (a classifier: the top-5 classes of each
     image with their probabilities, as :class:`~yolotrain.prediction.classify.ClassifyResult`).
@@ -499,6 +505,9 @@ def predict(
         callbacks: functions for ``on_predict_start`` (the :class:`Predictor`), ``on_predict_image_end``
             (each :class:`Result`) and ``on_predict_end`` (all of them), as ``{hook: fn or [fn, ...]}``.
         augment: the reference's test-time augmentation (:mod:`.tta`; PyTorch detection models only).
+        slice, slice_overlap: sliced inference (:mod:`yolotrain.eval.slicing`; PyTorch detection models only): the
+            letterboxed input (give ``img_size`` at the images' resolution) cut into tiles of ``slice`` px
+            overlapping by at least ``slice_overlap`` of a tile, their detections merged by the NMS.
 
     Returns:
         One :class:`Result` per image and per predicted video frame, in source order (with ``stream``,
@@ -517,7 +526,7 @@ def predict(
         raise ValueError("visualize writes the feature maps into save_dir: give one")
     hooks = as_callbacks(callbacks)
     predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code,
-                          retina_masks, augment)
+                          retina_masks, augment, slice, slice_overlap)
     # The task says what predicts on each image: these detection settings, or a classifier's top five.
     predictor = predictor.task.predictor(predictor, img_size, save_crop)
     features = FeatureMaps(predictor.model) if visualize else None

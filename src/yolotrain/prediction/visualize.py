@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..eval.slicing import SlicedDetector
 from ..eval.tta import AugmentedDetector, EnsembleDetector
 from ..task import task_of
 
@@ -36,10 +37,12 @@ def visualized_layers(model: object) -> list[tuple[int, str, nn.Module]]:
     if task_of(model).is_pytorch_model(model):
         layers = list(model.model.children())[:-1]
         return [(stage, type(layer).__name__, layer) for stage, layer in enumerate(layers)]
-    if isinstance(model, (AugmentedDetector, EnsembleDetector)):
-        what = "test-time augmentation" if isinstance(model, AugmentedDetector) else "an ensemble of several weights"
+    if isinstance(model, (AugmentedDetector, EnsembleDetector, SlicedDetector)):
+        what = {AugmentedDetector: "test-time augmentation", EnsembleDetector: "an ensemble of several weights",
+                SlicedDetector: "sliced inference"}[type(model)]
         raise ValueError(f"--visualize shows one model's layers on the image as given; with {what} the maps of "
-                         "which forward would it be? Run --visualize without --augment and with one --weights")
+                         "which forward would it be? Run --visualize without --augment or --slice and with one "
+                         "--weights")
     kind = getattr(model, "format_name", None) or type(model).__name__
     raise ValueError(f"--visualize looks into the layers of a PyTorch model; this {kind} export has none to look "
                      "into: predict with the .pt/.safetensors weights")

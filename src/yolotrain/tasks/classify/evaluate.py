@@ -25,6 +25,9 @@ class ClassifyEvaluation:
     def ensemble_refusal(self, name: str) -> str | None:
         return f"an ensemble (several --weights) merges detection models' boxes: {name} is a classifier"
 
+    def slicing_refusal(self, name: str) -> str | None:
+        return f"--slice merges detection models' boxes across tiles: {name} is a classifier, which has no boxes"
+
     def validate(self, model: Any, model_or_weights: Any, data: Any, device: torch.device, *,
                  img_size: int | None, batch_size: int, workers: int | None, criterion: Any, save_dir: Any,
                  plots: bool, verbose: bool, hooks: Any, **detection_settings: Any) -> ClassifyMetrics:

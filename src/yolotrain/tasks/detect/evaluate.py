@@ -28,6 +28,9 @@ class DetectEvaluation:
     def ensemble_refusal(self, name: str) -> str | None:
         return None
 
+    def slicing_refusal(self, name: str) -> str | None:
+        return None
+
     def validate(self, model: Any, model_or_weights: Any, data: Any, device: torch.device, **settings: Any) -> Metrics:
         return validate_detections(self, model, model_or_weights, data, device, **settings)
 

@@ -39,6 +39,10 @@ class SegmentEvaluation:
     def ensemble_refusal(self, name: str) -> str | None:
         return f"an ensemble (several --weights) merges detection models' boxes: {name} is a segmentation model"
 
+    def slicing_refusal(self, name: str) -> str | None:
+        return (f"--slice merges detection models' boxes across tiles: {name} is a segmentation model, whose masks "
+                "are made from one image's prototypes, not from tiles'")
+
     def check_inference(self, model: Any) -> None:
         if model.end_to_end:
             raise ValueError("a segmentation export with NMS inside has no mask coefficients: export it without --nms")
