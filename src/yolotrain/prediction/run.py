@@ -39,6 +39,7 @@ from ..eval.inference import (
     weights_argument,
     weights_files,
 )
+from ..eval.slicing import SliceConfig
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import refuse_overwriting_inputs, unique_stems
@@ -57,7 +58,6 @@ from ..task import task_of
 from .classify import ClassifyResult
 from .result_boxes import Boxes
 from .result_outputs import DetectionOutputs
-from ..eval.slicing import SliceConfig
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
 from .visualize import FeatureMaps
 
