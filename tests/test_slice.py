@@ -14,11 +14,12 @@ from conftest import COCO128, YOLOV5N_WEIGHTS
 from yolotrain import YOLO, Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.cli import main
-from yolotrain.eval import predict, val
+from yolotrain.eval import val
 from yolotrain.eval.inference import load_one_model
 from yolotrain.eval.slicing import SlicedDetector, tile_boxes, tile_origins
 from yolotrain.eval.tta import AugmentedDetector
 from yolotrain.model.classify import Classifier
+from yolotrain.prediction import predict
 
 
 @pytest.mark.parametrize(("length", "tile", "overlap"), [
