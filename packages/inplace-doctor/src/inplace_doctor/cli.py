@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from .lint import lint_paths
 from .report import format_reports, reports_to_json
 from .runner import run_script
+from .verify_fix import verify_reports, write_child_result
+
+# A patched copy may run this many times as long as the program's own run before it is stopped.
+VERIFY_TIMEOUT_FACTOR = 5.0
+MIN_VERIFY_TIMEOUT_S = 60.0
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -42,6 +48,20 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="do not report this parameter (an fnmatch pattern of its dotted name) when it gets no gradient; "
         "repeatable",
     )
+    parser.add_argument(
+        "--verify-fix",
+        action="store_true",
+        help="apply each proposed single-line patch to a copy of the program in a temporary folder, run the copy "
+        "under the doctor, and propose only patches that ran clean (the user's files are not changed)",
+    )
+    parser.add_argument(
+        "--verify-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"stop a patched copy after this long (default: {VERIFY_TIMEOUT_FACTOR:g} times the program's "
+        f"own run, at least {MIN_VERIFY_TIMEOUT_S:g} s)",
+    )
     parser.add_argument("--lint", action="store_true", help="statically scan the given files/folders instead")
     parser.add_argument("target", metavar="SCRIPT|PATH", help="script to run, or path to lint with --lint")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
@@ -60,15 +80,27 @@ def _lint(paths: list[str], as_json: bool) -> int:
     return 1 if findings else 0
 
 
+def _doctor_options(options: argparse.Namespace) -> list[str]:
+    """The options that change what the doctor reports, to run a patched copy as the program was run."""
+    flags = [flag for flag, on in (("--check", options.check), ("--nan", options.nan)) if on]
+    return flags + [f"--ignore-unused={name}" for name in options.ignore_unused]
+
+
 def main(argv: list[str], prog: str = "inplace-doctor") -> int:
     """``inplace-doctor ARGS...`` (also ``python -m inplace_doctor``); returns the process exit code."""
     options = _parser(prog).parse_args(argv)
     if options.lint:
         return _lint([options.target, *options.args], options.json)
     sys.stdout.flush()
+    started = time.monotonic()
     result = run_script(options.target, options.args, check=options.check, nan=options.nan,
                         ignore_unused=options.ignore_unused)
     reports = result.errors + result.warnings
+    write_child_result(result.backward_passes, len(reports))
+    if options.verify_fix and any(report.patches for report in reports):
+        timeout = options.verify_timeout or max(MIN_VERIFY_TIMEOUT_S,
+                                                VERIFY_TIMEOUT_FACTOR * (time.monotonic() - started))
+        reports = verify_reports(reports, options.target, options.args, _doctor_options(options), timeout)
     if reports:
         sys.stdout.flush()
         if options.json:

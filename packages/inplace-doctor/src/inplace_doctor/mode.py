@@ -76,7 +76,7 @@ def _backward_through_tracker(engine_run: Callable[..., Any], args: tuple, kwarg
         return engine_run(*args, **kwargs)
     call = mode.backwards.start(args, kwargs)
     try:
-        return mode.fast_path.run_backward(engine_run, args, kwargs)
+        result = mode.fast_path.run_backward(engine_run, args, kwargs)
     except RuntimeError as error:
         explained = explain_cut(error, mode.cwd) if is_graph_cut_error(error) else None
         if explained is not None and explained.reports:
@@ -84,6 +84,8 @@ def _backward_through_tracker(engine_run: Callable[..., Any], args: tuple, kwarg
         if not is_graph_freed_error(error) or isinstance(error, DoctorError):
             raise
         raise mode.backwards.explain(error, call).with_traceback(error.__traceback__) from None
+    mode.backward_passes += 1
+    return result
 
 
 class Tracker(TorchDispatchMode):
@@ -119,6 +121,7 @@ class Tracker(TorchDispatchMode):
         self.fast_path = FastPath(self)
         self.threads = ThreadWatch(self)
         self.backwards = BackwardHistory(cwd)  # for "backward through the graph a second time"
+        self.backward_passes = 0  # completed ones: the steps a verified fix is said to have run
         self.silent_cuts: SilentCuts | None = None  # set by the watch() that owns the tracker
 
     @property

@@ -95,10 +95,11 @@ class Report:
     count: int = 1
     observed: bool = True  # every version bump since the save is explained by ``modified_by``
     patches: list[Patch] = field(default_factory=list)  # the fix as changed lines, when one line fixes it
+    verification: Verification | None = None  # set by ``--verify-fix`` once the patches were run
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object documented for ``--json``: everything the text form shows."""
-        return {
+        return _with_verification(self.verification, {
             "schema": SCHEMA_VERSION,
             "kind": INPLACE,
             "error": self.error,
@@ -111,7 +112,7 @@ class Report:
             "notes": list(self.notes),
             "count": self.count,
             "patches": [patch.to_dict() for patch in self.patches],
-        }
+        })
 
     def format(self) -> str:
         """Human-readable multi-line form with ``path:LINE`` for every site."""
@@ -132,7 +133,7 @@ class Report:
                 lines.append(f"                   {site.code}")
         else:
             lines.append("  modified by: (not observed; see the note)")
-        return "\n".join(lines + _closing_lines(self.notes, self.fix, self.patches))
+        return "\n".join(lines + _closing_lines(self.notes, self.fix, self.patches, self.verification))
 
     def __str__(self) -> str:
         return self.format()
@@ -178,10 +179,11 @@ class GraphReport:
     patches: list[Patch] = field(default_factory=list)
     severity: str = "error"
     notes: list[str] = field(default_factory=list)
+    verification: Verification | None = None  # set by ``--verify-fix`` once the patches were run
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object documented for ``--json`` (schema 2)."""
-        return {
+        return _with_verification(self.verification, {
             "schema": SCHEMA_VERSION,
             "kind": self.kind,
             "error": self.error,
@@ -190,7 +192,7 @@ class GraphReport:
             "patches": [patch.to_dict() for patch in self.patches],
             "severity": self.severity,
             "notes": list(self.notes),
-        }
+        })
 
     def format(self) -> str:
         """Human-readable multi-line form with ``path:LINE`` for every site."""
@@ -198,16 +200,45 @@ class GraphReport:
         for role, site in self.sites:
             lines.append(f"  {role + ':':<12} {site.op} at {site.where()}")
             lines.append(f"                   {site.code}")
-        return "\n".join(lines + _closing_lines(self.notes, self.fix, self.patches))
+        return "\n".join(lines + _closing_lines(self.notes, self.fix, self.patches, self.verification))
 
     def __str__(self) -> str:
         return self.format()
 
 
-def _closing_lines(notes: Sequence[str], fix: str, patches: Sequence[Patch]) -> list[str]:
-    """The lines every report ends with: its notes, the fix, and the fix's changed lines."""
+@dataclass(frozen=True)
+class Verification:
+    """What running a copy of the program with a report's patches applied showed (``--verify-fix``).
+
+    ``verified`` when the patched copy ran to the end under the doctor with exit code 0 and nothing
+    reported; ``steps`` counts the backward passes it completed; ``detail`` is the sentence the
+    report prints; ``tried`` the patches that were run (a report keeps in ``patches`` only verified ones).
+    """
+
+    verified: bool
+    detail: str
+    steps: int = 0
+    tried: tuple[Patch, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: ``{"verified", "detail", "steps", "tried"}``."""
+        return {"verified": self.verified, "detail": self.detail, "steps": self.steps,
+                "tried": [patch.to_dict() for patch in self.tried]}
+
+
+def _with_verification(verification: Verification | None, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the ``verification`` object, present only when ``--verify-fix`` ran the patches."""
+    if verification is not None:
+        data["verification"] = verification.to_dict()
+    return data
+
+
+def _closing_lines(notes: Sequence[str], fix: str, patches: Sequence[Patch],
+                   verification: Verification | None = None) -> list[str]:
+    """The lines every report ends with: its notes, the fix, the fix's changed lines and their verification."""
     return [*(f"  note:        {note}" for note in notes), f"  fix:         {fix}",
-            *(patch.describe() for patch in patches)]
+            *(patch.describe() for patch in patches),
+            *([f"  verify-fix:  {verification.detail}"] if verification is not None else [])]
 
 
 def reports_to_json(reports: list[Report] | list[GraphReport]) -> str:

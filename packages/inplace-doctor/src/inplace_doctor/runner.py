@@ -23,6 +23,7 @@ class RunResult:
     exit_code: int
     errors: list[Report | GraphReport] = field(default_factory=list)
     warnings: list[Report | GraphReport] = field(default_factory=list)
+    backward_passes: int = 0  # the backward passes that completed under the doctor
 
 
 def _exit_code(code: object) -> int:
@@ -98,6 +99,7 @@ def run_script(script: str, args: list[str], check: bool = False, nan: bool = Fa
                 result.warnings = [r for r in tracker.reports() if _signature(r) not in seen]
             if tracker.silent_cuts is not None:
                 result.warnings += tracker.silent_cuts.reports
+            result.backward_passes = tracker.backward_passes
     finally:
         sys.argv, sys.path[0] = saved_argv, saved_path0
     return result
