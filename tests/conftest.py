@@ -45,15 +45,6 @@ def pytest_configure(config):
     set_hypothesis_home_dir(config.hypothesis_home)
 
 
-def pytest_sessionfinish(session, exitstatus):
-    """Compiled code's caches are emptied while the interpreter still stands (a test compiles training in
-    this process): left to the interpreter's shutdown, torch._dynamo's weak-key dictionaries print
-    "Exception ignored" tracebacks as their callbacks find its modules already torn down."""
-    dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None:
-        dynamo.reset()
-
-
 def pytest_unconfigure(config):
     if hypothesis_settings is not None:
         set_hypothesis_home_dir(None)
