@@ -182,7 +182,7 @@ def main() -> None:
     import cv2
 
     from yolotrain.interop import export
-    from yolotrain.interop.export import DYNAMIC_FORMATS, FORMATS, NMS_FORMATS
+    from yolotrain.interop.exporting.exporter import DYNAMIC_FORMATS, FORMATS, NMS_FORMATS
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-export-"))
     data = link_subset(COCO128 / "data.yaml", tmp / "data", a.images)

@@ -21,7 +21,7 @@ from yolotrain.checkpoint import CheckpointError, save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.eval import non_max_suppression
 from yolotrain.interop import add_export_arguments, export, load_exported, run_export
-from yolotrain.interop.export import DYNAMIC_FORMATS
+from yolotrain.interop.exporting.exporter import DYNAMIC_FORMATS
 from yolotrain.interop.formats.engine import tensorrt_unavailable
 
 pytest.importorskip("onnxruntime", reason="needs the export extra: pip install 'yolotrain[export]'")

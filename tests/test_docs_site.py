@@ -22,8 +22,8 @@ SCREEN = (1280, 900)
 # Material's default primary colour (indigo), the header bar's.
 MATERIAL_HEADER_RGB = (0x40, 0x51, 0xB5)
 PUBLIC_NAMES = ("yolotrain.YOLO", "yolotrain.train", "yolotrain.val", "yolotrain.predict",
-                "yolotrain.interop.export.export", "yolotrain.load", "yolotrain.Yolov5", "yolotrain.YOLO_LOSS",
-                "yolotrain.get_loaders", "yolotrain.doctor.watch")
+                "yolotrain.interop.exporting.exporter.export", "yolotrain.load", "yolotrain.Yolov5",
+                "yolotrain.YOLO_LOSS", "yolotrain.get_loaders", "yolotrain.doctor.watch")
 
 
 def quiet_environment() -> dict[str, str]:

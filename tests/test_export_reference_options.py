@@ -15,7 +15,7 @@ from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.cli import build_parser, main
 from yolotrain.interop import load_exported
-from yolotrain.interop.export import (
+from yolotrain.interop.exporting.exporter import (
     NO_EFFECT_REFERENCE_OPTIONS,
     UNSUPPORTED_EXPORT_OPTIONS,
     ExportConfig,

@@ -12,7 +12,8 @@ import pytest
 from conftest import YOLOV5N_WEIGHTS
 
 from yolotrain.cli import main
-from yolotrain.interop import hub, load_checkpoint, load_model
+from yolotrain.interop import load_checkpoint, load_model
+from yolotrain.interop.loading import hub
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -23,7 +23,7 @@ from yolotrain.checkpoint import CheckpointError, save_checkpoint
 from yolotrain.cli import main
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import export, load_exported
-from yolotrain.interop.resolve import weights_inputs
+from yolotrain.interop.loading.resolve import weights_inputs
 from yolotrain.interop.trust import UntrustedModelError
 from yolotrain.outputs import OutputOverlapError, refuse_overwriting_inputs
 from yolotrain.runs import LOCK_NAME, RunInUseError, RunLock

@@ -12,8 +12,8 @@ import torch
 from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.interop import load_checkpoint, load_model
-from yolotrain.interop.hub import WeightsUnavailableError, resolve_weights
-from yolotrain.interop.unpickler import UnsafeCheckpointError, read_torch_file
+from yolotrain.interop.loading.hub import WeightsUnavailableError, resolve_weights
+from yolotrain.interop.loading.unpickler import UnsafeCheckpointError, read_torch_file
 from yolotrain.model import Detect, Proto, Segment, read_model_yaml
 
 # Parameter counts of the reference's SegmentationModel (models/segment/yolov5*-seg.yaml, unfused), per

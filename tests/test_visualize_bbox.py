@@ -113,7 +113,7 @@ def test_visualize_needs_a_folder_to_write_into(tmp_path):
 
 def test_visualize_refuses_an_export_in_one_line(tmp_path):
     pytest.importorskip("onnxruntime")
-    from yolotrain.interop.export import export
+    from yolotrain.interop.exporting.exporter import export
 
     path = export(Yolov5("n", num_classes=2), "onnx", out=tmp_path / "tiny.onnx", img_size=64, simplify=False)
     with pytest.raises(ValueError, match=r"^--visualize looks into the layers of a PyTorch model; this ONNX export has "

@@ -29,8 +29,8 @@ from .engine.loggers import LoggerError
 from .engine.trainer import ResumeOptions, TrainingError
 from .eval.val import add_val_arguments, run_val
 from .interop import UnsafeCheckpointError
-from .interop.export import add_export_arguments, run_export
-from .interop.resolve import resolve_model
+from .interop.exporting.exporter import add_export_arguments, run_export
+from .interop.loading.resolve import resolve_model
 from .loss import DivergenceError
 from .messages import closest_name, one_line_warnings, shorten
 from .model.summary import layer_table, summarise

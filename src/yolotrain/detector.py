@@ -2,7 +2,7 @@
 
 :class:`~yolotrain.model.Yolov5` and :class:`~yolotrain.model.classify.Classifier` (PyTorch) and every
 exported runtime (:class:`~yolotrain.interop.runtime.ExportedModel`: ONNX Runtime, OpenVINO, LiteRT,
-TensorRT, TorchScript) implement :class:`Detector`; :func:`yolotrain.interop.resolve.resolve_model` turns
+TensorRT, TorchScript) implement :class:`Detector`; :func:`yolotrain.interop.loading.resolve.resolve_model` turns
 any model spec into one. What a model's outputs hold is its task's to say (:mod:`yolotrain.tasks`); the
 models that predict boxes on output levels (detection, segmentation) are also :class:`BoxDetector`.
 This module imports nothing of the project, so every layer can name the protocols.

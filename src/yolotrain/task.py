@@ -159,7 +159,7 @@ class Task(ABC):
     # Export, runtimes and checkpoints.
 
     # The output kinds an export of this task's models gives, in the graph's order (``"boxes"``,
-    # ``"mask_prototypes"``, ``"logits"``: see yolotrain.interop.export_graph); a format exports them when it
+    # ``"mask_prototypes"``, ``"logits"``: see yolotrain.interop.exporting.graph); a format exports them when it
     # carries every one.
     export_outputs: tuple[str, ...]
 
@@ -180,7 +180,7 @@ class Task(ABC):
 
     @abstractmethod
     def trace_export(self, graph: Any, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """The outputs ``graph`` (an :class:`~yolotrain.interop.export_graph.ExportGraph`: its ``model``, ``raw``
+        """The outputs ``graph`` (an :class:`~yolotrain.interop.exporting.graph.ExportGraph`: its ``model``, ``raw``
         and ``nms`` settings) gives for ``images`` when traced, in the order of :attr:`export_outputs` (a
         detector's raw maps: one per level)."""
 

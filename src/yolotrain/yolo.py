@@ -10,7 +10,7 @@
 
 Each method takes the settings of its command as keywords, under their names in the typed configurations
 (:class:`~yolotrain.engine.TrainConfig`, :class:`~yolotrain.eval.val.ValConfig`,
-:class:`~yolotrain.prediction.run.PredictConfig`, :class:`~yolotrain.interop.export.ExportConfig`,
+:class:`~yolotrain.prediction.run.PredictConfig`, :class:`~yolotrain.interop.exporting.exporter.ExportConfig`,
 :class:`~yolotrain.track.run.TrackConfig`, :class:`~yolotrain.tuning.study.TuneOptions`): the accepted
 names are read from them and the values validated by them, so a misspelt name is one
 :class:`~yolotrain.settings.ConfigError` with the closest valid one. The model itself is the object's:
@@ -42,9 +42,9 @@ from .eval.classify import ClassifyMetrics
 from .eval.metrics import Metrics
 from .eval.val import ValConfig
 from .eval.val import val as val_run
-from .interop.export import ExportConfig, default_output
-from .interop.export import export as export_run
-from .interop.resolve import MODEL_YAML_SUFFIXES, resolve_model
+from .interop.exporting.exporter import ExportConfig, default_output
+from .interop.exporting.exporter import export as export_run
+from .interop.loading.resolve import MODEL_YAML_SUFFIXES, resolve_model
 from .model.summary import ModelSummary, summarise
 from .prediction.classify import ClassifyResult
 from .prediction.run import PredictConfig, Result, Source
@@ -289,8 +289,9 @@ class YOLO:
 
     def export(self, **settings: Any) -> Path | list[Path]:
         """Export this model: ``model.export(format="onnx", img_size=320, dynamic_size=True)``; ``yolotrain
-        export``'s settings (:class:`~yolotrain.interop.export.ExportConfig`). Without ``output``, a checkpoint's
-        export goes beside it, a model built from a name or YAML's to ``NAME.onnx`` ... in the working folder.
+        export``'s settings (:class:`~yolotrain.interop.exporting.exporter.ExportConfig`). Without ``output``, a
+        checkpoint's export goes beside it, a model built from a name or YAML's to ``NAME.onnx`` ... in the working
+        folder.
 
         Returns:
             The written file; with several formats (``format="onnx,openvino"``), the list of them.

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from ..data.augment import AugmentConfig
 from ..data.loaders import DataConfig, default_workers
 from ..eval.val import EvalConfig
-from ..interop.resolve import names_architecture
+from ..interop.loading.resolve import names_architecture
 from ..loss import LossConfig
 from ..model import parse_version
 from ..model.classify import ClassifyConfig

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from ..callbacks import Callback, CallbackError, Callbacks, CallbackSpec, as_callbacks
 from ..data.dataset import ImageReadError
 from ..devices import select_device
-from ..interop.resolve import weights_inputs
+from ..interop.loading.resolve import weights_inputs
 from ..loss import YoloLoss
 from ..model import Yolov5, parse_version
 from ..model.classify import Classifier

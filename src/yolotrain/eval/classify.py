@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from ..callbacks import Callbacks
 from ..data.classify import ClassifyLoaders, build_classify_loaders
 from ..detector import Detector
-from ..interop.resolve import weights_inputs
+from ..interop.loading.resolve import weights_inputs
 from ..outputs import refuse_overwriting_inputs
 from ..progress import progress_bar
 from ..runs import run_lock

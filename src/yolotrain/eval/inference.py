@@ -12,7 +12,7 @@ from torch import nn
 from ..detector import Detector
 from ..devices import native_bf16, native_half, select_device
 from ..interop.backends import is_exported
-from ..interop.resolve import ModelSource, resolve_model, weights_inputs
+from ..interop.loading.resolve import ModelSource, resolve_model, weights_inputs
 from ..outputs import Labelled
 from ..task import task_of
 from .slicing import SlicedDetector, slice_settings_refusal
@@ -44,7 +44,7 @@ def weights_argument(weights: Sequence[str]) -> str | list[str]:
 
 def weights_files(models_or_weights: ModelsOrWeights) -> list[Labelled]:
     """The files the weights paths among ``models_or_weights`` read (see
-    :func:`~yolotrain.interop.resolve.weights_inputs`); models in memory read none."""
+    :func:`~yolotrain.interop.loading.resolve.weights_inputs`); models in memory read none."""
     sources = models_or_weights if isinstance(models_or_weights, (list, tuple)) else [models_or_weights]
     return [item for source in sources if isinstance(source, (str, os.PathLike)) for item in weights_inputs(source)]
 
@@ -147,7 +147,7 @@ def _export_in_ensemble(source: ModelOrWeights) -> str:
 def load_one_model(model_or_weights: ModelOrWeights, device: str | torch.device | None = None,
                    fuse: bool = True, half: bool | None = None,
                    trust_code: bool = False) -> tuple[Detector, torch.device]:
-    """The detector :func:`~yolotrain.interop.resolve.resolve_model` finds for ``model_or_weights``, ready
+    """The detector :func:`~yolotrain.interop.loading.resolve.resolve_model` finds for ``model_or_weights``, ready
     for inference, and the device its inputs go to. Exports (``.onnx``, OpenVINO ``.xml``, ``.tflite``,
     ``.torchscript``; TensorRT ``.engine`` on the GPU) run through their runtimes as they are, fed from the
     CPU; TorchScript files and TensorRT engines run their own code when loaded: they are refused unless

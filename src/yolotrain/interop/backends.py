@@ -1,11 +1,11 @@
-"""Which runtime backend runs an exported file: the formats' registry maps each suffix to its backend
-module, imported by name when a file of that suffix is loaded, so that a missing optional runtime
-(onnxruntime, OpenVINO, LiteRT, TensorRT) only matters to the files that need it."""
+"""Which runtime backend runs an exported file: the formats' registry maps each suffix to the backend
+class in that format's module (:mod:`.formats`). A backend imports its optional runtime (onnxruntime,
+OpenVINO, LiteRT, TensorRT) only when it opens a file, so a missing one only matters to the files that
+need it."""
 
 from __future__ import annotations
 
 import os
-from importlib import import_module
 from pathlib import Path
 
 from ..checkpoint import CheckpointError
@@ -13,9 +13,8 @@ from .formats import REGISTRY
 from .runtime import ExportedModel
 from .trust import needs_trust, require_trust
 
-# Suffix of the file a runtime loads → (backend module, class name), from the formats' registry entries;
-# imported on demand so that a missing optional runtime only matters to the files that need it.
-BACKENDS: dict[str, tuple[str, str]] = {spec.suffix: spec.runtime for spec in REGISTRY.values() if spec.runtime}
+# Suffix of the file a runtime loads → its backend class, from the formats' registry entries.
+BACKENDS: dict[str, type[ExportedModel]] = {spec.suffix: spec.runtime for spec in REGISTRY.values() if spec.runtime}
 # Exports that this platform cannot run, with the reason given to the user.
 NOT_RUNNABLE: dict[str, str] = {spec.suffix: spec.not_runnable for spec in REGISTRY.values() if spec.not_runnable}
 
@@ -35,6 +34,5 @@ def load_exported(path: str | os.PathLike, trust_code: bool = False) -> Exported
     if suffix not in BACKENDS:
         raise CheckpointError(f"{path}: not an exported model (expected one of {', '.join(BACKENDS)})")
     require_trust(path, trust_code)  # before the backend's runtime is even imported
-    module, name = BACKENDS[suffix]
-    backend = getattr(import_module(f"{__package__}.{module}"), name)
+    backend = BACKENDS[suffix]
     return backend(path, trust_code=trust_code) if needs_trust(path) else backend(path)

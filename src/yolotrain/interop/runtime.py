@@ -1,6 +1,6 @@
 """Exported detectors run through their own runtimes behind the call shape of :class:`Yolov5`.
 
-Every export written by :func:`~yolotrain.interop.export.export` carries the same string metadata
+Every export written by :func:`~yolotrain.interop.exporting.exporter.export` carries the same string metadata
 (class names, strides, anchors, image size, precision, and for ``--nms`` exports the built-in NMS
 settings). :class:`ExportedModel` reads it and does the format-independent part: input-shape checks,
 running fixed-batch models one image at a time, decoding raw head maps, and applying a built-in
@@ -26,7 +26,7 @@ from ..detector import Task
 from ..messages import brief, shorten
 from ..model import Detect
 from ..task import get_task, task_names, task_of
-from .export_graph import BOXES, MASK_PROTOTYPES
+from .exporting.graph import BOXES, MASK_PROTOTYPES
 
 
 class ExportedModel(abc.ABC):

@@ -16,10 +16,10 @@ import os
 from pathlib import Path
 
 from ..checkpoint import CheckpointError
-from .formats import BY_SUFFIX, REGISTRY, export_metadata_of
 
-# Suffix → why loading such a file runs code from it, from the formats' registry entries.
-PROGRAM_FORMATS: dict[str, str] = {spec.suffix: spec.runs_code for spec in REGISTRY.values() if spec.runs_code}
+# The registry is read when a file is checked, not at import: the backends of the program formats, in the
+# format modules the registry imports while it is built, import this module.
+from . import formats
 
 
 class UntrustedModelError(CheckpointError):
@@ -28,7 +28,13 @@ class UntrustedModelError(CheckpointError):
 
 def needs_trust(path: str | os.PathLike) -> bool:
     """Whether loading ``path`` (by its suffix) runs code the file carries."""
-    return Path(path).suffix.lower() in PROGRAM_FORMATS
+    return _runs_code(Path(path).suffix.lower()) is not None
+
+
+def _runs_code(suffix: str) -> str | None:
+    """Why loading a file of ``suffix`` runs code from it (its format's ``runs_code``), or None."""
+    spec = formats.BY_SUFFIX.get(suffix)
+    return spec.runs_code if spec is not None else None
 
 
 def require_trust(path: str | os.PathLike, trust_code: bool) -> None:
@@ -43,13 +49,13 @@ def require_trust(path: str | os.PathLike, trust_code: bool) -> None:
     path = Path(path)
     if trust_code or not needs_trust(path) or not path.is_file():
         return
-    raise UntrustedModelError(f"{path}: not loaded: {PROGRAM_FORMATS[path.suffix.lower()]}; {describe_origin(path)}; "
+    raise UntrustedModelError(f"{path}: not loaded: {_runs_code(path.suffix.lower())}; {describe_origin(path)}; "
                               "pass --trust-model-code (Python: trust_code=True) only if you trust its source")
 
 
 def describe_origin(path: Path) -> str:
     """Where a program-format file says it came from, from its metadata read without running it."""
-    metadata = export_metadata_of(path, BY_SUFFIX[path.suffix.lower()])
+    metadata = formats.export_metadata_of(path, formats.BY_SUFFIX[path.suffix.lower()])
     if metadata is None:
         return "it carries no yolotrain export metadata (it was not written by yolotrain export)"
     # Written by whoever made the file: one short line of it, whatever it holds.

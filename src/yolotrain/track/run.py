@@ -20,7 +20,7 @@ import torch
 from ..detector import Detector
 from ..devices import select_device
 from ..eval.inference import ModelOrWeights, one_weights
-from ..interop.resolve import resolve_model, weights_inputs
+from ..interop.loading.resolve import resolve_model, weights_inputs
 from ..outputs import refuse_overwriting_inputs
 from ..prediction.run import (
     PredictConfig,

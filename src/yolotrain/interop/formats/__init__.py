@@ -1,9 +1,12 @@
 """The export formats, one module each, found here: the single list of formats the exporter, the
-runtime loader (:mod:`..runtime`) and the trust check (:mod:`..trust`) all read.
+runtime loader (:mod:`..backends`) and the trust check (:mod:`..trust`) all read.
 
-Each module in this package (names starting with ``_`` excepted) defines ``FORMAT``, an
-:class:`ExportFormat` saying what the format can do, how it is written and which runtime backend
-loads it. Adding a format is adding one module (see docs/ARCHITECTURE.md, "How to add a format").
+Each module in this package (names starting with ``_`` excepted) holds one format's writer and, for a
+format that runs here, its runtime backend (an :class:`~..runtime.ExportedModel`), and defines ``FORMAT``,
+an :class:`ExportFormat` saying what the format can do, how it is written and which backend loads it.
+A backend imports its runtime (onnxruntime, OpenVINO, LiteRT, TensorRT) only when it opens a file, so
+writing one format never needs another's runtime. Adding a format is adding one module (see
+docs/ARCHITECTURE.md, "How to add a format").
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..export_graph import BOXES
+from ..exporting.graph import BOXES
 from ._common import ExportJob
+
+if TYPE_CHECKING:
+    from ..runtime import ExportedModel
 
 # What reading a damaged or foreign file's metadata raises (an XML parse error is a SyntaxError; zipfile
 # raises NotImplementedError for compression methods it lacks).
@@ -31,8 +38,8 @@ class ExportFormat:
     """One export format: its name (``--format``), file suffix, capabilities, writer and runtime.
 
     ``half``/``int8``/``nms``/``raw``: whether it can store fp16 or int8, build NMS inside, output the
-    raw head maps. ``outputs``: the output kinds it carries (:data:`~..export_graph.BOXES`,
-    :data:`~..export_graph.MASK_PROTOTYPES`, :data:`~..export_graph.LOGITS` ...); a model exports to it when
+    raw head maps. ``outputs``: the output kinds it carries (:data:`~..exporting.graph.BOXES`,
+    :data:`~..exporting.graph.MASK_PROTOTYPES`, :data:`~..exporting.graph.LOGITS` ...); a model exports to it when
     it carries every kind the model's task gives (:meth:`carries`). ``dynamic``: whether its graph keeps a
     free batch axis and
     image size (the others are fixed at batch 1 and the export's size). ``companions``: suffixes of the
@@ -40,7 +47,7 @@ class ExportFormat:
     must end in ``suffix``.
     ``read_metadata``: the metadata our exports store, read from a file of this format as data (nothing of
     it is loaded or run; see :func:`export_metadata_of`).
-    ``runtime``: (module in ``yolotrain.interop``, class) of the backend that runs the file, or
+    ``runtime``: the backend class that runs the file (defined in the format's module), or
     ``not_runnable``: why it cannot run here. ``runs_code``: why loading such a file runs code it
     carries (it then needs ``trust_code``). ``unavailable``: a check returning why the format cannot
     be written on this machine, or None. ``extra``: the install command for its optional packages.
@@ -59,7 +66,7 @@ class ExportFormat:
     dynamic: bool = False
     companions: tuple[str, ...] = ()
     exact_suffix: bool = False
-    runtime: tuple[str, str] | None = None
+    runtime: type[ExportedModel] | None = None
     not_runnable: str | None = None
     runs_code: str | None = None
     unavailable: Callable[[], str | None] | None = None
@@ -68,6 +75,19 @@ class ExportFormat:
     def carries(self, output_kinds: Iterable[str]) -> bool:
         """Whether this format carries every one of ``output_kinds``."""
         return self.outputs.issuperset(output_kinds)
+
+
+def export_metadata_of(path: str | Path, spec: ExportFormat) -> dict[str, str] | None:
+    """The yolotrain metadata of an existing file of ``spec``'s format, read as data (nothing of it is
+    loaded or run); None when it carries none (another program's file, or not of this format at all)
+    or cannot be read."""
+    try:
+        metadata = spec.read_metadata(Path(path))
+    except _UNREADABLE:
+        return None
+    if not isinstance(metadata, Mapping) or metadata.get("producer") != "yolotrain":
+        return None
+    return {str(key): str(value) for key, value in metadata.items()}
 
 
 def _discover() -> dict[str, ExportFormat]:
@@ -83,20 +103,6 @@ def _discover() -> dict[str, ExportFormat]:
 # Name → format, alphabetical.
 REGISTRY: dict[str, ExportFormat] = _discover()
 BY_SUFFIX: dict[str, ExportFormat] = {spec.suffix: spec for spec in REGISTRY.values()}
-
-
-
-def export_metadata_of(path: str | Path, spec: ExportFormat) -> dict[str, str] | None:
-    """The yolotrain metadata of an existing file of ``spec``'s format, read as data (nothing of it is
-    loaded or run); None when it carries none (another program's file, or not of this format at all)
-    or cannot be read."""
-    try:
-        metadata = spec.read_metadata(Path(path))
-    except _UNREADABLE:
-        return None
-    if not isinstance(metadata, Mapping) or metadata.get("producer") != "yolotrain":
-        return None
-    return {str(key): str(value) for key, value in metadata.items()}
 
 
 __all__ = ["BY_SUFFIX", "REGISTRY", "ExportFormat", "ExportJob", "export_metadata_of"]

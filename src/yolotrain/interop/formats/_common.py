@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from ..export_graph import (
+from ..exporting.graph import (
     BOXES,
     DECODED_OUTPUT,
     DETECTIONS_OUTPUT,
@@ -29,7 +29,7 @@ from ..export_graph import (
 )
 
 if TYPE_CHECKING:
-    from ..calibration import CalibrationImages
+    from ..exporting.calibration import CalibrationImages
 
 EXPORT_PACKAGES_HINT = "pip install 'yolotrain[export]'"
 # Largest metadata read from an existing file; ours is a few KB.

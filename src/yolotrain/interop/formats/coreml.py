@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..export_graph import DECODED_OUTPUT, DETECTIONS_OUTPUT
+from ..exporting.graph import DECODED_OUTPUT, DETECTIONS_OUTPUT
 from . import ExportFormat
 from ._common import ExportJob, message_field, protobuf_field, protobuf_string_map, staged
 

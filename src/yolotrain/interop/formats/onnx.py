@@ -1,6 +1,6 @@
 """ONNX (``.onnx``), run with onnxruntime: fp16 (float32 inputs, outputs and decode tail), int8 (static QDQ
 calibrated by min/max; which nodes stay float, and why, is in docs/int8.md), NMS inside, raw head maps,
-dynamic batch and image size."""
+dynamic batch and image size. :class:`OnnxModel` runs it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..calibration import OnnxCalibrationReader, onnx_decode_tail, onnx_int8_float_nodes
+import numpy as np
+
+from ...checkpoint import CheckpointError
+from ..exporting.calibration import OnnxCalibrationReader, onnx_decode_tail, onnx_int8_float_nodes
+from ..runtime import ExportedModel
 from . import ExportFormat
 from ._common import (
     EXPORT_PACKAGES_HINT,
@@ -97,6 +101,41 @@ def _onnx_int8(proto: Any, out: Path, calibration: Any) -> None:
     prepared.unlink()
 
 
+class OnnxModel(ExportedModel):
+    """An ONNX file written by :func:`~yolotrain.interop.exporting.exporter.export`, run with onnxruntime.
+
+    fp32, fp16 (float32 inputs and outputs, fp16 inside) and int8 (QDQ) exports all run here.
+    """
+
+    format_name = "ONNX"
+
+    def __init__(self, path: str | os.PathLike, providers: list[str] | None = None) -> None:
+        try:
+            import onnxruntime
+        except ImportError:
+            raise ImportError(f"running ONNX models needs 'onnxruntime' ({EXPORT_PACKAGES_HINT})") from None
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path}: no such file")
+        options = onnxruntime.SessionOptions()
+        # Between runs the caller letterboxes, decodes and runs NMS with PyTorch, whose threads need
+        # the same cores: onnxruntime's workers must sleep rather than spin after a run (spinning
+        # made single-image predict ~1.7x slower on a 2-core CPU).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Runtime failures are raised as one line naming the file; onnxruntime's own log would repeat them.
+        options.log_severity_level = 4
+        try:
+            self.session = onnxruntime.InferenceSession(str(path), options,
+                                                        providers=providers or ["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own unexported exception types
+            raise CheckpointError(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0]})") from None
+        self.input = self.session.get_inputs()[0]
+        super().__init__(path, self.session.get_modelmeta().custom_metadata_map, self.input.shape,
+                         [output.shape for output in self.session.get_outputs()])
+
+    def _run(self, images: np.ndarray) -> list[np.ndarray]:
+        return self.session.run(None, {self.input.name: images})
+
+
 FORMAT = ExportFormat(name="onnx", suffix=".onnx", title="ONNX", write=write, read_metadata=read_metadata,
                       half=True, int8=True, nms=True, raw=True, dynamic=True, outputs=ONNX_OUTPUT_KINDS,
-                      runtime=("onnx_backend", "OnnxModel"), extra=EXPORT_PACKAGES_HINT)
+                      runtime=OnnxModel, extra=EXPORT_PACKAGES_HINT)

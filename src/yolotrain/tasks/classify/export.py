@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from ...checkpoint import validate_classifier_metadata
-from ...interop.classify import checkpoint_classifier
-from ...interop.export_graph import LOGITS, ExportGraph
+from ...interop.exporting.graph import LOGITS, ExportGraph
+from ...interop.loading.classify import checkpoint_classifier
 from ...interop.runtime import ExportedModel, decoded_only_problem, output_shape_mismatch
 from ...model.classify import Classifier
 

@@ -19,7 +19,7 @@ from ...data.classify import (
     is_classify_folder,
 )
 from ...data.fingerprint import dataset_record
-from ...interop.resolve import resolve_trainable
+from ...interop.loading.resolve import resolve_trainable
 from ...loss import ClassifyLoss
 from ...model.classify import Classifier, classifier_from, is_classifier_name, parse_cls_name, set_dropout
 from ...settings import ConfigError

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ...checkpoint import validate_detector_metadata
-from ...interop.export_graph import BOXES, ExportGraph
-from ...interop.pretrained import checkpoint_detector
+from ...interop.exporting.graph import BOXES, ExportGraph
+from ...interop.loading.pretrained import checkpoint_detector
 from ...interop.runtime import ExportedModel, differs, output_shape_mismatch, shape_text
 from ...model import Yolov5
 from ...model.yolo import DEFAULT_IMG_SIZE

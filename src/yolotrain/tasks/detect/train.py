@@ -18,8 +18,8 @@ from ...data.loaders import build_loaders, run_class_names
 from ...data.shapes import generate_shapes_dataset
 from ...data.sources import resolve_source
 from ...draw import draw_batch
-from ...interop.hub import SHA256
-from ...interop.resolve import resolve_trainable
+from ...interop.loading.hub import SHA256
+from ...interop.loading.resolve import resolve_trainable
 from ...loss import YoloLoss
 from ...model import Yolov5, parse_version
 from ...model.anchors import check_anchors

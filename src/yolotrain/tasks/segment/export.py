@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ...interop.export_graph import BOXES, MASK_PROTOTYPES, ExportGraph
+from ...interop.exporting.graph import BOXES, MASK_PROTOTYPES, ExportGraph
 from ...interop.runtime import ExportedModel, decoded_only_problem, differs, shape_text
 from ...model import Yolov5
 from ..detect.export import DetectExport

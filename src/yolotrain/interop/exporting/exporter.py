@@ -16,7 +16,7 @@ fp16 compute; TensorRT: fp16 layers, the decode tail in float32); ``int8`` is po
 static quantization calibrated on images from ``data`` (onnxruntime QDQ, OpenVINO via NNCF, LiteRT
 int8 weights and activations via the AI Edge Quantizer), the decode tail left in float32, for ONNX
 the head's convolutions, the layers feeding them and the stem too, for LiteRT the head's
-convolutions (see :mod:`yolotrain.interop.calibration` and docs/int8.md).
+convolutions (see :mod:`yolotrain.interop.exporting.calibration` and docs/int8.md).
 
 Files are written under a temporary name in the destination folder and renamed at the end, so a
 failed export leaves nothing behind.
@@ -43,19 +43,19 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..boxes import MAX_IMG_SIZE
-from ..checkpoint import CheckpointError
-from ..model import Yolov5
-from ..model.classify import Classifier
-from ..nms import NMSConfig, check_nms_limits
-from ..outputs import dataset_inputs, refuse_overwriting_inputs, refuse_replacing_others
-from ..progress import progress_bar
-from ..settings import add_arguments, from_mapping, setting
-from ..task import task_names, task_of
+from ...boxes import MAX_IMG_SIZE
+from ...checkpoint import CheckpointError
+from ...model import Yolov5
+from ...model.classify import Classifier
+from ...nms import NMSConfig, check_nms_limits
+from ...outputs import dataset_inputs, refuse_overwriting_inputs, refuse_replacing_others
+from ...progress import progress_bar
+from ...settings import add_arguments, from_mapping, setting
+from ...task import task_names, task_of
+from ..formats import REGISTRY, ExportFormat, ExportJob, export_metadata_of
+from ..loading.resolve import resolve_trainable, weights_inputs
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
-from .export_graph import BOXES, ExportGraph, raw_output_names
-from .formats import REGISTRY, ExportFormat, ExportJob, export_metadata_of
-from .resolve import resolve_trainable, weights_inputs
+from .graph import BOXES, ExportGraph, raw_output_names
 
 # Name → file suffix, and what each format can do beyond plain float32, read from the formats' modules.
 FORMATS: dict[str, str] = {name: spec.suffix for name, spec in REGISTRY.items()}

@@ -15,9 +15,9 @@ import itertools
 import torch
 from torch import nn
 
-from ..boxes import xywh_to_xyxy
-from ..model import Yolov5
-from ..task import task_of
+from ...boxes import xywh_to_xyxy
+from ...model import Yolov5
+from ...task import task_of
 
 DECODED_OUTPUT = "output0"
 # A segmentation model's prototype masks [B, nm, H/4, W/4] (the reference's name for them).

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointError
+from ...checkpoint import CheckpointError
 
 # Modules (and their submodules) whose classes are replaced by placeholders: model code a checkpoint
 # may pickle.

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError
-from ..model import ModelSpec
-from ..model.spec import SEGMENT_SUFFIX, SIZES, matching_version
-from ..names import class_names
+from ...checkpoint import CheckpointError
+from ...model import ModelSpec
+from ...model.spec import SEGMENT_SUFFIX, SIZES, matching_version
+from ...names import class_names
 from .unpickler import PickledObject
 
 # Output channels of layer 0 (``width(64)``) for each published size: identifies a bare state dict.

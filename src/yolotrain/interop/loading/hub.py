@@ -20,13 +20,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..atomic import write_atomic
-from ..data.cachedir import cache_root
+from ...atomic import write_atomic
+from ...data.cachedir import cache_root
 
 # The ultralytics/yolov5 v7.0 release; ``$YOLOTRAIN_WEIGHTS_URL`` replaces it (a mirror, a local server).
 RELEASE_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
 # Official checkpoints this package can build: P5 (three levels) and P6 (four levels) detectors and the
-# P5 segmentation models, which interop/official.py loads alike.
+# P5 segmentation models, which interop/loading/official.py loads alike.
 OFFICIAL_WEIGHTS = ("yolov5n.pt", "yolov5s.pt", "yolov5m.pt", "yolov5l.pt", "yolov5x.pt",
                     "yolov5n6.pt", "yolov5s6.pt", "yolov5m6.pt", "yolov5l6.pt", "yolov5x6.pt",
                     "yolov5n-seg.pt", "yolov5s-seg.pt", "yolov5m-seg.pt", "yolov5l-seg.pt", "yolov5x-seg.pt")

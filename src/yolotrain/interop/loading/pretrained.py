@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError, checkpoint_paths, read_checkpoint, read_safetensors, state_mismatch
-from ..model import ModelSpec, Yolov5
-from ..model.classify import Classifier
-from ..names import class_names
-from ..task import get_task
-from .backends import is_exported
+from ...checkpoint import CheckpointError, checkpoint_paths, read_checkpoint, read_safetensors, state_mismatch
+from ...model import ModelSpec, Yolov5
+from ...model.classify import Classifier
+from ...names import class_names
+from ...task import get_task
+from ..backends import is_exported
 from .classify import read_classifier
 from .hub import resolve_weights
 from .official import PROTO_WEIGHT, DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret

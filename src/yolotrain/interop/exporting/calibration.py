@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 import cv2
 import numpy as np
 
-from ..data.augment import letterbox
-from ..data.sources import IMG_FORMATS, list_images, resolve_source
-from ..model import Detect
+from ...data.augment import letterbox
+from ...data.sources import IMG_FORMATS, list_images, resolve_source
+from ...model import Detect
 
 if TYPE_CHECKING:
     import onnx

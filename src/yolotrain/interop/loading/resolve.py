@@ -6,7 +6,7 @@ A spec is, checked in this order:
 - a model in memory: a :class:`~yolotrain.detector.Detector` (a :class:`Yolov5` or an exported runtime);
 - an export (``.onnx``, OpenVINO ``.xml``, ``.tflite``, ``.torchscript``, TensorRT ``.engine``): run by its
   runtime; files that are programs (TorchScript, TensorRT) are refused unless ``trust_code``
-  (see :mod:`.trust`);
+  (see :mod:`..trust`);
 - a model YAML (``.yaml``/``.yml``): that architecture with random weights;
 - a published architecture name without a suffix (``yolov5n`` … ``yolov5x6``, ``n``, ``s6``) that is not a
   file: that architecture with random weights; likewise a classifier's (``yolov5n-cls`` … ``yolov5x-cls``, or a
@@ -29,14 +29,14 @@ from pathlib import Path
 
 from torch import nn
 
-from ..checkpoint import CheckpointError, checkpoint_paths
-from ..detector import Detector
-from ..devices import select_device
-from ..model import Yolov5
-from ..model.classify import Classifier, is_torchvision_name, parse_cls_name
-from ..model.yolo import parse_version
-from ..outputs import Labelled
-from .backends import is_exported, load_exported
+from ...checkpoint import CheckpointError, checkpoint_paths
+from ...detector import Detector
+from ...devices import select_device
+from ...model import Yolov5
+from ...model.classify import Classifier, is_torchvision_name, parse_cls_name
+from ...model.yolo import parse_version
+from ...outputs import Labelled
+from ..backends import is_exported, load_exported
 from .pretrained import load_model
 
 ModelSource = Detector | str | os.PathLike

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError, state_mismatch
-from ..model.classify import CLS_SUFFIX, DEFAULT_CUTOFF, Classifier
-from ..names import class_names
+from ...checkpoint import CheckpointError, state_mismatch
+from ...model.classify import CLS_SUFFIX, DEFAULT_CUTOFF, Classifier
+from ...names import class_names
 from .official import STEM_WEIGHT, STEM_WIDTHS, UnsupportedCheckpointError, module_state_dict
 from .unpickler import PickledObject
 
