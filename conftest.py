@@ -1,4 +1,5 @@
-"""What every test session of the repository (yolotrain's tests and the doctor's) shares."""
+"""What every test session run from the repository's root shares (yolotrain's tests and the doctor's). The
+only conftest.py beside tests/conftest.py: tests import that one as ``conftest``, so no other test folder has one."""
 
 import sys
 
