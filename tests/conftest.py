@@ -45,6 +45,18 @@ def pytest_configure(config):
     set_hypothesis_home_dir(config.hypothesis_home)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """torch._dynamo's state is dropped while the interpreter still stands (tests compile training, and the
+    doctor's tests, collected in the same session, run compiled programs). Each code object dynamo compiled
+    holds a cleanup hook that fires when the object is collected; at the interpreter's shutdown the hook
+    finds dynamo's module torn down and prints an "Exception ignored" traceback. ``reset()`` alone leaves
+    the hooks: dropping the weak references to those code objects leaves none to fire."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+        dynamo.utils.CleanupManager.instance.clear()
+
+
 def pytest_unconfigure(config):
     if hypothesis_settings is not None:
         set_hypothesis_home_dir(None)

@@ -14,8 +14,8 @@ import types
 import numpy as np
 import pytest
 import torch
-
 from conftest import YOLOV5N_WEIGHTS, coco128_subset
+
 from yolotrain import Yolov5, predict, val
 from yolotrain.checkpoint import CheckpointError, save_checkpoint
 from yolotrain.data import generate_shapes_dataset

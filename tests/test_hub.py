@@ -9,8 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from conftest import YOLOV5N_WEIGHTS
+
 from yolotrain.cli import main
 from yolotrain.interop import load_checkpoint, load_model
 from yolotrain.interop.loading import hub
