@@ -59,9 +59,9 @@ def _time_epochs(loader, epochs: int, set_epoch=None) -> dict[str, float]:
             start, cpu, n = time.perf_counter(), _cpu_seconds(pids), 0
         if set_epoch:
             set_epoch(e)
-        for batch in loader:
+        for imgs, *_ in loader:  # the reference's (imgs, targets, paths, shapes), ours a Batch of (imgs, targets)
             if e >= 1:
-                n += len(batch[0])
+                n += len(imgs)
     wall, cpu = time.perf_counter() - start, _cpu_seconds(pids) - cpu
     return {"img_s": round(n / wall, 1), "img_per_core_s": round(n / cpu, 1), "cores_used": round(cpu / wall, 2)}
 

@@ -42,6 +42,7 @@ import torch
 from bench_train import reference_train_env, run_command, time_alternating
 from common import ROOT, SHARED, YOLOV5N, alias_numpy_trapz
 
+from yolotrain.data.segment import SegmentBatch
 from yolotrain.data.sources import link_subset
 
 COCO128_SEG = SHARED / "datasets" / "coco128-seg"
@@ -64,15 +65,14 @@ def cpu_model() -> str:
     return names[0] if names else platform.processor() or platform.machine()
 
 
-def fixed_batch(data: Path, img_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Images, targets and overlap masks of the first mosaic batch, as the trainer's loader makes them."""
+def fixed_batch(data: Path, img_size: int) -> SegmentBatch:
+    """The first mosaic batch (images, targets, overlap masks), as the trainer's loader makes it."""
     from yolotrain.data.augment import AugmentConfig
     from yolotrain.data.loaders import DataConfig, build_loaders
 
     config = DataConfig(path=str(data), img_size=img_size, batch_size=BATCH, workers=0)
     loaders = build_loaders(config, AugmentConfig(), seed=0, splits=("train",), require_names=True, masks=True)
-    imgs, targets, _, _, masks = next(iter(loaders.train))
-    return imgs, targets, masks
+    return next(iter(loaders.train))
 
 
 def our_model():
@@ -100,11 +100,11 @@ def our_step(data: Path, img_size: int, project: Path) -> Callable[[], None]:
     trainer.setup()
     trainer.ddp.train()
     trainer.accumulate = 1
-    imgs, targets, masks = fixed_batch(data, img_size)
+    batch = fixed_batch(data, img_size)
     counter = iter(range(1, 1 << 30))
 
     def step() -> None:
-        trainer.train_batch(imgs, targets, 0, 0, next(counter), masks)
+        trainer.train_batch(batch, 0, 0, next(counter))
 
     return step
 
@@ -138,7 +138,8 @@ def reference_step(reference_root: Path, data: Path, img_size: int) -> Callable[
     ema = ModelEMA(model)
     compute_loss = ComputeLoss(model, overlap=True)
     scaler = torch.amp.GradScaler("cuda", enabled=False)
-    imgs, targets, masks = fixed_batch(data, img_size)
+    batch = fixed_batch(data, img_size)
+    imgs, targets, masks = batch.imgs, batch.targets, batch.masks
 
     def step() -> None:
         with torch.autocast("cpu", enabled=False):

@@ -41,6 +41,7 @@ import torch
 from common import COCO128, ROOT, alias_numpy_trapz, cpu_model, reference_env
 from common import WEIGHTS_DIR as WEIGHTS
 
+from yolotrain.data.batch import Batch
 from yolotrain.data.sources import link_subset
 from yolotrain.engine.prepare import autocast_dtype
 
@@ -78,15 +79,14 @@ def model_source(version: str) -> str:
     return str(path) if path.is_file() else f"yolov5{version}"
 
 
-def fixed_batch(data: Path, img_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def fixed_batch(data: Path, img_size: int) -> Batch:
     """The first mosaic batch of the training split, as the trainer's loader makes it."""
     from yolotrain.data.augment import AugmentConfig
     from yolotrain.data.loaders import DataConfig, build_loaders
 
     config = DataConfig(path=str(data), img_size=img_size, batch_size=BATCH, workers=0)
     loaders = build_loaders(config, AugmentConfig(), seed=0, splits=("train",), require_names=True)
-    imgs, targets = next(iter(loaders.train))
-    return imgs, targets
+    return next(iter(loaders.train))
 
 
 def floor_step(version: str, imgs: torch.Tensor) -> Callable[[], None]:
@@ -113,11 +113,11 @@ def our_step(source: str, data: Path, img_size: int, project: Path, **settings) 
     trainer.setup()
     trainer.ddp.train()
     trainer.accumulate = 1
-    imgs, targets = fixed_batch(data, img_size)
+    batch = fixed_batch(data, img_size)
     counter = iter(range(1, 1 << 30))
 
     def step() -> None:
-        trainer.train_batch(imgs, targets, epoch=0, batch=0, step=next(counter))
+        trainer.train_batch(batch, epoch=0, index=0, step=next(counter))
 
     return step
 

@@ -72,16 +72,16 @@ def train_step(work: Path) -> dict[str, float]:
     trainer.setup()
     trainer.ddp.train()
     trainer.accumulate = 1
-    imgs, targets = next(iter(trainer.train_loader))
+    batch = next(iter(trainer.train_loader))
     steps = iter(range(1, 1 << 30))
     for _ in range(5):
-        trainer.train_batch(imgs, targets, epoch=0, batch=0, step=next(steps))
+        trainer.train_batch(batch, epoch=0, index=0, step=next(steps))
     with FlopCounterMode(display=False) as counter:
-        trainer.train_batch(imgs, targets, epoch=0, batch=0, step=next(steps))
+        trainer.train_batch(batch, epoch=0, index=0, step=next(steps))
     torch.cuda.synchronize()
     started = time.perf_counter()
     for _ in range(STEPS):
-        trainer.train_batch(imgs, targets, epoch=0, batch=0, step=next(steps))
+        trainer.train_batch(batch, epoch=0, index=0, step=next(steps))
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - started) / STEPS
     flops = counter.get_total_flops() / step_s

@@ -15,7 +15,7 @@ import torch
 import yaml
 from conftest import coco128_subset
 
-from yolotrain.data import DetectionDataset, get_loaders
+from yolotrain.data import Batch, DetectionDataset, get_loaders
 from yolotrain.data.dataset import rect_batch_shapes
 from yolotrain.data.sources import img2label_path, resolve_source
 from yolotrain.data.verify import DataWarning
@@ -54,7 +54,7 @@ def tiny(tmp_path) -> Path:
     return root
 
 
-def collect(loader, epochs=(0,)) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def collect(loader, epochs=(0,)) -> list[Batch]:
     out = []
     for e in epochs:
         loader.dataset.set_epoch(e)
@@ -121,14 +121,14 @@ def test_same_seed_same_batches_for_workers_0_and_2(tiny):
     assert len(ba) == len(bb) == 4
     for (ia, ta), (ib, tb) in zip(ba, bb):
         assert torch.equal(ia, ib) and torch.equal(ta, tb)
-    assert not torch.equal(ba[0][0], ba[2][0])  # epoch 1 differs from epoch 0
+    assert not torch.equal(ba[0].imgs, ba[2].imgs)  # epoch 1 differs from epoch 0
     c, _ = get_loaders(tiny, batch_size=4, num_classes=2, img_size=64, workers=0, seed=4)
-    assert not torch.equal(collect(c)[0][0], ba[0][0])
+    assert not torch.equal(collect(c)[0].imgs, ba[0].imgs)
 
 
 def test_close_mosaic_reaches_persistent_workers(tiny):
     train, _ = get_loaders(tiny, batch_size=8, num_classes=2, img_size=64, workers=2, seed=0)
-    counts = np.bincount(collect(train)[0][1][:, 0].long().numpy(), minlength=8)
+    counts = np.bincount(collect(train)[0].targets[:, 0].long().numpy(), minlength=8)
     assert counts.max() > 1  # mosaic: 4 images, so several boxes per sample
     train.dataset.close_mosaic()
     train.dataset.set_epoch(1)

@@ -79,10 +79,10 @@ def test_cuda_batches_are_the_cpu_tensor_batches(coco128, tmp_path):
     loader = build_loaders(config, ALL_ON, splits=("train",)).train
     for batch in DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, collate_fn=loader.collate_fn):
         on_cpu = DeviceAugmenter(loader.dataset.hyp, 256, "cpu")(batch)
-        on_cuda = [t.cpu() for t in loader.augmenter(batch)]
-        torch.testing.assert_close(on_cuda[1], on_cpu[1], atol=1e-4, rtol=0)
+        on_cuda = loader.augmenter(batch)
+        torch.testing.assert_close(on_cuda.targets.cpu(), on_cpu.targets, atol=1e-4, rtol=0)
         # nvJPEG's inverse DCT and the float resize differ from libjpeg's and the uint8 one by a level or two.
-        levels = (on_cuda[0] - on_cpu[0]).abs() * 255
+        levels = (on_cuda.imgs.cpu() - on_cpu.imgs).abs() * 255
         assert levels.mean() < 2 and (levels > 16).float().mean() < 0.01, (levels.mean(), levels.max())
 
 

@@ -180,7 +180,7 @@ def test_quad_loader_gives_a_quarter_of_the_images_at_twice_the_size(tiny_data, 
     again = [(imgs, targets) for imgs, targets in loaders.train]
     assert len(first) == 1 and first[0][0].shape == (2, 3, 128, 128)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
-    assert next(iter(loaders.val))[0].shape[0] == 4  # validation batches (4 images) are not merged
+    assert next(iter(loaders.val)).imgs.shape[0] == 4  # validation batches (4 images) are not merged
 
 
 def test_image_weights_with_rect_is_refused_in_one_line(tiny_data):

@@ -73,7 +73,7 @@ def test_training_draws_labels_and_validation_batches_and_prints_the_summary(tin
     # instances per class, box centres, box sizes: three panels of matplotlib at 100 dpi
     picture(result.save_dir / "labels.jpg", (450, 1600, 3))
     # the 4 validation images are one batch (rectangular, padded as the reference pads them): two by two
-    imgs, targets = next(iter(build_val_loader(tiny_data, 2, 64, 32, workers=0)))[:2]
+    imgs, targets = next(iter(build_val_loader(tiny_data, 2, 64, 32, workers=0)))
     boxes = cv2.imdecode(cv2.imencode(".jpg", draw_batch(imgs, targets, NAMES))[1], cv2.IMREAD_COLOR)
     side = 2 * imgs.shape[-1]
     labels = picture(result.save_dir / "val_batch0_labels.jpg", (side, side, 3))
@@ -103,7 +103,7 @@ def test_segmentation_validation_pictures_show_the_label_masks(tmp_path, capsys)
     torch.manual_seed(0)
     model = Yolov5("n-seg", num_classes=2).eval()
     val(model, str(data), img_size=64, workers=0, device="cpu", save_dir=tmp_path / "run", verbose=False)
-    imgs, targets = next(iter(build_val_loader(data, 2, 64, 32, workers=0, masks=True)))[:2]
+    imgs, targets = next(iter(build_val_loader(data, 2, 64, 32, workers=0, masks=True)))
     boxes_only = draw_batch(imgs, targets, NAMES)
     labels = picture(tmp_path / "run" / "val_batch0_labels.jpg", boxes_only.shape)
     picture(tmp_path / "run" / "val_batch0_pred.jpg", boxes_only.shape)

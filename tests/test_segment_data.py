@@ -130,7 +130,8 @@ def test_mixup_keeps_the_targets_and_masks_of_both_mosaics(tmp_path):
     data = white_objects_dataset(tmp_path)
     config = DataConfig(path=str(data), img_size=128, batch_size=3, workers=0)
     loader = build_loaders(config, AugmentConfig(mixup=1.0), splits=("train",), masks=True).train
-    imgs, targets, paths, shapes, masks = next(iter(loader))
+    batch = next(iter(loader))
+    imgs, targets, paths, shapes, masks = batch.imgs, batch.targets, batch.paths, batch.shapes, batch.masks
     assert len(paths) == len(shapes) == 3 and shapes == [None] * 3  # mosaics
     assert imgs.shape == (3, 3, 128, 128) and masks.shape == (3, 32, 32) and masks.dtype == torch.float32
     for image in range(3):
@@ -143,7 +144,8 @@ def test_batches_of_per_target_masks(tmp_path):
     config = DataConfig(path=str(data), img_size=128, batch_size=3, workers=0, overlap_mask=False)
     loaders = build_loaders(config, None, masks=True)
     for loader in (loaders.train, loaders.val):
-        imgs, targets, paths, shapes, masks = next(iter(loader))
+        batch = next(iter(loader))
+        imgs, targets, paths, shapes, masks = batch.imgs, batch.targets, batch.paths, batch.shapes, batch.masks
         if loader is loaders.val:  # letterboxed: the reference's (original size, (ratio, pad))
             assert shapes[0][0] == (128, 128) and paths[0].suffix == ".png"
         assert masks.shape == (len(targets), imgs.shape[2] // 4, imgs.shape[3] // 4)

@@ -9,6 +9,8 @@ import types
 import torch
 
 from yolotrain import task as registry
+from yolotrain.data.batch import Batch
+from yolotrain.data.segment import SegmentBatch
 from yolotrain.engine.config import TrainConfig, resolve_config
 from yolotrain.engine.loggers import TAGS
 from yolotrain.task import get_task
@@ -42,10 +44,10 @@ def test_each_task_makes_the_summary_line_of_its_validation():
 
 
 def test_a_segmentation_batch_gives_the_criterion_its_masks():
-    rows, masks = torch.zeros(3, 6), torch.ones(2, 8, 8)
+    imgs, rows, masks = torch.zeros(2, 3, 32, 32), torch.zeros(3, 6), torch.ones(2, 8, 8)
     device = torch.device("cpu")
-    assert len(get_task("detect").training_targets(rows, ("paths", "shapes"), device)) == 1
-    targets = get_task("segment").training_targets(rows, ("paths", "shapes", masks), device)
+    assert len(get_task("detect").training_targets(Batch(imgs, rows), device)) == 1
+    targets = get_task("segment").training_targets(SegmentBatch(imgs, rows, [], [], masks), device)
     assert len(targets) == 2 and targets[1] is masks
 
 

@@ -103,7 +103,7 @@ def test_single_class_loaders(coco_mini):
         _, targets = next(iter(loader))
         assert targets.shape[0] > 0 and (targets[:, 1] == 0).all()
     plain = build_loaders(DataConfig(path=str(coco_mini), img_size=64, batch_size=6, workers=0))
-    assert (next(iter(plain.val))[1][:, 1] > 0).any()
+    assert (next(iter(plain.val)).targets[:, 1] > 0).any()
 
 
 def test_patience_stops_a_run_without_gains(tiny_data, tmp_path, capsys):
@@ -136,7 +136,7 @@ def test_disk_cache_writes_arrays_beside_the_images_and_gives_the_same_batches(t
     # The arrays are what is read: the images themselves are no longer needed.
     for p in images:
         p.write_bytes(b"")
-    assert torch.equal(next(iter(cached))[0], plain[0])
+    assert torch.equal(next(iter(cached)).imgs, plain.imgs)
 
 
 def test_disk_cache_of_a_read_only_folder_goes_to_the_cache_folder(tiny_data, tmp_path, monkeypatch):
@@ -166,7 +166,7 @@ def test_ram_cache_holds_every_image_before_training(tiny_data, tmp_path):
     for p in dataset.im_files:
         p.unlink()  # decoded already: nothing is read from disk any more
     after = next(iter(loaders.val))
-    assert torch.equal(before[0], after[0])
+    assert torch.equal(before.imgs, after.imgs)
 
 
 def test_a_reference_train_command_line_resolves(tmp_path):

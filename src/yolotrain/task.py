@@ -81,11 +81,11 @@ class Task(ABC):
         """The training criterion of ``model`` (``custom(model, rect_training)`` when given, else the task's
         loss with the run's settings) and, with ``ema_model`` (the process that validates), the validation one."""
 
-    def training_targets(self, targets: torch.Tensor, rest: Sequence[Any],
-                         device: torch.device) -> tuple[torch.Tensor, ...]:
-        """The criterion's targets, on ``device``, from a loader batch's ``targets`` and its other items
-        (``rest``: paths, shapes and what else the task's loader yields after them)."""
-        return (targets.to(device, non_blocking=True),)
+    def training_targets(self, batch: Any, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The criterion's targets, on ``device``, from a loader ``batch`` (a
+        :class:`~yolotrain.data.batch.Batch`, or the subclass of it the task's dataset collates, whose own
+        fields the task reads by name)."""
+        return (batch.targets.to(device, non_blocking=True),)
 
     @abstractmethod
     def model_label(self, model: Any) -> str:
@@ -95,10 +95,9 @@ class Task(ABC):
     def save_training_labels(self, path: Path, labels: Any, names: Sequence[str]) -> Path:
         """``path`` (labels.jpg): the training labels' statistics (``labels``: the training set's)."""
 
-    def save_training_batch(self, path: Path, imgs: torch.Tensor, targets: torch.Tensor, rest: Sequence[Any],
-                            names: Sequence[str], config: Any) -> bool:
-        """Draw a training batch as the model saw it (``imgs``) with its loader ``targets`` and ``rest``
-        to ``path``; False when the task draws none."""
+    def save_training_batch(self, path: Path, batch: Any, names: Sequence[str], config: Any) -> bool:
+        """Draw a training ``batch`` as the model saw it (its ``imgs`` those of the training step) with its
+        labels to ``path``; False when the task draws none."""
         return False
 
     @property

@@ -36,6 +36,7 @@ from torchvision.transforms.v2 import functional as tvf
 
 from ..atomic import write_atomic
 from ..settings import setting
+from .batch import Batch
 from .cachedir import cache_root, file_signature
 from .dataset import ImageReadError, SampleKey
 from .imagecache import disk_cache
@@ -455,12 +456,13 @@ class ClassifyDataset(Dataset):
         return SampleBatch(normalise_batch(crops), torch.from_numpy(labels))
 
     @staticmethod
-    def collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(images [B, 3, S, S], classes [B])``; a :class:`SampleBatch` is taken as it is, without a copy."""
+    def collate(batch: list[tuple[torch.Tensor, int]]) -> Batch:
+        """A :class:`Batch` of images ``[B, 3, S, S]`` and classes ``[B]``; a :class:`SampleBatch` is taken as it
+        is, without a copy."""
         if isinstance(batch, SampleBatch):
-            return batch.images, batch.labels
+            return Batch(batch.images, batch.labels)
         imgs, labels = zip(*batch)
-        return torch.stack(imgs), torch.tensor(labels, dtype=torch.int64)
+        return Batch(torch.stack(imgs), torch.tensor(labels, dtype=torch.int64))
 
 
 class SampleBatch(list):

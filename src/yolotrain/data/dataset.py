@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, get_worker_info
 from tqdm import tqdm
 
 from . import augment as A
+from .batch import Batch
 from .imagecache import disk_cache
 from .verify import LabelIndex
 
@@ -232,8 +233,8 @@ class DetectionDataset(Dataset):
 
     @staticmethod
     def collate(batch: Sequence[tuple[np.ndarray, np.ndarray]], uint8: bool = False,
-                buffers: BatchBuffers | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stack items into ``imgs`` float32 ``[B,3,H,W]`` in 0..1 and ``targets`` ``[N, 6]`` =
+                buffers: BatchBuffers | None = None) -> Batch:
+        """Stack items into a :class:`Batch` of ``imgs`` float32 ``[B,3,H,W]`` in 0..1 and ``targets`` ``[N, 6]`` =
         (image index, class, cx, cy, w, h).
 
         ``uint8``: ``imgs`` as uint8 0..255 instead, what loader workers send (a quarter of the bytes
@@ -270,7 +271,7 @@ class DetectionDataset(Dataset):
                                                 torch.tensor(counts, dtype=torch.long))
         if targets.shape[0]:
             targets[:, 1:] = torch.from_numpy(np.concatenate([b[1] for b in batch]))
-        return imgs, targets
+        return Batch(imgs, targets)
 
 
 def float_images(imgs: torch.Tensor, buffers: BatchBuffers) -> torch.Tensor:

@@ -33,6 +33,7 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg, encode_jpeg
 from ..boxes import letterbox_geometry
 from ..settings import ConfigError
 from .augment import PAD_VALUE, AugmentConfig
+from .batch import Batch
 from .dataset import DetectionDataset, ImageReadError, SampleKey, loaded_size
 
 AUGMENT_DEVICES = ("loader", "cpu", "cuda")
@@ -217,8 +218,9 @@ def warp_matrices(warp: torch.Tensor, canvas: torch.Tensor, size: int) -> torch.
 
 
 class DeviceAugmenter:
-    """Builds ``(imgs [B,3,S,S] float 0..1, targets [N,6])`` on ``device`` from an :class:`EncodedBatch`,
-    the batch :meth:`DetectionDataset.collate` would give for the same draws."""
+    """Builds a :class:`~yolotrain.data.batch.Batch` (``imgs`` ``[B,3,S,S]`` float 0..1, ``targets`` ``[N,6]``) on
+    ``device`` from an :class:`EncodedBatch`, the batch :meth:`DetectionDataset.collate` would give for the same
+    draws."""
 
     def __init__(self, hyp: AugmentConfig, img_size: int, device: torch.device | str) -> None:
         self.hyp = hyp
@@ -229,7 +231,7 @@ class DeviceAugmenter:
             warnings.warn("this torchvision cannot decode JPEGs on CUDA (no nvJPEG): --augment-device cuda decodes "
                           "them on the CPU", RuntimeWarning, stacklevel=2)
 
-    def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch: EncodedBatch) -> Batch:
         batch = _to(batch, self.device)
         offsets = batch.tile_anchor - batch.tile_size * batch.tile_lead
         matrices = warp_matrices(batch.warp, batch.canvas, self.size)
@@ -243,7 +245,7 @@ class DeviceAugmenter:
         flip = batch.flip[:, :, None, None, None]
         imgs = torch.where(flip[:, 0], imgs.flip(-2), imgs)
         imgs = torch.where(flip[:, 1], imgs.flip(-1), imgs)
-        return imgs.div(255), self.targets(batch, offsets, matrices)
+        return Batch(imgs.div(255), self.targets(batch, offsets, matrices))
 
     def decode(self, data: Sequence[torch.Tensor], orientation: Sequence[int]) -> list[torch.Tensor]:
         """``[3, h, w]`` uint8 RGB images on the device: JPEGs batched through nvJPEG on CUDA, the rest
@@ -439,5 +441,5 @@ class DeviceAugmentLoader(DataLoader):
                          collate_fn=loader.dataset.collate, persistent_workers=loader.persistent_workers)
         self.augmenter = augmenter
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
         return map(self.augmenter, super().__iter__())

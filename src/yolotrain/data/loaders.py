@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import warnings
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader, Sampler
 from ..boxes import check_image_size
 from ..settings import setting
 from .augment import AugmentConfig
+from .batch import Batch
 from .dataset import BatchBuffers, DetectionDataset, SampleKey, float_images
 from .gpu_augment import DeviceAugmenter, DeviceAugmentLoader, EncodedDetectionDataset, augment_device
 from .segment import SegmentationDataset
@@ -331,11 +333,13 @@ class QuadLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+    def __iter__(self) -> Iterator[Batch]:
         epoch = self.dataset.epoch
-        for batch, (imgs, targets, *rest) in enumerate(self.loader):
-            upsample = np.random.default_rng([self.seed, epoch, self.rank, batch]).random(-(-len(imgs) // 4)) < 0.5
-            yield (*quad_batch(imgs, targets, upsample), *rest)
+        for index, batch in enumerate(self.loader):
+            groups = -(-len(batch.imgs) // 4)
+            upsample = np.random.default_rng([self.seed, epoch, self.rank, index]).random(groups) < 0.5
+            imgs, targets = quad_batch(batch.imgs, batch.targets, upsample)
+            yield dataclasses.replace(batch, imgs=imgs, targets=targets)
 
 
 class WorkerLoader(DataLoader):
@@ -348,9 +352,9 @@ class WorkerLoader(DataLoader):
         super().__init__(*args, **kwargs)
         self.buffers = BatchBuffers()
 
-    def __iter__(self) -> Iterator[tuple]:
-        for imgs, *rest in super().__iter__():
-            yield (float_images(imgs, self.buffers), *rest)
+    def __iter__(self) -> Iterator[Batch]:
+        for batch in super().__iter__():
+            yield dataclasses.replace(batch, imgs=float_images(batch.imgs, self.buffers))
 
 
 def make_loader(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from . import augment as A
+from .batch import Batch
 from .dataset import BatchBuffers, DetectionDataset, SampleKey
 from .verify import DataWarning, LabelIndex
 
@@ -98,14 +100,24 @@ class SegmentationDataset(DetectionDataset):
 
     @staticmethod
     def collate(batch: Sequence[tuple[np.ndarray, np.ndarray, Path, Any, np.ndarray]], uint8: bool = False,
-                buffers: BatchBuffers | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, list[Path], list[Any], torch.Tensor]:
-        """``(imgs, targets)`` as :meth:`DetectionDataset.collate` (``uint8``, ``buffers`` as there), the paths and
-        shapes of the images, and their masks concatenated: ``[B, h, w]`` overlap maps or ``[N, h, w]`` binary
+                buffers: BatchBuffers | None = None) -> SegmentBatch:
+        """``imgs`` and ``targets`` as :meth:`DetectionDataset.collate` (``uint8``, ``buffers`` as there), the paths
+        and shapes of the images, and their masks concatenated: ``[B, h, w]`` overlap maps or ``[N, h, w]`` binary
         masks."""
         imgs, targets = DetectionDataset.collate([item[:2] for item in batch], uint8, buffers)
         masks = torch.from_numpy(np.concatenate([item[4] for item in batch]).astype(np.float32))
-        return imgs, targets, [item[2] for item in batch], [item[3] for item in batch], masks
+        return SegmentBatch(imgs, targets, [item[2] for item in batch], [item[3] for item in batch], masks)
+
+
+@dataclass
+class SegmentBatch(Batch):
+    """A segmentation batch: a detection :class:`~yolotrain.data.batch.Batch` with its images' ``paths`` and
+    ``shapes`` (original size, letterbox ratio and padding) and its labels' ``masks``: ``[B, h, w]`` overlap maps
+    (value k + 1: the image's k-th label) or ``[N, h, w]`` binary masks in the rows' order."""
+
+    paths: list[Path]
+    shapes: list[Any]
+    masks: torch.Tensor
 
 
 def polygon_mask(shape: tuple[int, int], polygon: np.ndarray, ratio: int) -> np.ndarray:

@@ -3,6 +3,7 @@ periodic copies), early stopping, and the one-line errors of data that can no lo
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 import time
@@ -71,17 +72,18 @@ def run_epochs(trainer: Trainer) -> TrainResult:
         progress = progress_bar(received(trainer.train_loader), total=batches, enabled=ctx.is_main, logged=True)
         started = time.perf_counter()
         seen = 0
-        for i, (imgs, targets, *rest) in enumerate(progress):
+        for i, batch in enumerate(progress):
             step = i + batches * epoch
             if warmup_iters and step <= warmup_iters:
                 state.accumulate = max(1, round(float(np.interp(step, [0, warmup_iters], [1, nominal_ratio]))))
                 apply_warmup(state.optimizer, step, warmup_iters, trainer.lf(epoch), cfg.optim)
             trainer._fire("on_train_batch_start", trainer, epoch, i)
-            imgs, loss = trainer.train_batch(imgs, targets, epoch, i, step, *rest)
+            imgs, loss = trainer.train_batch(batch, epoch, i, step)
+            targets = batch.targets
             trainer._fire("on_train_batch_end", trainer, epoch, i, imgs, targets, loss)
             if step < TRAIN_BATCH_PLOTS and cfg.eval.plots and ctx.is_main:  # the task draws its batches, if any
-                trainer.task.save_training_batch(trainer.save_dir / f"train_batch{step}.jpg", imgs, targets, rest,
-                                                 trainer.names, cfg)
+                trainer.task.save_training_batch(trainer.save_dir / f"train_batch{step}.jpg",
+                                                 dataclasses.replace(batch, imgs=imgs), trainer.names, cfg)
             mean_loss = (mean_loss * i + trainer.step.loss_components(loss)) / (i + 1)
             seen += imgs.shape[0] * ctx.world_size
             if ctx.is_main:

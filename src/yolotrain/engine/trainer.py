@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ..callbacks import Callback, CallbackError, Callbacks, CallbackSpec, as_callbacks
+from ..data.batch import Batch
 from ..data.dataset import ImageReadError
 from ..devices import select_device
 from ..interop.loading.resolve import weights_inputs
@@ -263,14 +264,13 @@ class Trainer:
         """The task of the model being trained (built by :meth:`setup`)."""
         return task_of(self.model)
 
-    def train_batch(self, imgs: torch.Tensor, targets: torch.Tensor, epoch: int, batch: int, step: int,
-                    *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """One training iteration on a loader batch ``(imgs, targets, *rest)``: forward, loss, backward, and
-        the optimiser and EMA update when ``accumulate`` steps have gathered since the last one (see
-        :class:`TrainStep`); the task takes the criterion's targets from ``targets`` and ``rest`` (a
-        segmentation batch's masks are its last item). Returns the batch as the model saw it (device, layout,
-        multi-scale size) and the detached loss."""
-        return self.step(imgs, self.task.training_targets(targets, rest, self.device), epoch, batch, step)
+    def train_batch(self, batch: Batch, epoch: int, index: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One training iteration on a loader ``batch`` (the ``index``-th of the epoch): forward, loss, backward,
+        and the optimiser and EMA update when ``accumulate`` steps have gathered since the last one (see
+        :class:`TrainStep`); the task takes the criterion's targets from the batch (a segmentation batch's masks
+        with its rows). Returns the images as the model saw them (device, layout, multi-scale size) and the
+        detached loss."""
+        return self.step(batch.imgs, self.task.training_targets(batch, self.device), epoch, index, step)
 
     def _log(self, message: str) -> None:
         tqdm.write(message)

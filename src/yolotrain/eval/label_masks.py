@@ -1,7 +1,7 @@
 """The label masks of a validation batch, for data loaders whose batches carry none.
 
-A segmentation data loader yields ``(imgs, targets, paths, shapes, masks)`` with the masks of its
-labels; a detection loader over a YOLO-seg dataset (one a caller built for boxes) yields boxes only.
+A segmentation data loader's batches (:class:`~yolotrain.data.segment.SegmentBatch`) carry the masks of
+its labels; a detection loader over a YOLO-seg dataset (one a caller built for boxes) yields boxes only.
 For those, :func:`batch_label_masks` reads each image's polygons from its label file and rasterises
 them in the batch's letterbox geometry as the segmentation loader does
 (:func:`~yolotrain.data.segment.polygon_masks`: overlap masks at 1/4 of the input, largest instance

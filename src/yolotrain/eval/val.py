@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from ..boxes import letterbox_geometry, xywh_to_xyxy
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
+from ..data.batch import Batch
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
 from ..detector import BoxDetector
@@ -204,7 +205,8 @@ def val(
     mask ones in ``masks`` and the table prints both. Masks are compared
     at the prototypes' resolution (1/4 of the input) with the labels' polygons drawn there as overlap
     masks, as the reference's training-time validation does; a data loader's batches may carry those
-    masks (``(imgs, targets, paths, shapes, masks)``), else they are read from the label files.
+    masks (a segmentation loader's :class:`~yolotrain.data.segment.SegmentBatch`), else they are read from the
+    label files.
 
     Args:
         model_or_weights: a :class:`~yolotrain.Yolov5` (used through a fused copy, never modified) or
@@ -292,11 +294,11 @@ class DetectionValidation(Protocol):
         """The raw head maps of ``forward_maps`` and (masks) the prototypes, else None."""
 
     def val_loss(self, criterion: Callable, maps: object, protos: torch.Tensor | None, targets: torch.Tensor,
-                 batch: tuple, device: torch.device, pred_size: tuple[int, int]) -> None: ...
+                 batch: Batch, device: torch.device, pred_size: tuple[int, int]) -> None: ...
 
-    def batch_label_masks(self, batch: tuple, dataset, targets: torch.Tensor) -> list[torch.Tensor] | None: ...
+    def batch_label_masks(self, batch: Batch, dataset, targets: torch.Tensor) -> list[torch.Tensor] | None: ...
 
-    def plot_label_masks(self, batch: tuple) -> torch.Tensor | None: ...
+    def plot_label_masks(self, batch: Batch) -> torch.Tensor | None: ...
 
     def val_stats(self, nc: int) -> DetectionStats: ...
 
@@ -372,7 +374,7 @@ def validate_detections(
                 with timers["preprocess"]:
                     batch = next(iterator, None)
                     if batch is not None:
-                        imgs, targets = batch[0].to(dev, dtype, non_blocking=True), batch[1].to(dev)
+                        imgs, targets = batch.imgs.to(dev, dtype, non_blocking=True), batch.targets.to(dev)
                         if single_cls:
                             targets = torch.cat((targets[:, :1], torch.zeros_like(targets[:, 1:2]), targets[:, 2:]), 1)
                 if batch is None:
@@ -403,7 +405,7 @@ def validate_detections(
                 scorer.add_batch(dets, targets, seen, (h, w), protos, label_masks)
                 if plots and out_dir is not None and batch_index < VAL_BATCH_PLOTS:
                     out_dir.mkdir(parents=True, exist_ok=True)
-                    save_val_batch(out_dir, batch_index, batch[0], targets,
+                    save_val_batch(out_dir, batch_index, batch.imgs, targets,
                                    dets if class_map is None else [_remap(d, class_map.to(d.device)) for d in dets],
                                    names, task.plot_label_masks(batch),
                                    getattr(dataset, "overlap", True), protos)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...data.batch import Batch
 from ...eval.metrics import DetectionStats, Metrics
 from ...eval.val import validate_detections
 
@@ -51,14 +52,14 @@ class DetectEvaluation:
     def split_maps(self, maps: Any) -> tuple[Any, torch.Tensor | None]:
         return maps, None
 
-    def val_loss(self, criterion: Any, maps: Any, protos: torch.Tensor | None, targets: torch.Tensor, batch: tuple,
+    def val_loss(self, criterion: Any, maps: Any, protos: torch.Tensor | None, targets: torch.Tensor, batch: Batch,
                  device: torch.device, pred_size: tuple[int, int]) -> None:
         criterion(maps, targets, pred_size=pred_size)
 
-    def batch_label_masks(self, batch: tuple, dataset: Any, targets: torch.Tensor) -> list[torch.Tensor] | None:
+    def batch_label_masks(self, batch: Batch, dataset: Any, targets: torch.Tensor) -> list[torch.Tensor] | None:
         return None
 
-    def plot_label_masks(self, batch: tuple) -> torch.Tensor | None:
+    def plot_label_masks(self, batch: Batch) -> torch.Tensor | None:
         return None
 
     def val_stats(self, nc: int) -> DetectionStats:

@@ -12,6 +12,7 @@ from typing import Any
 import cv2
 import torch
 
+from ...data.batch import Batch
 from ...data.check import save_label_stats
 from ...data.fingerprint import dataset_record
 from ...data.loaders import build_loaders, run_class_names
@@ -126,14 +127,14 @@ class DetectTraining:
         w, h per image), drawn as ``yolotrain data check`` draws them."""
         return save_label_stats(list(labels), list(names), path)
 
-    def save_training_batch(self, path: Path, imgs: torch.Tensor, targets: torch.Tensor, rest: Sequence[Any],
-                            names: Sequence[str], config: Any) -> bool:
+    def save_training_batch(self, path: Path, batch: Batch, names: Sequence[str], config: Any) -> bool:
         """The batch with its labels' boxes and names (see :func:`yolotrain.draw.draw_batch`)."""
-        cv2.imwrite(str(path), draw_batch(imgs, targets, names, self.batch_masks(rest), config.data.overlap_mask))
+        cv2.imwrite(str(path), draw_batch(batch.imgs, batch.targets, names, self.batch_masks(batch),
+                                          config.data.overlap_mask))
         return True
 
-    def batch_masks(self, rest: Sequence[Any]) -> torch.Tensor | None:
-        """A loader batch's target masks (from its items after the targets); a detection batch has none."""
+    def batch_masks(self, batch: Batch) -> torch.Tensor | None:
+        """A loader batch's target masks; a detection batch has none."""
         return None
 
     @property

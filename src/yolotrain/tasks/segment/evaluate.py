@@ -11,6 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...data.batch import Batch
+from ...data.segment import SegmentBatch
 from ...data.sources import img2label_path
 from ...eval.coco import coco_evaluate
 from ...eval.label_masks import batch_label_masks, read_polygons
@@ -56,19 +58,19 @@ class SegmentEvaluation:
     def split_maps(self, maps: Any) -> tuple[Any, torch.Tensor | None]:
         return maps
 
-    def val_loss(self, criterion: Any, maps: Any, protos: torch.Tensor | None, targets: torch.Tensor, batch: tuple,
+    def val_loss(self, criterion: Any, maps: Any, protos: torch.Tensor | None, targets: torch.Tensor, batch: Batch,
                  device: torch.device, pred_size: tuple[int, int]) -> None:
         # The segmentation loss scores the masks of the batch too.
-        if len(batch) < 5:
+        if not isinstance(batch, SegmentBatch):
             raise ValueError("the validation loss of a segmentation model needs batches with masks "
                              "(a segmentation data loader)")
-        criterion((maps, protos), targets, batch[4].to(device), pred_size=pred_size)
+        criterion((maps, protos), targets, batch.masks.to(device), pred_size=pred_size)
 
-    def batch_label_masks(self, batch: tuple, dataset: Any, targets: torch.Tensor) -> list[torch.Tensor] | None:
+    def batch_label_masks(self, batch: Batch, dataset: Any, targets: torch.Tensor) -> list[torch.Tensor] | None:
         return _label_masks(batch, dataset, targets)
 
-    def plot_label_masks(self, batch: tuple) -> torch.Tensor | None:
-        return batch[4] if len(batch) > 4 else None
+    def plot_label_masks(self, batch: Batch) -> torch.Tensor | None:
+        return batch.masks if isinstance(batch, SegmentBatch) else None
 
     def val_stats(self, nc: int) -> SegmentationStats:
         return SegmentationStats(nc)
@@ -157,15 +159,15 @@ def polygon_rows(det: torch.Tensor, polygons: list[np.ndarray], shape: tuple[int
 
 
 
-def _label_masks(batch: tuple, dataset, targets: torch.Tensor) -> list[torch.Tensor] | None:
-    """Per image of a segmentation batch ``(imgs, targets, paths, shapes, masks)``, the bool masks of its
-    labels in the order of their ``targets`` rows; None for a batch without masks (read from the label
+def _label_masks(batch: Batch, dataset, targets: torch.Tensor) -> list[torch.Tensor] | None:
+    """Per image of a :class:`~yolotrain.data.segment.SegmentBatch`, the bool masks of its labels in the order
+    of their ``targets`` rows; None for a batch without masks (a detection loader's: read from the label
     files instead). ``masks`` are ``[B, h, w]`` overlap masks (value k + 1: the image's k-th label) when
     the dataset's ``overlap`` is true (the default), else ``[n_targets, h, w]`` in the rows' order."""
-    if len(batch) < 5:
+    if not isinstance(batch, SegmentBatch):
         return None
-    masks, image_of = batch[4], targets[:, 0].long().cpu()
-    counts = torch.bincount(image_of, minlength=batch[0].shape[0]).tolist()
+    masks, image_of = batch.masks, targets[:, 0].long().cpu()
+    counts = torch.bincount(image_of, minlength=batch.imgs.shape[0]).tolist()
     if getattr(dataset, "overlap", True):
         return [split_overlap_mask(masks[i], n) for i, n in enumerate(counts)]
     return list((masks[image_of.argsort(stable=True)] > 0).split(counts))

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
 import torch
 
+from ...data.segment import SegmentBatch
 from ...loss import SegmentLoss
 from ..detect.train import TAGS as DETECT_TAGS
 from ..detect.train import DetectTraining
@@ -30,14 +31,13 @@ class SegmentTraining(DetectTraining):
     def training_loss(self, config: Any) -> Callable[..., Callable]:
         return partial(SegmentLoss, overlap=config.data.overlap_mask)
 
-    def batch_masks(self, rest: Sequence[Any]) -> torch.Tensor | None:
-        """A segmentation batch is (imgs, targets, paths, shapes, masks)."""
-        return rest[-1]
+    def batch_masks(self, batch: SegmentBatch) -> torch.Tensor | None:
+        """A segmentation batch's target masks (see :class:`~yolotrain.data.segment.SegmentBatch`)."""
+        return batch.masks
 
-    def training_targets(self, targets: torch.Tensor, rest: Sequence[Any],
-                         device: torch.device) -> tuple[torch.Tensor, ...]:
+    def training_targets(self, batch: SegmentBatch, device: torch.device) -> tuple[torch.Tensor, ...]:
         """The ``[N, 6]`` rows and the target masks, which the loss resizes to the prototypes' size."""
-        return targets.to(device, non_blocking=True), self.batch_masks(rest).to(device, non_blocking=True)
+        return batch.targets.to(device, non_blocking=True), batch.masks.to(device, non_blocking=True)
 
     @property
     def result_columns(self) -> tuple[str, ...]:
