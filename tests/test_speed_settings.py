@@ -249,9 +249,11 @@ def test_the_training_benchmark_runs(tmp_path):
 @pytest.mark.slow
 def test_compiled_training_reports_its_compile_time_and_learns_the_same(tiny_data, tmp_path, capsys):
     """``--compile``: the first step says how long it took; the weights follow the eager run's."""
-    compiled = train(data=str(tiny_data), project=str(tmp_path), name="compiled", compile=True, **QUICK)
+    # float32 on both sides: where --amp auto picks bf16 (a CPU with AMX), compiled and eager bf16 round
+    # differently and the weights drift apart beyond any tolerance that still tells learning apart.
+    compiled = train(data=str(tiny_data), project=str(tmp_path), name="compiled", compile=True, amp="off", **QUICK)
     assert "torch.compile: the first step took" in capsys.readouterr().out
-    eager = train(data=str(tiny_data), project=str(tmp_path), name="eager", **QUICK)
+    eager = train(data=str(tiny_data), project=str(tmp_path), name="eager", amp="off", **QUICK)
     a, b = (read_checkpoint(r.last).model_state for r in (compiled, eager))
     assert a.keys() == b.keys()  # no "_orig_mod." prefixes: checkpoints stay loadable by every tool
     for key in a:
