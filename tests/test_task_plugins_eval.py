@@ -8,7 +8,7 @@ import types
 import pytest
 
 from yolotrain import task as task_registry
-from yolotrain.eval.inference import _check_augmentable, _check_ensemble_member
+from yolotrain.eval.inference import _check_ensemble_member, _check_wrappable
 from yolotrain.task import get_task
 from yolotrain.tasks.detect import DetectTask
 
@@ -64,7 +64,7 @@ def test_a_new_task_is_asked_without_editing_the_shared_code(monkeypatch):
     get_task.cache_clear()
     try:
         with pytest.raises(ValueError, match="^--augment: no keypoint augmentation for p.pt$"):
-            _check_augmentable(Carrier("pose"), "p.pt")
+            _check_wrappable(Carrier("pose"), "p.pt", "--augment")
         with pytest.raises(ValueError, match="^p.pt: keypoints are not merged$"):
             _check_ensemble_member(Carrier("pose"), "p.pt")
     finally:

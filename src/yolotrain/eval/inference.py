@@ -79,9 +79,9 @@ def load_inference_model(models_or_weights: ModelsOrWeights, device: str | torch
         if len(sources) > 1:
             _check_ensemble_member(model, source)
         elif augment:
-            _check_augmentable(model, source)
+            _check_wrappable(model, source, "--augment")
         if slice:
-            _check_sliceable(model, source)
+            _check_wrappable(model, source, "--slice")
     models = [AugmentedDetector(model) if augment else model for model, _ in loaded]
     if len(models) == 1:
         return (SlicedDetector(models[0], slice, slice_overlap) if slice else models[0]), loaded[0][1]
@@ -106,26 +106,17 @@ def _first_names(names: Sequence[str]) -> str:
     return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
 
 
-def _check_augmentable(model: Detector, source: ModelOrWeights) -> None:
-    """Test-time augmentation as the reference's: PyTorch detection models only (its segmentation and
-    classification models have none that works, its exports none at all)."""
+def _check_wrappable(model: Detector, source: ModelOrWeights, option: str) -> None:
+    """``--augment`` (the reference's test-time augmentation: three scales) and ``--slice`` (batches of tiles)
+    run PyTorch models of the tasks that take them: the task refuses its own (a segmentation model's masks
+    come from one image's prototypes, a classifier has no boxes), and an export is fixed at one size or batch."""
     task = task_of(model)
-    if (refusal := task.augment_refusal(_name(source))) is not None:
+    refusal = task.augment_refusal(_name(source)) if option == "--augment" else task.slicing_refusal(_name(source))
+    if refusal is not None:
         raise ValueError(refusal)
     if not task.is_pytorch_model(model):
-        raise ValueError(f"--augment runs PyTorch models at three scales: {_name(source)} is an export; give its "
-                         "checkpoint or .pt")
-
-
-def _check_sliceable(model: Detector, source: ModelOrWeights) -> None:
-    """Slicing: PyTorch detection models (tiles are batched through the network at the tile size, which an
-    export fixed at one size or one batch does not take; a segmentation model's masks come from one image's
-    prototypes)."""
-    task = task_of(model)
-    if (refusal := task.slicing_refusal(_name(source))) is not None:
-        raise ValueError(refusal)
-    if not task.is_pytorch_model(model):
-        raise ValueError(f"--slice runs PyTorch models on batches of tiles: {_name(source)} is an export; give its "
+        how = "at three scales" if option == "--augment" else "on batches of tiles"
+        raise ValueError(f"{option} runs PyTorch models {how}: {_name(source)} is an export; give its "
                          "checkpoint or .pt")
 
 
