@@ -56,8 +56,9 @@ class Task(ABC):
         """The run settings (dotted paths such as ``data.img_size``) that fill those left unset, on the dataset
         ``data`` (``None``: the built-in shapes dataset)."""
 
-    def training_recipe(self) -> Mapping[str, Any]:
-        """Settings (dotted paths) that replace the shared defaults when not given: the task's own recipe."""
+    def training_recipe(self, model: str, data: str | None) -> Mapping[str, Any]:
+        """Settings (dotted paths) that replace the shared defaults when not given: the task's own recipe for the
+        run's ``model`` (its ``--model``) on the dataset ``data`` (``None``: the built-in shapes)."""
         return {}
 
     @abstractmethod

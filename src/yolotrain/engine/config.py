@@ -206,8 +206,8 @@ def resolve_config(config: TrainConfig | Mapping[str, Any] | str | os.PathLike |
     layered = merge(layered, nest(TrainConfig, settings))
     explicit_optimizer = _get(layered, "optim.optimizer") is not None
     resolved = from_mapping(TrainConfig, layered)
-    recipe = {path: value for path, value in get_task(resolved.task).training_recipe().items()
-              if _get(layered, path) is None}
+    task_recipe = get_task(resolved.task).training_recipe(resolved.model, resolved.data.path)
+    recipe = {path: value for path, value in task_recipe.items() if _get(layered, path) is None}
     if recipe:
         resolved = from_mapping(TrainConfig, merge(resolved.to_dict(), nest(TrainConfig, {
             path.rpartition(".")[2]: value for path, value in recipe.items()})))

@@ -54,7 +54,7 @@ class ClassifyTraining:
     def training_defaults(self, data: str | None) -> Mapping[str, Any]:
         return CLASSIFY_DEFAULTS
 
-    def training_recipe(self) -> Mapping[str, Any]:
+    def training_recipe(self, model: str, data: str | None) -> Mapping[str, Any]:
         return CLASSIFY_RECIPE
 
     def from_scratch_hint(self, config: Any) -> str:

@@ -1,19 +1,16 @@
-"""Detection's exports, runtimes and checkpoints: boxes decoded with anchors (or the raw head maps, or final
-detections with NMS inside), and checkpoints rebuilt from a YOLOv5 architecture and anchors."""
+"""Detection's exports, runtimes and checkpoints: decoded boxes (or the raw head maps, or final detections with
+NMS inside); the architecture fields of exports and checkpoints, and the rebuild, are the model's family's."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from ...checkpoint import validate_detector_metadata
+from ...family import family_of
 from ...interop.exporting.graph import BOXES, ExportGraph
-from ...interop.loading.pretrained import checkpoint_detector
 from ...interop.runtime import ExportedModel, differs, output_shape_mismatch, shape_text
-from ...model import Yolov5
 from ...model.yolo import DEFAULT_IMG_SIZE
 
 
@@ -28,11 +25,8 @@ class DetectExport:
     def check_export_options(self, half: bool, int8: bool, raw: bool, nms: bool) -> None:
         """A detector's exports have every option its format offers."""
 
-    def export_metadata(self, model: Yolov5) -> dict[str, str]:
-        head = model.head
-        anchors = (head.anchors * head.stride.view(-1, 1, 1)).tolist()
-        return {"model": f"yolov5{model.version}", "nc": str(head.nc), "anchors": json.dumps(anchors),
-                "strides": json.dumps([int(s) for s in head.stride.tolist()])}
+    def export_metadata(self, model: Any) -> dict[str, str]:
+        return family_of(model).export_metadata(model)
 
     def trace_export(self, graph: ExportGraph, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         maps = graph.model.forward_maps(images)
@@ -72,22 +66,14 @@ class DetectExport:
     def exported_default_img_size(self, runtime: ExportedModel) -> int:
         return runtime.img_size[0] if not runtime.dynamic_size else DEFAULT_IMG_SIZE.get(runtime.max_stride, 640)
 
-    def checkpoint_architecture(self, model: Yolov5) -> dict[str, Any]:
-        head = model.head
-        strides = [float(s) for s in head.stride.tolist()]
-        anchors = (head.anchors.detach().cpu().double() * head.stride.cpu().double().view(-1, 1, 1)).tolist()
-        architecture = {"version": model.version, "nc": int(head.nc), "anchors": anchors, "strides": strides,
-                        "in_channels": int(model.in_channels)}
-        if model.version == "custom":  # self-contained: the layers themselves, not a path to their YAML
-            architecture.update(cfg=model.spec.to_dict())
-        return architecture
+    def checkpoint_architecture(self, model: Any) -> dict[str, Any]:
+        return family_of(model).checkpoint_architecture(model)
 
-    def checkpoint_num_classes(self, model: Yolov5) -> int:
+    def checkpoint_num_classes(self, model: Any) -> int:
         return int(model.head.nc)
 
     def validate_checkpoint(self, metadata: dict[str, Any], bad: Callable[[str, str], Exception]) -> None:
-        validate_detector_metadata(metadata, bad)
+        family_of(metadata).validate_checkpoint(metadata, bad)
 
-    def rebuild_checkpoint(self, metadata: dict[str, Any], state: dict[str, torch.Tensor], source: str) -> Yolov5:
-        return checkpoint_detector(metadata, state, source)
-
+    def rebuild_checkpoint(self, metadata: dict[str, Any], state: dict[str, torch.Tensor], source: str) -> Any:
+        return family_of(metadata).rebuild_checkpoint(metadata, state, source)

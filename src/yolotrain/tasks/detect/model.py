@@ -1,24 +1,20 @@
-"""Detection's models for the command line and the YOLO object: YOLOv5 with a head that serves detection."""
+"""Detection's models for the command line and the YOLO object: those of every model family (YOLOv5's and the
+anchor-free one) whose head serves detection."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...model.spec import published_head
-from ...model.yolo import Yolov5, parse_version
+from ...family import family_names, get_family
 
 
 class DetectModel:
-    """What detection (and segmentation, whose models are YOLOv5's too) answers about its models."""
+    """What detection (and segmentation, whose models are of the same families) answers about its models."""
 
     name: str
 
     def is_pytorch_model(self, model: Any) -> bool:
-        return isinstance(model, Yolov5)
+        return any(get_family(family).owns_model(model) for family in family_names())
 
     def names_model_yaml(self, stem: str) -> bool:
-        try:
-            version = parse_version(stem)
-        except ValueError:
-            return False
-        return published_head(version).task == self.name
+        return any(get_family(family).names_model_yaml(stem, self.name) for family in family_names())

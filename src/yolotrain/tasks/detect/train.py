@@ -1,6 +1,7 @@
-"""Detection's training: a detector on a YOLO dataset (or the built-in shapes), its anchors fitted by
-AutoAnchor, :class:`~yolotrain.loss.YoloLoss`, and its results.csv columns and logger tags. The engine asks
-these through :class:`~yolotrain.task.Task`; segmentation inherits them and overrides what masks change."""
+"""Detection's training: a detector on a YOLO dataset (or the built-in shapes), its results.csv columns and
+logger tags; what its model's head design decides (the recipe, AutoAnchor, the loss, a new head for other
+classes) is the model's family's (:mod:`yolotrain.family`). The engine asks these through
+:class:`~yolotrain.task.Task`; segmentation inherits them and overrides what masks change."""
 
 from __future__ import annotations
 
@@ -19,11 +20,8 @@ from ...data.loaders import build_loaders, run_class_names
 from ...data.shapes import generate_shapes_dataset
 from ...data.sources import resolve_source
 from ...draw import draw_batch
-from ...interop.loading.hub import SHA256
+from ...family import family_of, family_of_name
 from ...interop.loading.resolve import resolve_trainable
-from ...loss import YoloLoss
-from ...model import Yolov5, parse_version
-from ...model.anchors import check_anchors
 from ...model.classify import Classifier
 from ...settings import ConfigError
 from ...task import task_of
@@ -56,11 +54,12 @@ class DetectTraining:
     def training_defaults(self, data: str | None) -> Mapping[str, Any]:
         return SHAPES_DEFAULTS if data is None else DATASET_DEFAULTS
 
+    def training_recipe(self, model: str, data: str | None) -> Mapping[str, Any]:
+        """The recipe of the family whose model ``model`` names (YOLOv5's: the shared defaults)."""
+        return family_of_name(model).training_recipe(data)
+
     def from_scratch_hint(self, config: Any) -> str:
-        name = f"yolov5{parse_version(config.model)}"
-        if f"{name}.pt" in SHA256:
-            return f"--model {name}.pt starts from the official COCO weights"
-        return f"--cfg {name}.yaml --weights {name.removesuffix('-seg')}.pt starts from the detection weights"
+        return family_of_name(config.model).from_scratch_hint(config.model)
 
     def build_training_data(self, trainer: Any, autobatch: Callable[[], Any]) -> None:
         """A detection or segmentation model on a YOLO dataset (the shapes when none is given); the model
@@ -99,20 +98,16 @@ class DetectTraining:
                                              generated=cfg.data.path is None)
 
     def fit_anchors(self, trainer: Any, model: Any) -> None:
-        """AutoAnchor on the training labels; every process computes the same anchors from the seed."""
-        cfg = trainer.config
-        report = check_anchors(model, trainer.train_set.shapes, trainer.train_set.labels, cfg.data.img_size,
-                               cfg.loss.anchor_t, seed=cfg.seed, log=trainer._log if trainer.ctx.is_main else None)
-        if trainer.ctx.is_main:
-            trainer._log(report.summary())
+        family_of(model).fit_anchors(trainer, model)
 
-    def training_loss(self, config: Any) -> Callable[..., Callable]:
-        """The task's loss class (or factory), called as ``loss(model, rect_training=, img_size=, hyp=)``."""
-        return YoloLoss
+    def training_loss(self, model: Any, config: Any) -> Callable[..., Callable]:
+        """The loss class (or factory) of ``model``'s family for this task, called as
+        ``loss(model, rect_training=, img_size=, hyp=)``."""
+        return family_of(model).training_loss(self.name, config)
 
     def training_criteria(self, model: Any, ema_model: Any | None, config: Any,
                           custom: Callable[[Any, bool], Callable] | None) -> tuple[Callable, Callable | None]:
-        loss = self.training_loss(config)
+        loss = self.training_loss(model, config)
         img_size = config.data.img_size
         criterion = (custom(model, config.data.rect) if custom is not None
                      else loss(model, rect_training=config.data.rect, img_size=img_size, hyp=config.loss))
@@ -120,7 +115,7 @@ class DetectTraining:
                            if ema_model is not None else None)
 
     def model_label(self, model: Any) -> str:
-        return f"yolov5{model.version}"
+        return model.arch_name
 
     def save_training_labels(self, path: Path, labels: Any, names: Sequence[str]) -> Path:
         """Instances per class, box centres and box sizes (``labels``: one ``[n, 5]`` array of class, cx, cy,
@@ -161,13 +156,13 @@ class DetectTraining:
         return TAGS
 
 
-def _detection_model(trainer: Any) -> Yolov5:
+def _detection_model(trainer: Any) -> Any:
     model = resolve_trainable(trainer.config.model, names=trainer.names)
     if isinstance(model, Classifier):
         raise ConfigError(f"{trainer.config.model} is a classifier: --data must be a folder of class folders "
                           f"(train/<class>/*.jpg, val/<class>/*.jpg), got {trainer.config.data.path or 'none'}")
     if model.num_classes != len(trainer.names):  # weights trained on other classes
-        model = with_new_head(model, len(trainer.names))
+        model = family_of(model).with_new_head(model, len(trainer.names))
     model.names = list(trainer.names)
     pretrained = trainer.config.pretrained
     if pretrained is not None and trainer.resume_from is None:
@@ -175,8 +170,7 @@ def _detection_model(trainer: Any) -> Yolov5:
         fresh = model.load_matching(source.state_dict())
         if trainer.ctx.is_main:
             total = len(model.state_dict())
-            trainer._log(f"Transferred {total - len(fresh)}/{total} tensors from {pretrained} into "
-                         f"yolov5{model.version}")
+            trainer._log(f"Transferred {total - len(fresh)}/{total} tensors from {pretrained} into {model.arch_name}")
     return model
 
 
@@ -188,13 +182,3 @@ def _log_detection_of_polygons(trainer: Any, has_polygons: bool) -> None:
     if trainer.config.augment.copy_paste:
         trainer._log(f"copy_paste {trainer.config.augment.copy_paste:g} is left out: it pastes objects by their "
                      "masks, which only a segmentation model trains")
-
-
-def with_new_head(model: Yolov5, num_classes: int) -> Yolov5:
-    """Same backbone and neck for another class count; the Detect convolutions start fresh."""
-    anchors = model.head.anchors * model.head.stride.view(-1, 1, 1)
-    fresh = Yolov5(model.spec, num_classes=num_classes, anchors=anchors, in_channels=model.in_channels)
-    head_convs = f"model.{len(model.model) - 1}.m."
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith(head_convs)}
-    fresh.load_state_dict(state, strict=False)  # same architecture: only the head convolutions are missing
-    return fresh

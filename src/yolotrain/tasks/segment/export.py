@@ -4,12 +4,12 @@ masks as a second output; no raw maps, NMS inside or int8."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from ...interop.exporting.graph import BOXES, MASK_PROTOTYPES, ExportGraph
 from ...interop.runtime import ExportedModel, decoded_only_problem, differs, shape_text
-from ...model import Yolov5
 from ..detect.export import DetectExport
 
 
@@ -29,7 +29,7 @@ class SegmentExport(DetectExport):
             raise ValueError("int8 export is for detection models: how int8 prototype masks score is not measured; "
                              "export a segmentation model in fp32 or fp16 (--half)")
 
-    def export_metadata(self, model: Yolov5) -> dict[str, str]:
+    def export_metadata(self, model: Any) -> dict[str, str]:
         return {**super().export_metadata(model), "task": "segment", "nm": str(model.num_masks)}
 
     def trace_export(self, graph: ExportGraph, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

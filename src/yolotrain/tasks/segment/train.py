@@ -1,16 +1,13 @@
-"""Segmentation's training: detection's, with the loader's target masks, :class:`~yolotrain.loss.SegmentLoss`
-(``--overlap-mask``), and the mask results' columns and tags."""
+"""Segmentation's training: detection's, with the loader's target masks (the family's segmentation loss takes
+them), and the mask results' columns and tags."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from functools import partial
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 
 from ...data.segment import SegmentBatch
-from ...loss import SegmentLoss
 from ..detect.train import TAGS as DETECT_TAGS
 from ..detect.train import DetectTraining
 
@@ -27,9 +24,6 @@ class SegmentTraining(DetectTraining):
     """Segmentation's answers to the engine where they differ from detection's."""
 
     trains_masks = True
-
-    def training_loss(self, config: Any) -> Callable[..., Callable]:
-        return partial(SegmentLoss, overlap=config.data.overlap_mask)
 
     def batch_masks(self, batch: SegmentBatch) -> torch.Tensor | None:
         """A segmentation batch's target masks (see :class:`~yolotrain.data.segment.SegmentBatch`)."""
