@@ -224,6 +224,18 @@ def test_non_square_batch_needs_rect_training(oracle):
         criterion([m[:, :-1] for m in maps], torch.zeros(0, 6))
 
 
+@pytest.mark.parametrize(("column", "value", "message"), [(0, 2, "image indices must lie in 0..1"),
+                                                         (1, NC, "classes must lie in 0..2"),
+                                                         (2, float("nan"), "NaN or infinite")])
+def test_targets_outside_the_batch_or_classes_are_refused(oracle, column, value, message):
+    generator = torch.Generator().manual_seed(2)
+    maps = random_maps(generator, 2, (64, 64), 4 * 16 + NC)
+    targets = random_targets(generator, [2, 2])
+    targets[-1, column] = value
+    with pytest.raises(ValueError, match=message):
+        AnchorFreeLoss(adapter(oracle.detect))(maps, targets)
+
+
 def test_non_finite_maps_raise_divergence_error_in_training_only(oracle):
     generator = torch.Generator().manual_seed(4)
     maps = random_maps(generator, 2, (64, 64), 4 * 16 + NC)

@@ -91,7 +91,6 @@ class AnchorFreeLoss:
                  hyp: AnchorFreeLossConfig | Mapping[str, float] | None = None) -> None:
         head = getattr(model, "module", model).head  # unwrap DistributedDataParallel
         self.rect_training = rect_training
-        self.img_size = img_size
         self.hyp = hyp if isinstance(hyp, AnchorFreeLossConfig) else from_mapping(AnchorFreeLossConfig, hyp or {})
         self.nc, self.reg_max, self.nm = head.nc, head.reg_max, getattr(head, "nm", 0)
         if self.reg_max < 2:
@@ -130,10 +129,13 @@ class AnchorFreeLoss:
         targets = targets_to_tensor(targets, maps[0].device)
         if not torch.isfinite(targets).all():
             raise ValueError("targets contain NaN or infinite values")
-        images = targets[:, 0]
-        if images.numel() and (images.min() < 0 or images.max() >= maps[0].shape[0]):
-            raise ValueError(f"target image indices must lie in 0..{maps[0].shape[0] - 1} (the batch), "
-                             f"got {images.min():g}..{images.max():g}")
+        if targets.shape[0]:
+            low, high = targets[:, :2].amin(0).tolist(), targets[:, :2].amax(0).tolist()
+            if low[0] < 0 or high[0] >= maps[0].shape[0]:
+                raise ValueError(f"target image indices must lie in 0..{maps[0].shape[0] - 1} (the batch), "
+                                 f"got {low[0]:g}..{high[0]:g}")
+            if low[1] < 0 or high[1] >= self.nc:
+                raise ValueError(f"target classes must lie in 0..{self.nc - 1}, got {low[1]:g}..{high[1]:g}")
         self.step += 1
         return maps, targets
 
@@ -142,14 +144,10 @@ class AnchorFreeLoss:
         if isinstance(outputs, torch.Tensor) or len(outputs) != self.nl:
             raise ValueError(f"expected the {self.nl} raw head maps of a model in train() mode; "
                              "got decoded eval() output (call model.train())")
-        for level, stride in zip(outputs, self.strides):
+        for level in outputs:
             if level.ndim != 4 or level.shape[1] != channels:
                 raise ValueError(f"head map of shape {tuple(level.shape)} does not match [B, {channels}, H, W] "
                                  f"(4 x {self.reg_max} box bins, {self.nc} classes, {self.nm} mask coefficients)")
-            if (level.shape[2] * stride, level.shape[3] * stride) != (outputs[0].shape[2] * self.strides[0],
-                                                                       outputs[0].shape[3] * self.strides[0]):
-                raise ValueError(f"head maps of sizes {[tuple(o.shape[2:]) for o in outputs]} do not match "
-                                 f"the strides {list(self.strides)}")
         height, width = self._image_size(outputs, pred_size)
         if not self.rect_training and height != width:
             raise ValueError(f"non-square batch {height}x{width}: pass rect_training=True to train on "
@@ -163,8 +161,7 @@ class AnchorFreeLoss:
         assignment = self.assigner(class_logits.detach().sigmoid(), predictions.boxes.detach() * strides,
                                    predictions.points * strides, padded.labels, padded.boxes, padded.valid)
         score_sum = assignment.scores.sum().clamp(min=1)
-        lcls = F.binary_cross_entropy_with_logits(class_logits, assignment.scores.to(class_logits.dtype),
-                                                  reduction="sum")
+        lcls = F.binary_cross_entropy_with_logits(class_logits, assignment.scores, reduction="sum")
 
         # Box terms on the foreground only, each weighted by its soft class target; in strides.
         image, point = assignment.foreground.nonzero(as_tuple=True)

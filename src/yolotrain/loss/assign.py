@@ -19,7 +19,6 @@ import math
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from ..boxes import xywh_to_xyxy, xyxy_to_xywh
 
@@ -113,9 +112,11 @@ class TaskAlignedAssigner:
         best_alignment = positive_alignment.amax(-1, keepdim=True)
         best_overlap = (overlaps * positive).amax(-1, keepdim=True)
         strength = (positive_alignment * best_overlap / (best_alignment + ALIGN_EPS)).amax(1)  # [B, A]
-        one_hot = F.one_hot(labels, self.num_classes) * foreground[..., None]
-        return Assignment(labels=labels, boxes=assigned_boxes, scores=one_hot * strength[..., None],
-                          foreground=foreground, target_index=target_index)
+        classes = torch.arange(self.num_classes, device=labels.device)
+        target_class = (classes == labels[..., None]) & foreground[..., None]                    # [B, A, nc]
+        scores = torch.where(target_class, strength[..., None], 0.0)
+        return Assignment(labels=labels, boxes=assigned_boxes, scores=scores, foreground=foreground,
+                          target_index=target_index)
 
     def _points_inside(self, points: torch.Tensor, gt_boxes: torch.Tensor, gt_valid: torch.Tensor) -> torch.Tensor:
         """``[B, M, A]``: the points strictly inside each target's box, its sides widened to ``min_side`` at least
@@ -124,9 +125,9 @@ class TaskAlignedAssigner:
         narrow = (xywh[..., 2:] < self.min_side) & gt_valid[..., None]
         sides = torch.where(narrow, torch.full_like(xywh[..., 2:], self.min_side), xywh[..., 2:])
         widened = xywh_to_xyxy(torch.cat((xywh[..., :2], sides), -1))
-        top_left, bottom_right = widened[..., None, :2], widened[..., None, 2:]                 # [B, M, 1, 2]
-        inside = torch.cat((points - top_left, bottom_right - points), -1)                      # [B, M, A, 4]
-        return inside.amin(-1) > ALIGN_EPS
+        x1, y1, x2, y2 = widened[..., None].unbind(-2)                                         # [B, M, 1] each
+        x, y = points.unbind(-1)
+        return (x - x1 > ALIGN_EPS) & (y - y1 > ALIGN_EPS) & (x2 - x > ALIGN_EPS) & (y2 - y > ALIGN_EPS)
 
     def _alignment(self, scores: torch.Tensor, boxes: torch.Tensor, gt_labels: torch.Tensor, gt_boxes: torch.Tensor,
                    candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,5 +146,6 @@ class TaskAlignedAssigner:
     def _one_target_per_point(positive: torch.Tensor, overlaps: torch.Tensor) -> torch.Tensor:
         """A point positive for several targets keeps only the target it overlaps most (among all candidates)."""
         claimed_twice = positive.sum(1, keepdim=True) > 1                                       # [B, 1, A]
-        best = F.one_hot(overlaps.max(1).indices, overlaps.shape[1]).transpose(1, 2).bool()     # [B, M, A]
+        targets = torch.arange(overlaps.shape[1], device=overlaps.device)[:, None]              # [M, 1]
+        best = targets == overlaps.max(1, keepdim=True).indices                                 # [B, M, A]
         return torch.where(claimed_twice, best, positive)
