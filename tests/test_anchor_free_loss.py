@@ -120,6 +120,24 @@ def test_detection_loss_and_gradients_equal_ultralytics(oracle, case):
         assert criterion.components[0] > 0 and criterion.components[2] > 0
 
 
+def test_maps_of_ultralytics_own_forward_give_its_loss(oracle):
+    """The layout of the maps (box bins first, then class logits, per level) is the head's own: the maps cut from
+    the training outputs of ultralytics' model (its initial biases: wide boxes, rare classes) give its loss."""
+    model = oracle.detect.train()
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(8))
+    preds = model(images)
+    sizes = [feature.shape[2:] for feature in preds["feats"]]
+    counts = [h * w for h, w in sizes]
+    maps = [torch.cat((boxes, scores), 1).unflatten(2, size).detach().requires_grad_()
+            for boxes, scores, size in zip(preds["boxes"].split(counts, 2), preds["scores"].split(counts, 2), sizes)]
+    targets = random_targets(torch.Generator().manual_seed(9), [3, 2])
+    criterion = AnchorFreeLoss(adapter(model))
+    ours = criterion(maps, targets)
+    theirs, their_parts = oracle.detection_loss(their_preds(maps, 16, NC), their_batch(targets))
+    assert_same_loss(ours, criterion.components, theirs, their_parts, maps)
+    torch.testing.assert_close(theirs.sum(), oracle.detection_loss(preds, their_batch(targets))[0].sum(), **TOLERANCE)
+
+
 def test_detection_rows_in_any_image_order_give_the_same_loss(oracle):
     """Targets need not come image by image: each image's own order is what counts."""
     generator = torch.Generator().manual_seed(5)
