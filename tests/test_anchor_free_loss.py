@@ -33,8 +33,8 @@ def oracle(tmp_path_factory):
         torch.manual_seed(0)
         detect = DetectionModel("yolov8n.yaml", nc=NC, verbose=False)
         segment = SegmentationModel("yolov8n-seg.yaml", nc=NC, verbose=False)
-        for model, overlap in ((detect, True), (segment, True)):
-            model.args = SimpleNamespace(box=7.5, cls=0.5, dfl=1.5, overlap_mask=overlap)
+        for model in (detect, segment):  # the hyperparameters ultralytics' criteria read (its defaults)
+            model.args = SimpleNamespace(box=7.5, cls=0.5, dfl=1.5, overlap_mask=True)
         yield SimpleNamespace(detect=detect, segment=segment, detection_loss=v8DetectionLoss(detect),
                               segmentation_loss=v8SegmentationLoss, assigner=TheirAssigner, make_anchors=make_anchors)
 
