@@ -25,7 +25,10 @@ _HEAD_LINEAR = re.compile(r"model\.(\d+)\.linear\.weight")
 
 
 def _is_classifier(obj: Any) -> bool:
+    """Whether ``obj`` is a YOLOv5 classifier (an Ultralytics ``ClassificationModel`` is another architecture)."""
     if isinstance(obj, PickledObject):
+        if obj.pickled_name.startswith("ultralytics."):
+            return False
         if obj.pickled_name.rpartition(".")[2] == CLASSIFICATION_MODEL:
             return True
         body = (obj.get("_modules") or {}).get("model")

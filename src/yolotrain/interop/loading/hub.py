@@ -7,6 +7,10 @@ downloaded with a progress bar, its SHA-256 is checked against :data:`SHA256`, a
 file is moved into the folder (atomically: an interrupted download never leaves a partial file
 under the real name). An asset without a known hash is never downloaded, since it could not be
 verified. Any failure is one line naming the URL and the folder to put the file in.
+
+Official Ultralytics names (``yolov8n.pt``, ``yolo11n-seg.pt``, ``yolov5nu.pt`` ...: :data:`ULTRALYTICS_WEIGHTS`) are
+found the same way on disk but never downloaded: Ultralytics publishes no SHA-256 of its release assets (and has
+re-released files under the same names), so a missing one is one line naming its release URL and the folder.
 """
 
 from __future__ import annotations
@@ -30,6 +34,13 @@ RELEASE_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
 OFFICIAL_WEIGHTS = ("yolov5n.pt", "yolov5s.pt", "yolov5m.pt", "yolov5l.pt", "yolov5x.pt",
                     "yolov5n6.pt", "yolov5s6.pt", "yolov5m6.pt", "yolov5l6.pt", "yolov5x6.pt",
                     "yolov5n-seg.pt", "yolov5s-seg.pt", "yolov5m-seg.pt", "yolov5l-seg.pt", "yolov5x-seg.pt")
+# The Ultralytics assets release its own code downloads YOLOv8/YOLO11/YOLOv5u weights from (named in messages only).
+ULTRALYTICS_RELEASE_URL = "https://github.com/ultralytics/assets/releases/download/v8.3.0"
+# Official Ultralytics checkpoints of the families and tasks interop/loading/ultralytics.py reads: YOLOv8 and YOLO11
+# detection, segmentation and classification, and the anchor-free YOLOv5u detectors.
+ULTRALYTICS_WEIGHTS = (tuple(f"{family}{size}{suffix}.pt" for family in ("yolov8", "yolo11")
+                             for suffix in ("", "-seg", "-cls") for size in "nsmlx")
+                       + tuple(f"yolov5{size}u.pt" for size in "nsmlx"))
 # SHA-256 of the v7.0 release assets. Names missing from this table (the segmentation models: no hash
 # of them could be checked against a copy) are not downloaded: a file that cannot be verified is not
 # used. yolov5n.pt was hashed here from a copy of the file. The others come
@@ -64,15 +75,18 @@ def weights_dir() -> Path:
 
 
 def release_url(name: str) -> str:
-    """Where the release asset ``name`` is downloaded from."""
+    """Where the release asset ``name`` is downloaded from (an Ultralytics one: where to download it by hand)."""
+    if name in ULTRALYTICS_WEIGHTS:
+        return f"{ULTRALYTICS_RELEASE_URL}/{name}"
     base = os.environ.get("YOLOTRAIN_WEIGHTS_URL") or RELEASE_URL
     return f"{base.rstrip('/')}/{name}"
 
 
 def is_official_name(spec: str | os.PathLike) -> bool:
-    """Whether ``spec`` is a bare official weights file name such as ``yolov5s.pt`` (no folder part)."""
+    """Whether ``spec`` is a bare official weights file name such as ``yolov5s.pt`` or ``yolov8n.pt`` (no folder
+    part)."""
     text = os.fspath(spec)
-    return Path(text).name == text and text in OFFICIAL_WEIGHTS
+    return Path(text).name == text and (text in OFFICIAL_WEIGHTS or text in ULTRALYTICS_WEIGHTS)
 
 
 def resolve_weights(spec: str | os.PathLike) -> Path:
@@ -96,6 +110,9 @@ def download_weights(name: str, target: Path) -> Path:
     """Download the release asset ``name`` to ``target``, verified against :data:`SHA256`."""
     url = release_url(name)
     put_it = f"download {url} yourself and put it in {target.parent}"
+    if name in ULTRALYTICS_WEIGHTS:
+        raise WeightsUnavailableError(f"{name}: not in the working folder nor in {target.parent}; Ultralytics "
+                                      f"publishes no SHA-256 for its weights, so they are not downloaded: {put_it}")
     expected = SHA256.get(name)
     if expected is None:
         raise WeightsUnavailableError(f"{name}: no verified SHA-256 for it is known to this version of yolotrain, "

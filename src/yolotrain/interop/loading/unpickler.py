@@ -7,7 +7,7 @@ resolves only:
 - plain containers (``OrderedDict``, ``set`` ...) and the tensor rebuild functions, re-implemented
   here from raw bytes (no torch storage machinery runs);
 - classes of known model code (the reference's ``models.*``, ``torch.nn`` modules, numpy scalars,
-  ultralytics' classes so they can be named in errors) as inert :class:`PickledObject` placeholders
+  Ultralytics' ``ultralytics.*`` models, read by :mod:`.ultralytics`) as inert :class:`PickledObject` placeholders
   that only record their constructor arguments and state; ``builtins.getattr`` on such a placeholder
   (how a pickle names a method, such as the ``Detect.forward`` a reference ``Segment`` head keeps) gives
   another placeholder, and is refused on anything else;
@@ -36,7 +36,7 @@ from ...checkpoint import CheckpointError
 PLACEHOLDER_MODULES: tuple[str, ...] = (
     "models",               # ultralytics/yolov5 repository checkout
     "yolov5.models",        # the PyPI ``yolov5`` package
-    "ultralytics",          # YOLOv8+ (recognised only to name it in an error)
+    "ultralytics",          # YOLOv8, YOLO11, YOLOv5u ... (its models, heads, blocks and IterableSimpleNamespace)
     "torch.nn.modules",
     # The inference transforms classify/train.py attaches to a classifier (never called here).
     "torchvision.transforms",
