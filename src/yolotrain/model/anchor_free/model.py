@@ -1,0 +1,183 @@
+"""The anchor-free YOLO detector and instance segmenter (YOLOv5u, YOLOv8, YOLO11, or any architecture written in
+the reference's anchor-free model-YAML format), with the interface of :class:`~yolotrain.model.Yolov5`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...detector import Task
+from ..blocks import fuse_convs
+from ..spec import MAX_CLASSES
+from ..yolo import DEFAULT_IMG_SIZE, PRECISIONS
+from .head import AnchorFreeDetect
+from .spec import AnchorFreeSpec, build_layers, builtin_spec, matching_name, parse_name, read_model_yaml
+
+
+class AnchorFreeYolo(nn.Module):
+    """Anchor-free YOLO detector, or instance segmenter when its head is a Segment one (``yolov8n-seg``).
+
+    ``arch`` is a published name (``yolov5nu``, ``yolov5n6u``, ``yolov8n``, ``yolov8n-p6``, ``yolov8n-seg``,
+    ``yolo11n``, ``yolo11n-seg`` …) or an :class:`AnchorFreeSpec` (see :meth:`from_yaml`). In ``train()`` mode
+    ``model(imgs)`` returns one raw head map ``[B, 4*reg_max + nc, H/s, W/s]`` per level (distance logits, class
+    logits); in ``eval()`` mode decoded predictions ``[B, N, 5+nc]`` (cx, cy, w, h in pixels, an objectness of
+    1, class scores: the YOLOv5 form, so its NMS, validation and exports apply unchanged). A segmentation model
+    has :attr:`num_masks` mask coefficients after the class logits or scores (raw in both modes) and returns
+    ``(maps, proto)`` in ``train()`` mode, ``(decoded, proto)`` in ``eval()`` mode, ``proto`` being the prototype
+    masks ``[B, nm, H/4, W/4]``. Input sides must be multiples of the largest stride.
+
+    ``self.model`` keeps the reference's layer indices, so a reference ``state_dict`` loads unchanged.
+    ``version`` is the published name, or ``'custom'`` for a spec that is not one of them.
+    """
+
+    task: Task = "detect"
+    dynamic_size = True
+    fixed_size = None
+    end_to_end = False
+
+    def __init__(self, arch: str | AnchorFreeSpec = "yolov8n", num_classes: int = 80,
+                 names: Sequence[str] | None = None, in_channels: int | None = None) -> None:
+        super().__init__()
+        if isinstance(num_classes, bool) or not 1 <= int(num_classes) <= MAX_CLASSES:
+            raise ValueError(f"num_classes must be from 1 to {MAX_CLASSES}, got {num_classes}")
+        if isinstance(arch, AnchorFreeSpec):
+            self.spec = arch
+            self.version = matching_name(arch) or "custom"
+        else:
+            self.version = parse_name(arch)
+            self.spec = builtin_spec(self.version)
+        if self.spec.head_block not in ("Detect", "Segment"):
+            raise ValueError(f"{self.spec.where()} ends in {self.spec.head_block or 'no head'}, not Detect or "
+                             "Segment: a classifier is built by anchor_free_classifier")
+        self.num_classes = int(num_classes)
+        self.names = [str(n) for n in names] if names is not None else [str(i) for i in range(self.num_classes)]
+        if len(self.names) != self.num_classes:
+            raise ValueError(f"{len(self.names)} class names for {self.num_classes} classes")
+        self.in_channels = int(self.spec.in_channels if in_channels is None else in_channels)
+        built = build_layers(self.spec, self.num_classes, self.in_channels)
+        self.model = nn.ModuleList(built.modules)
+        self.layer_inputs = built.inputs
+        self.saved_outputs = built.saved
+        self.max_stride = int(max(max(built.strides), self.head.stride.max().item()))
+        self.task: Task = self.head.task
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, num_classes: int | None = None, names: Sequence[str] | None = None,
+                  in_channels: int | None = None, scale: str | None = None) -> AnchorFreeYolo:
+        """Build the architecture of a reference-format model YAML (``nc``, ``scales`` or multiples,
+        ``backbone``/``head``) at ``scale`` (else the one its file name says, else its first);
+        ``num_classes`` overrides its ``nc``.
+
+        Blocks: Conv, C3, C2, C2f, C3k2, C2PSA, SPPF, Bottleneck, Concat, nn.Upsample, then Detect or Segment.
+        A bad entry raises a one-line ValueError naming ``file:line``.
+        """
+        spec = read_model_yaml(path, scale)
+        return cls(spec, num_classes=spec.nc if num_classes is None else num_classes, names=names,
+                   in_channels=in_channels)
+
+    @property
+    def head(self) -> AnchorFreeDetect:
+        return self.model[-1]
+
+    @property
+    def num_masks(self) -> int:
+        """Mask coefficients per prediction, one per prototype mask (0 for a detector)."""
+        return self.head.nm
+
+    @property
+    def num_protos(self) -> int:
+        """Hidden channels of the prototype module (0 for a detector)."""
+        return self.head.npr
+
+    @property
+    def arch_name(self) -> str:
+        """The architecture's name: ``yolov8n``, ``yolo11s-seg``, ``yolov5nu`` (``custom`` for a YAML's own)."""
+        return self.version
+
+    @property
+    def stride(self) -> torch.Tensor:
+        return self.head.stride
+
+    @property
+    def size_multiple(self) -> int:
+        """Input sides are multiples of the largest stride (:attr:`max_stride`)."""
+        return self.max_stride
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @property
+    def precision(self) -> str:
+        return PRECISIONS.get(self.dtype, str(self.dtype).removeprefix("torch."))
+
+    @property
+    def default_img_size(self) -> int:
+        """The input size the published weights of this architecture were trained at (1280 for P6)."""
+        return DEFAULT_IMG_SIZE.get(self.max_stride, 640)
+
+    def forward_maps(self, imgs: torch.Tensor) -> list[torch.Tensor] | tuple[list[torch.Tensor], torch.Tensor]:
+        """Raw head maps whatever the mode (validation loss needs them in eval mode too); with the
+        prototype masks, ``(maps, proto)``, for a segmentation model."""
+        return self.head(self._head_inputs(imgs))
+
+    def _head_inputs(self, imgs: torch.Tensor) -> list[torch.Tensor]:
+        """The feature maps the head (the last layer) takes, from every layer before it."""
+        self._check_input(imgs)
+        kept: dict[int, torch.Tensor] = {}
+        x: Any = imgs
+        for i, (layer, source) in enumerate(zip(self.model, self.layer_inputs)):
+            if isinstance(source, list):
+                x = [x if j == i - 1 else kept[j] for j in source]
+            elif source != i - 1 and i > 0:
+                x = kept[source]
+            if i == len(self.model) - 1:
+                return x
+            x = layer(x)
+            if i in self.saved_outputs:
+                kept[i] = x
+        raise AssertionError("the model has no layers")
+
+    def forward(self, imgs: torch.Tensor) -> Any:
+        """Train mode: the raw maps (segmentation: ``(maps, proto)``); eval mode: the decoded predictions
+        (segmentation: ``(decoded, proto)``)."""
+        outputs = self.forward_maps(imgs)
+        if self.training:
+            return outputs
+        if self.num_masks:
+            maps, proto = outputs
+            return self.head.decode(maps), proto
+        return self.head.decode(outputs)
+
+    def _check_input(self, imgs: torch.Tensor) -> None:
+        if imgs.ndim != 4 or imgs.shape[1] != self.in_channels:
+            raise ValueError(f"expected images [B, {self.in_channels}, H, W], got shape {tuple(imgs.shape)}")
+        h, w = imgs.shape[2:]
+        if h % self.max_stride or w % self.max_stride:
+            raise ValueError(f"image sides must be multiples of {self.max_stride}, got {h}x{w} "
+                             "(letterbox or resize first)")
+
+    def load_matching(self, state: dict[str, torch.Tensor]) -> list[str]:
+        """Copy every tensor of ``state`` whose name and shape this model has (a YOLOv5 model's backbone and
+        neck, ``model.0`` … ``model.23``, into a YOLOv5u one; detection weights into a segmentation model, or
+        into another class count); returns the names of this model's tensors left as they were."""
+        own = self.state_dict()
+        matching = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        self.load_state_dict(matching, strict=False)
+        return [k for k in own if k not in matching]
+
+    def fuse(self) -> AnchorFreeYolo:
+        """Fold every BatchNorm into its convolution (inference only); returns self in eval mode."""
+        fuse_convs(self)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"version={self.version!r}, num_classes={self.num_classes}, task={self.task!r}"

@@ -1,0 +1,228 @@
+"""The anchor-free family (YOLOv5u, YOLOv8, YOLO11) against ultralytics 8.4, the oracle: layers, parameters and
+state dict names of every published architecture, outputs in train and eval mode with the oracle's weights,
+fusion, the classifiers, and model YAMLs (custom ones, errors by line)."""
+
+import copy
+import re
+
+import pytest
+import torch
+
+from yolotrain.model import Yolov5
+from yolotrain.model.anchor_free import AnchorFreeYolo, anchor_free_classifier, build_layers, builtin_spec
+from yolotrain.model.anchor_free.spec import LAYOUTS, PUBLISHED, SCALE_NAMES
+
+# The figures the reference publishes (its YAMLs' summaries) at 80 classes.
+PUBLISHED_PARAMETERS = {"yolov5nu": 2_654_816, "yolov8n": 3_157_200, "yolov8n-seg": 3_409_968, "yolo11n": 2_624_080,
+                        "yolov8s": 11_166_560, "yolov8n-p6": 4_984_352, "yolo11s": 9_458_752,
+                        "yolo11n-seg": 2_876_848}
+IMAGE_SIZES = ((64, 96), (64, 64))
+
+
+@pytest.fixture(scope="module")
+def ultralytics(tmp_path_factory):
+    """ultralytics' model builders, offline, its settings file in a temporary folder."""
+    config_dir = tmp_path_factory.mktemp("ultralytics")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("YOLO_CONFIG_DIR", "ULTRALYTICS_CONFIG_DIR"):
+            patch.setenv(name, str(config_dir))
+        patch.setenv("YOLO_OFFLINE", "1")
+        pytest.importorskip("ultralytics")
+        from ultralytics.nn import tasks
+
+        yield tasks
+
+
+def reference_yaml(name: str) -> str:
+    """The reference's YAML name for a published architecture (its P6 YOLOv5u YAMLs are ``yolov5n-p6``)."""
+    return name.replace("6u", "-p6") if name.startswith("yolov5") and name.endswith("6u") else name
+
+
+def randomised(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """``model`` with random BatchNorm statistics and affine parameters, so that every layer's numbers matter."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                n = module.num_features
+                module.running_mean.copy_(torch.randn(n, generator=generator) * 0.1)
+                module.running_var.copy_(torch.rand(n, generator=generator) + 0.5)
+                module.weight.copy_(torch.rand(n, generator=generator) + 0.5)
+                module.bias.copy_(torch.randn(n, generator=generator) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_scale_has_the_oracles_layers_parameters_and_state_dict_names(ultralytics, layout):
+    for scale in SCALE_NAMES:
+        name = next(n for n, (lay, s) in PUBLISHED.items() if lay == layout and s == scale)
+        cfg = ultralytics.yaml_model_load(reference_yaml(name) + ".yaml")
+        with torch.device("meta"):
+            reference, _ = ultralytics.parse_model(copy.deepcopy(cfg), ch=3, verbose=False)
+        ours = torch.nn.Sequential(*build_layers(builtin_spec(name), cfg["nc"], 3, build=False).modules)
+        assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in reference.parameters()), name
+        theirs = {k: v.shape for k, v in reference.state_dict().items()}
+        assert {k: v.shape for k, v in ours.state_dict().items()} == theirs, name
+
+
+@pytest.mark.parametrize(("name", "parameters"), PUBLISHED_PARAMETERS.items())
+def test_parameter_counts_are_the_published_ones(name, parameters):
+    built = build_layers(builtin_spec(name), 80, 3, build=False)
+    assert sum(p.numel() for m in built.modules for p in m.parameters()) == parameters
+
+
+def flat_maps(maps: list[torch.Tensor]) -> torch.Tensor:
+    """Per-level maps ``[B, C, H, W]`` as the oracle's ``[B, C, N]`` (levels' cells one after another)."""
+    return torch.cat([m.flatten(2) for m in maps], 2)
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "yolo11n", "yolov5nu", "yolov8n-seg"])
+def test_outputs_equal_the_oracles_with_its_weights(ultralytics, name):
+    builder = ultralytics.SegmentationModel if name.endswith("-seg") else ultralytics.DetectionModel
+    torch.manual_seed(0)
+    reference = randomised(builder(f"{name}.yaml", nc=80, verbose=False))
+    ours = AnchorFreeYolo(name, num_classes=80)
+    ours.load_state_dict(reference.state_dict())  # strict: the same names and shapes
+    assert ours.arch_name == name and ours.max_stride == 32 and ours.stride.tolist() == [8, 16, 32]
+    nc, nm, reg_max = 80, ours.num_masks, ours.head.reg_max
+    for size in IMAGE_SIZES:
+        imgs = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(size[1]))
+        # Train mode: the raw maps are the oracle's distance, class (and mask coefficient) outputs.
+        maps = copy.deepcopy(ours).train()(imgs)
+        expected = copy.deepcopy(reference).train()(imgs)
+        if nm:
+            maps, proto = maps
+            torch.testing.assert_close(proto, expected["proto"], atol=1e-4, rtol=1e-4)
+        assert [m.shape[1] for m in maps] == [4 * reg_max + nc + nm] * 3
+        boxes, scores, coefficients = flat_maps(maps).split((4 * reg_max, nc, nm), 1)
+        torch.testing.assert_close(boxes, expected["boxes"], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(scores, expected["scores"], atol=1e-4, rtol=1e-4)
+        if nm:
+            torch.testing.assert_close(coefficients, expected["mask_coefficient"], atol=1e-4, rtol=1e-4)
+        # Eval mode: boxes, an objectness of 1, class scores (and raw coefficients) per cell.
+        ours.eval()
+        reference.eval()
+        with torch.no_grad():
+            decoded = ours(imgs)
+            expected = reference(imgs)[0]
+            fused = copy.deepcopy(ours).fuse()(imgs)
+        if nm:
+            (decoded, proto), (expected, expected_proto), (fused, fused_proto) = decoded, expected, fused
+            torch.testing.assert_close(proto, expected_proto, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(fused_proto, proto, atol=1e-4, rtol=1e-4)
+        cells = sum((size[0] // s) * (size[1] // s) for s in (8, 16, 32))
+        assert decoded.shape == (2, cells, 5 + nc + nm)
+        expected = expected.transpose(1, 2)
+        torch.testing.assert_close(decoded[..., :4], expected[..., :4], atol=1e-4, rtol=1e-4)
+        assert torch.equal(decoded[..., 4], torch.ones_like(decoded[..., 4]))
+        torch.testing.assert_close(decoded[..., 5:], expected[..., 4:], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(fused, decoded, atol=1e-4, rtol=1e-4)
+
+
+def test_decoding_is_differentiable_and_traceable():
+    model = AnchorFreeYolo("yolov8n", num_classes=3)
+    imgs = torch.rand(1, 3, 64, 96)
+    maps = model(imgs)
+    decoded = model.head.decode(maps)
+    decoded[..., :4].sum().backward()  # through the DFL expectation into the box branch
+    assert model.head.cv2[0][-1].weight.grad.abs().sum() > 0
+    model.eval()
+    traced = torch.jit.trace(model, imgs, check_trace=False)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(imgs), model(imgs))
+
+
+def test_classifiers_equal_the_oracles(ultralytics):
+    imgs = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    for name in ("yolov8n-cls", "yolo11n-cls"):
+        torch.manual_seed(0)
+        reference = randomised(ultralytics.ClassificationModel(f"{name}.yaml", nc=10, verbose=False)).eval()
+        ours = anchor_free_classifier(name, num_classes=10, names=[f"c{i}" for i in range(10)])
+        ours.load_state_dict(reference.state_dict())
+        ours.eval()
+        assert ours.arch_name == name and ours.task == "classify"
+        with torch.no_grad():
+            logits = ours(imgs)
+            torch.testing.assert_close(logits, reference(imgs)[1], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(copy.deepcopy(ours).fuse()(imgs), logits, atol=1e-4, rtol=1e-4)
+
+
+def test_yolov5_weights_transfer_to_yolov5u_backbone_and_neck():
+    yolov5 = Yolov5("n", num_classes=80)
+    yolov5u = AnchorFreeYolo("yolov5nu", num_classes=80)
+    left = yolov5u.load_matching(yolov5.state_dict())
+    assert left and all(k.startswith("model.24.") for k in left)
+    torch.testing.assert_close(yolov5u.model[23].cv3.conv.weight, yolov5.model[23].cv3.conv.weight)
+
+
+CUSTOM_YAML = """\
+nc: 5
+scales:
+  n: [0.33, 0.25, 1024]
+  s: [0.33, 0.50, 1024]
+backbone:
+  - [-1, 1, Conv, [64, 3, 2]]  # 0 P1/2
+  - [-1, 1, Conv, [128, 3, 2]]  # 1 P2/4
+  - [-1, 2, C2f, [128, True]]
+  - [-1, 1, Conv, [256, 3, 2]]  # 3 P3/8
+  - [-1, 2, C3k2, [256, False, 0.25]]
+  - [-1, 1, Conv, [512, 3, 2]]  # 5 P4/16
+  - [-1, 1, SPPF, [512, 5]]
+  - [-1, 2, C2PSA, [512]]
+head:
+  - [-1, 1, nn.Upsample, [None, 2, "nearest"]]
+  - [[-1, 4], 1, Concat, [1]]
+  - [-1, 3, C3, [256, False]]  # 10 (P3/8)
+  - [-1, 1, Conv, [256, 3, 2]]
+  - [[-1, 7], 1, Concat, [1]]
+  - [-1, 3, C2, [512, False]]  # 13 (P4/16)
+  - [[10, 13], 1, Segment, [nc, 16, 64]]
+"""
+
+
+def test_a_custom_yaml_builds_as_the_oracle_builds_it(ultralytics, tmp_path):
+    path = tmp_path / "custom-yolov8s.yaml"  # the scale in the name, as the reference guesses it
+    path.write_text(CUSTOM_YAML)
+    torch.manual_seed(0)
+    reference = randomised(ultralytics.SegmentationModel(str(path), verbose=False)).eval()
+    ours = AnchorFreeYolo.from_yaml(path).eval()
+    assert (ours.version, ours.task, ours.num_classes, ours.num_masks, ours.spec.scale) == \
+        ("custom", "segment", 5, 16, "s")
+    ours.load_state_dict(reference.state_dict())
+    imgs = torch.rand(1, 3, 64, 96)
+    with torch.no_grad():
+        (decoded, proto), ((expected, expected_proto), _) = ours(imgs), reference(imgs)
+    torch.testing.assert_close(proto, expected_proto, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(decoded[..., [0, 1, 2, 3, *range(5, decoded.shape[2])]], expected.transpose(1, 2),
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("line", "replacement", "message"), [
+    (8, "  - [-1, 2, C2fCIB, [128, True]]", "unknown block 'C2fCIB'"),
+    (12, "  - [-1, 1, SPPF, [512, 5, 3]]", "SPPF takes at most 2 arguments"),
+    (15, "  - [[-1, 9], 1, Concat, [1]]", "'from' 9 does not name an earlier layer"),
+    (13, "  - [-1, 2, C2PSA, [1024]]", "C2PSA keeps its channels"),
+    (17, "  - [-1, 400, C3, [256, False]]", "more than 100"),
+    (21, "  - [[10, 13], 1, Segment, [nc, 16, 64, 3]]", "Segment takes [nc, masks, protos]"),
+])
+def test_a_bad_entry_is_one_line_naming_file_and_line(tmp_path, line, replacement, message):
+    lines = CUSTOM_YAML.splitlines()
+    lines[line - 1] = replacement
+    path = tmp_path / "bad.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError) as error:
+        AnchorFreeYolo.from_yaml(path)
+    text = str(error.value)
+    assert text.startswith(f"{path}:{line}: ") and message in text and "\n" not in text
+
+
+def test_pose_and_unknown_scales_are_refused_in_one_line(tmp_path):
+    path = tmp_path / "pose.yaml"
+    path.write_text("kpt_shape: [17, 3]\n" + CUSTOM_YAML)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:1: kpt_shape makes a pose \(keypoint\) model"):
+        AnchorFreeYolo.from_yaml(path)
+    path.write_text(CUSTOM_YAML)
+    with pytest.raises(ValueError, match=r":2: no scale 'x' \(the YAML has 'n', 's'\)"):
+        AnchorFreeYolo.from_yaml(path, scale="x")
+    with pytest.raises(ValueError, match="unknown anchor-free architecture 'yolov9t'"):
+        AnchorFreeYolo("yolov9t")
