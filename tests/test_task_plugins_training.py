@@ -19,14 +19,16 @@ from yolotrain.tasks.detect import DetectTask
 
 def test_each_task_declares_its_results_columns_and_tags():
     detect, segment, classify = (get_task(n) for n in ("detect", "segment", "classify"))
-    assert detect.result_columns == ("precision", "recall", "mAP50", "mAP50-95", "val_box", "val_obj", "val_cls")
+    assert detect.result_columns == ("precision", "recall", "mAP50", "mAP50-95")
     assert segment.result_columns == ("precision", "recall", "mAP50", "mAP50-95", "mask_precision", "mask_recall",
-                                      "mask_mAP50", "mask_mAP50-95", "val_box", "val_seg", "val_obj", "val_cls")
-    assert classify.result_columns == ("top1", "top5", "val_loss")
+                                      "mask_mAP50", "mask_mAP50-95")
+    assert classify.result_columns == ("top1", "top5")
     assert segment.logger_tags["mask_mAP50-95"] == "metrics/mAP_0.5:0.95(M)"
     assert classify.logger_tags["top1"] == "metrics/accuracy_top1"
-    for task in (detect, segment, classify):  # every column a task validates has its tag
-        assert set(task.result_columns) <= set(task.logger_tags)
+    for task, parts in ((detect, ("box", "obj", "cls", "dfl")), (segment, ("box", "seg", "obj", "cls", "dfl")),
+                        (classify, ("loss",))):  # every column a task validates, and its losses' parts, has its tag
+        assert set(task.result_columns) | {f"{split}_{p}" for p in parts for split in ("train", "val")} \
+            <= set(task.logger_tags)
         assert all(TAGS[c] == t for c, t in task.logger_tags.items())
 
 

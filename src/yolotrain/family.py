@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 # is the family of models, files and names that say none.
 FAMILY_PACKAGES: dict[str, str] = {
     "yolov5": "yolotrain.families.yolov5",
+    "anchor_free": "yolotrain.families.anchor_free",
 }
 DEFAULT_FAMILY = "yolov5"
 
@@ -47,7 +48,8 @@ class ModelFamily(ABC):
     @abstractmethod
     def claims_model_name(self, model: str) -> bool:
         """Whether ``model`` (a run's ``--model``: an architecture's name, its YAML or its published weights'
-        file name) names one of this family's models, so that a run of it takes this family's recipe."""
+        file name) names one of this family's models, so that a run of it takes this family's recipe (the default
+        family is asked last: it claims what no other does)."""
 
     @abstractmethod
     def names_model_yaml(self, stem: str, task: str) -> bool:
@@ -111,14 +113,17 @@ def get_family(name: str) -> ModelFamily:
 
 
 def family_of(model: Any) -> ModelFamily:
-    """The family of a model, a runtime or a checkpoint's metadata (anything with a ``family`` attribute or
-    key); YOLOv5's when it names none."""
-    name = model.get("family", DEFAULT_FAMILY) if isinstance(model, Mapping) else getattr(model, "family",
-                                                                                          DEFAULT_FAMILY)
-    return get_family(name)
+    """The family of a checkpoint's metadata or a runtime (by their ``family`` key or attribute) or of a PyTorch model
+    (the family that owns it); YOLOv5's when they name none."""
+    if isinstance(model, Mapping):
+        return get_family(model.get("family", DEFAULT_FAMILY))
+    if hasattr(model, "family"):
+        return get_family(model.family)
+    return next((get_family(name) for name in FAMILY_PACKAGES if get_family(name).owns_model(model)),
+                get_family(DEFAULT_FAMILY))
 
 
 def family_of_name(model: str) -> ModelFamily:
-    """The family whose model ``model`` (a run's ``--model``) names; YOLOv5's when none claims it."""
-    return next((get_family(name) for name in FAMILY_PACKAGES if get_family(name).claims_model_name(model)),
-                get_family(DEFAULT_FAMILY))
+    """The family whose model ``model`` (a run's ``--model``) names; YOLOv5's when no other claims it."""
+    return next((get_family(name) for name in FAMILY_PACKAGES
+                 if name != DEFAULT_FAMILY and get_family(name).claims_model_name(model)), get_family(DEFAULT_FAMILY))

@@ -104,7 +104,8 @@ class Task(ABC):
     @property
     @abstractmethod
     def result_columns(self) -> tuple[str, ...]:
-        """The validation columns of results.csv (left empty in epochs that skip validation)."""
+        """The validation metrics' columns of results.csv (left empty in epochs that skip validation); the validation
+        loss's parts follow them, one ``val_<part>`` column per part the criterion names."""
 
     @abstractmethod
     def result_values(self, result: Any) -> dict[str, float]:

@@ -33,7 +33,8 @@ from typing import Any, Literal
 from ..data.augment import AugmentConfig
 from ..data.loaders import DataConfig, default_workers
 from ..eval.val import EvalConfig
-from ..interop.loading.resolve import names_architecture
+from ..interop.loading.anchor_free import is_anchor_free_name
+from ..interop.loading.resolve import is_published_name, names_architecture
 from ..loss import LossConfig
 from ..model import parse_version
 from ..model.classify import ClassifyConfig
@@ -223,7 +224,10 @@ def _get(tree: Mapping[str, Any], path: str) -> Any:
 
 
 def _is_p6(model: str) -> bool:
-    """Whether ``model`` names a P6 architecture (yolov5n6 ...); checkpoints and YAMLs say so only once built."""
+    """Whether ``model`` names a P6 architecture (yolov5n6 ..., the anchor-free yolov5n6u, yolov8n-p6 ...);
+    checkpoints and YAMLs say so only once built."""
+    if is_anchor_free_name(model):
+        return Path(model).stem.lower().endswith(("6u", "-p6"))
     try:
         return parse_version(model).endswith("6")
     except ValueError:
@@ -319,8 +323,6 @@ def published_architecture(spec: str) -> str:
     path = Path(spec)
     if path.exists() or path.suffix not in (".yaml", ".yml"):
         return spec
-    try:
-        parse_version(path.stem)
-    except ValueError:
+    if not is_published_name(path.stem):
         return spec  # not a published name: the missing file is reported when the model is built
     return path.stem

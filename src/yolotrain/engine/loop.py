@@ -142,7 +142,8 @@ def end_epoch(trainer: Trainer, epoch: int, train_loss: torch.Tensor) -> dict[st
         if final and plots:
             _draw_val_predictions(trainer)
     row = {"epoch": epoch + 1, **{f"train_{n}": v for n, v in zip(trainer.step.component_names, train_loss.tolist())},
-           **{k: metrics.get(k, "") for k in task.result_columns},
+           **{k: metrics.get(k, "") for k in (*task.result_columns,
+                                               *(f"val_{n}" for n in trainer.step.component_names))},
            **{f"lr{j}": lr for j, lr in enumerate(trainer.epoch_lrs)}}
     state.history.append(row)
     improved = score > state.best_fitness

@@ -21,9 +21,9 @@ from ..callbacks import Callback, CallbackError, Callbacks, CallbackSpec, as_cal
 from ..data.batch import Batch
 from ..data.dataset import ImageReadError
 from ..devices import select_device
-from ..interop.loading.resolve import weights_inputs
+from ..interop.loading.resolve import check_published_name, weights_inputs
 from ..loss import YoloLoss
-from ..model import Yolov5, parse_version
+from ..model import Yolov5
 from ..model.classify import Classifier
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from ..runs import RunLock, next_run_dir
@@ -89,7 +89,7 @@ class Trainer:
         if cfg.data.batch_size % self.ctx.world_size:
             raise ValueError(f"batch {cfg.data.batch_size} is not divisible by {self.ctx.world_size} processes")
         if not (Path(cfg.model).suffix or Path(cfg.model).exists() or get_task(cfg.task).claims_model_name(cfg.model)):
-            parse_version(cfg.model)  # an unknown model name fails now, not after the data scan
+            check_published_name(cfg.model)  # an unknown model name fails now, not after the data scan
         require_loggers(cfg.loggers)  # a missing package too
         self.callbacks = Callbacks()
         RunLogging().register(self.callbacks)

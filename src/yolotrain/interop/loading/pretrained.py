@@ -16,9 +16,11 @@ from ...model.classify import Classifier
 from ...names import class_names
 from ...task import get_task
 from ..backends import is_exported
+from .anchor_free import from_ultralytics
 from .classify import read_classifier
 from .hub import resolve_weights
 from .official import PROTO_WEIGHT, DetectorWeights, UnsupportedCheckpointError, from_state_dict, interpret
+from .ultralytics import is_ultralytics_checkpoint, read_ultralytics
 from .unpickler import read_torch_file
 
 
@@ -125,6 +127,8 @@ def load_model(path: str | Path, *, use_ema: bool = True) -> Yolov5 | Classifier
                               "yolotrain.interop.load_exported (or val and predict)")
     source = str(path)
     contents = read_safetensors(path) if path.suffix == ".safetensors" else read_torch_file(path)
+    if is_ultralytics_checkpoint(contents):
+        return from_ultralytics(read_ultralytics(contents, source, use_ema=use_ema), source)
     classifier = read_classifier(contents, source, use_ema=use_ema)
     if classifier is not None:
         return classifier

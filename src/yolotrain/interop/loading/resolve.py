@@ -7,13 +7,16 @@ A spec is, checked in this order:
 - an export (``.onnx``, OpenVINO ``.xml``, ``.tflite``, ``.torchscript``, TensorRT ``.engine``): run by its
   runtime; files that are programs (TorchScript, TensorRT) are refused unless ``trust_code``
   (see :mod:`..trust`);
-- a model YAML (``.yaml``/``.yml``): that architecture with random weights;
-- a published architecture name without a suffix (``yolov5n`` … ``yolov5x6``, ``n``, ``s6``) that is not a
-  file: that architecture with random weights; likewise a classifier's (``yolov5n-cls`` … ``yolov5x-cls``, or a
-  torchvision name such as ``resnet18``: ImageNet's 1000 classes unless ``names``);
+- a model YAML (``.yaml``/``.yml``), YOLOv5's or Ultralytics' anchor-free format: that architecture with random
+  weights;
+- a published architecture name without a suffix (``yolov5n`` … ``yolov5x6``, ``n``, ``s6``; the anchor-free
+  ``yolov5nu``, ``yolov8n`` … ``yolo11x-seg``) that is not a file: that architecture with random weights; likewise a
+  classifier's (``yolov5n-cls`` … ``yolov5x-cls``, ``yolov8n-cls``, ``yolo11n-cls`` …, or a torchvision name such as
+  ``resnet18``: ImageNet's 1000 classes unless ``names``);
 - anything else is weights (see :func:`.pretrained.load_model`): our checkpoints (stem, ``.json`` or
-  ``.safetensors`` of a set), a bare ``state_dict``, official YOLOv5 ``.pt`` files (read by the
-  restricted unpickler, never running pickled code), a bare official name (``yolov5s.pt``) downloaded once.
+  ``.safetensors`` of a set), a bare ``state_dict``, official YOLOv5 and Ultralytics (``yolov8n.pt``,
+  ``yolo11n.pt``, ``yolov5nu.pt`` …) ``.pt`` files (read by the restricted unpickler, never running pickled code),
+  a bare official YOLOv5 name (``yolov5s.pt``) downloaded once.
 
 The split: :func:`resolve_model` answers any of these as a :class:`~yolotrain.detector.Detector`, what
 evaluation and prediction need; :func:`resolve_trainable` answers a :class:`Yolov5`, what training, export
@@ -33,10 +36,12 @@ from ...checkpoint import CheckpointError, checkpoint_paths
 from ...detector import Detector
 from ...devices import select_device
 from ...model import Yolov5
+from ...model.anchor_free import read_model_yaml as read_anchor_free_yaml
 from ...model.classify import Classifier, is_torchvision_name, parse_cls_name
 from ...model.yolo import parse_version
 from ...outputs import Labelled
 from ..backends import is_exported, load_exported
+from .anchor_free import build_architecture, is_anchor_free_name, is_anchor_free_yaml, published_architecture
 from .pretrained import load_model
 
 ModelSource = Detector | str | os.PathLike
@@ -94,12 +99,36 @@ def _torch_model(path: Path, names: Sequence[str] | None, use_ema: bool) -> Yolo
     """An architecture (YAML or published name) with random weights, or weights read from a file."""
     num_classes = None if names is None else len(names)
     if path.suffix.lower() in MODEL_YAML_SUFFIXES:
+        if path.is_file() and is_anchor_free_yaml(path):
+            return build_architecture(read_anchor_free_yaml(path), num_classes, names)
         return Yolov5.from_yaml(path, num_classes=num_classes, names=names)
+    if _names_architecture(path) and is_anchor_free_name(path):
+        return published_architecture(str(path), num_classes, names)
     if _names_architecture(path) and (parse_cls_name(str(path)) or is_torchvision_name(str(path))):
         return Classifier.from_name(str(path), 1000 if num_classes is None else num_classes, names)
     if _names_architecture(path):
         return Yolov5(parse_version(str(path)), num_classes=80 if num_classes is None else num_classes, names=names)
     return load_model(path, use_ema=use_ema)
+
+
+def is_published_name(name: str) -> bool:
+    """Whether ``name`` is a published architecture of any family (``yolov5s``, ``s6``, ``yolov8n``, ``yolo11n-seg``,
+    ``yolov5nu``; classifiers' too)."""
+    if is_anchor_free_name(name) or parse_cls_name(name) or is_torchvision_name(name):
+        return True
+    try:
+        parse_version(name)
+    except ValueError:
+        return False
+    return True
+
+
+def check_published_name(name: str) -> None:
+    """Refuse, in one line (``ValueError``), a bare name that is no published architecture of any family."""
+    if not is_published_name(name):
+        raise ValueError(f"unknown model {name!r}: a YOLOv5 size (yolov5n … yolov5x, n6 … x6, -seg, -cls), an "
+                         "anchor-free architecture (yolov5nu …, yolov8n … yolov8x, yolo11n … yolo11x, -seg, -cls), a "
+                         "torchvision classifier, a model YAML or a weights file")
 
 
 def names_architecture(spec: str | os.PathLike) -> bool:

@@ -9,6 +9,7 @@ so its ``state_dict`` files load unchanged.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..blocks import Conv
@@ -166,4 +167,7 @@ class DFL(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, 4*reg_max, N]`` distributions (logits, side-major) → ``[B, 4, N]`` distances in grid units."""
         b, _, n = x.shape
-        return self.conv(x.view(b, 4, self.c1, n).transpose(2, 1).softmax(1)).view(b, 4, n)
+        # The bins in the input's dtype: decoding runs in float32 whatever the weights' precision (bf16 would keep
+        # 8 significant bits of each distance); the bins 0 … reg_max-1 are exact in every float type.
+        probabilities = x.view(b, 4, self.c1, n).transpose(2, 1).softmax(1)
+        return F.conv2d(probabilities, self.conv.weight.to(x.dtype)).view(b, 4, n)

@@ -34,14 +34,16 @@ SHAPES_DEFAULTS = {"data.img_size": 160, "epochs": 30, "data.batch_size": 16, "o
 DATASET_DEFAULTS = {"data.img_size": 640, "epochs": 100, "data.batch_size": 16, "optim.optimizer": "SGD",
                     "optim.nominal_batch": 64}
 
-# Validation columns of results.csv (left empty in epochs that skip validation).
-RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "val_box", "val_obj", "val_cls")
+# Validation metrics' columns of results.csv (left empty in epochs that skip validation); the loss parts follow.
+RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95")
 # results.csv column → the reference's TensorBoard tag.
 TAGS = {
     "train_box": "train/box_loss", "train_obj": "train/obj_loss", "train_cls": "train/cls_loss",
     "precision": "metrics/precision", "recall": "metrics/recall", "mAP50": "metrics/mAP_0.5",
     "mAP50-95": "metrics/mAP_0.5:0.95", "val_box": "val/box_loss", "val_obj": "val/obj_loss",
     "val_cls": "val/cls_loss",
+    # the anchor-free family's distribution focal loss, under ultralytics' tags
+    "train_dfl": "train/dfl_loss", "val_dfl": "val/dfl_loss",
 }
 
 

@@ -11,9 +11,9 @@ from ...data.segment import SegmentBatch
 from ..detect.train import TAGS as DETECT_TAGS
 from ..detect.train import DetectTraining
 
-# Validation columns of results.csv: box and mask results, the four parts of the loss.
+# Validation metrics' columns of results.csv: box and mask results (the loss parts follow).
 RESULT_METRICS = ("precision", "recall", "mAP50", "mAP50-95", "mask_precision", "mask_recall",
-                  "mask_mAP50", "mask_mAP50-95", "val_box", "val_seg", "val_obj", "val_cls")
+                  "mask_mAP50", "mask_mAP50-95")
 # results.csv column → TensorBoard tag: detection's, and the reference's segment/train.py ones.
 TAGS = {**DETECT_TAGS, "train_seg": "train/seg_loss", "val_seg": "val/seg_loss",
         "mask_precision": "metrics/precision(M)", "mask_recall": "metrics/recall(M)",
