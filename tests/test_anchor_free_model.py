@@ -4,13 +4,22 @@ fusion, the classifiers, and model YAMLs (custom ones, errors by line)."""
 
 import copy
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
+from yolotrain.detector import BoxDetector
 from yolotrain.model import Yolov5
-from yolotrain.model.anchor_free import AnchorFreeYolo, anchor_free_classifier, build_layers, builtin_spec
-from yolotrain.model.anchor_free.spec import LAYOUTS, PUBLISHED, SCALE_NAMES
+from yolotrain.model.anchor_free import (
+    AnchorFreeYolo,
+    anchor_free_classifier,
+    build_layers,
+    builtin_spec,
+    read_model_yaml,
+)
+from yolotrain.model.anchor_free.spec import LAYOUTS, PUBLISHED, SCALE_NAMES, matching_name
+from yolotrain.nms import non_max_suppression
 
 # The figures the reference publishes (its YAMLs' summaries) at 80 classes.
 PUBLISHED_PARAMETERS = {"yolov5nu": 2_654_816, "yolov8n": 3_157_200, "yolov8n-seg": 3_409_968, "yolo11n": 2_624_080,
@@ -87,9 +96,10 @@ def test_outputs_equal_the_oracles_with_its_weights(ultralytics, name):
     nc, nm, reg_max = 80, ours.num_masks, ours.head.reg_max
     for size in IMAGE_SIZES:
         imgs = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(size[1]))
-        # Train mode: the raw maps are the oracle's distance, class (and mask coefficient) outputs.
-        maps = copy.deepcopy(ours).train()(imgs)
-        expected = copy.deepcopy(reference).train()(imgs)
+        # Train mode: the raw maps are the oracle's distance, class (and mask coefficient) outputs. Both models
+        # update their BatchNorm statistics from the same batch, so they stay equal for eval mode.
+        maps = ours.train()(imgs)
+        expected = reference.train()(imgs)
         if nm:
             maps, proto = maps
             torch.testing.assert_close(proto, expected["proto"], atol=1e-4, rtol=1e-4)
@@ -105,33 +115,85 @@ def test_outputs_equal_the_oracles_with_its_weights(ultralytics, name):
         with torch.no_grad():
             decoded = ours(imgs)
             expected = reference(imgs)[0]
-            fused = copy.deepcopy(ours).fuse()(imgs)
         if nm:
-            (decoded, proto), (expected, expected_proto), (fused, fused_proto) = decoded, expected, fused
+            (decoded, proto), (expected, expected_proto) = decoded, expected
             torch.testing.assert_close(proto, expected_proto, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(fused_proto, proto, atol=1e-4, rtol=1e-4)
         cells = sum((size[0] // s) * (size[1] // s) for s in (8, 16, 32))
         assert decoded.shape == (2, cells, 5 + nc + nm)
         expected = expected.transpose(1, 2)
         torch.testing.assert_close(decoded[..., :4], expected[..., :4], atol=1e-4, rtol=1e-4)
         assert torch.equal(decoded[..., 4], torch.ones_like(decoded[..., 4]))
         torch.testing.assert_close(decoded[..., 5:], expected[..., 4:], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(fused, decoded, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # the fused model (BatchNorm folded into the convolutions) at the last size
+        fused = ours.fuse()(imgs)
+    torch.testing.assert_close(fused[0] if nm else fused, decoded, atol=1e-4, rtol=1e-4)
+    if nm:
+        torch.testing.assert_close(fused[1], proto, atol=1e-4, rtol=1e-4)
 
 
-def test_decoding_is_differentiable_and_traceable():
-    model = AnchorFreeYolo("yolov8n", num_classes=3)
+def test_published_tables_are_the_oracles_yamls(ultralytics):
+    """Each architecture table, read back from the reference's own YAML at each scale, is that published model."""
+    folders = {"yolov5": "v5", "yolov8": "v8", "yolo11": "11"}
+    for layout in LAYOUTS:
+        family = layout[:6]
+        path = (Path(ultralytics.__file__).parent.parent / "cfg" / "models" / folders[family]
+                / f"{layout.replace('yolov5u', 'yolov5')}.yaml")
+        for scale in SCALE_NAMES:
+            name = next(n for n, (lay, s) in PUBLISHED.items() if lay == layout and s == scale)
+            assert matching_name(read_model_yaml(path, scale)) == name
+
+
+def test_nms_of_the_decoded_predictions_keeps_the_oracles_detections(ultralytics):
+    """The objectness column of 1 leaves the YOLOv5 NMS's scores the class scores: the oracle's detections."""
+    from ultralytics.utils.nms import non_max_suppression as reference_nms
+
+    torch.manual_seed(0)
+    reference = randomised(ultralytics.DetectionModel("yolov8n.yaml", nc=80, verbose=False)).eval()
+    ours = AnchorFreeYolo("yolov8n").eval()
+    ours.load_state_dict(reference.state_dict())
+    imgs = torch.rand(2, 3, 64, 96, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        decoded, expected = ours(imgs), reference(imgs)[0]
+    conf = decoded[..., 5:].amax(2).median().item()  # about half of the cells are candidates
+    kept = non_max_suppression(decoded, conf=conf, iou=0.5, max_det=300)
+    expected_kept = reference_nms(expected, conf_thres=conf, iou_thres=0.5, max_det=300)
+    for ours_image, reference_image in zip(kept, expected_kept):
+        assert len(ours_image) > 0
+        torch.testing.assert_close(ours_image, reference_image, atol=1e-4, rtol=1e-4)
+
+
+def test_models_are_box_detectors():
+    model = AnchorFreeYolo("yolo11n-seg", num_classes=2, names=["a", "b"])
+    assert isinstance(model, BoxDetector)
+    assert (model.task, model.num_masks, model.num_protos, model.size_multiple, model.default_img_size,
+            model.end_to_end, model.precision) == ("segment", 32, 64, 32, 640, False, "fp32")
+    assert AnchorFreeYolo("yolov8n-p6").default_img_size == 1280
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+def test_decoding_is_differentiable_and_exports_to_onnx_for_any_size(tmp_path):
+    model = AnchorFreeYolo("yolov8n-seg", num_classes=3)
     imgs = torch.rand(1, 3, 64, 96)
-    maps = model(imgs)
+    maps, _ = model(imgs)
     decoded = model.head.decode(maps)
     decoded[..., :4].sum().backward()  # through the DFL expectation into the box branch
     assert model.head.cv2[0][-1].weight.grad.abs().sum() > 0
+    onnxruntime = pytest.importorskip("onnxruntime")
     model.eval()
-    traced = torch.jit.trace(model, imgs, check_trace=False)
-    with torch.no_grad():
-        torch.testing.assert_close(traced(imgs), model(imgs))
+    path = tmp_path / "model.onnx"
+    torch.onnx.export(model, (imgs,), str(path), dynamo=False, input_names=["images"], output_names=["out", "proto"],
+                      dynamic_axes={"images": {0: "batch", 2: "height", 3: "width"}})
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for shape in ((1, 3, 64, 96), (2, 3, 96, 64)):  # the anchor points follow the input's size
+        imgs = torch.rand(shape)
+        exported, proto = session.run(None, {"images": imgs.numpy()})
+        with torch.no_grad():
+            expected, expected_proto = model(imgs)
+        torch.testing.assert_close(torch.from_numpy(exported), expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(torch.from_numpy(proto), expected_proto, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:thop.*")
 def test_classifiers_equal_the_oracles(ultralytics):
     imgs = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     for name in ("yolov8n-cls", "yolo11n-cls"):

@@ -16,6 +16,18 @@ from .blocks import DFL
 REG_MAX = 16  # distance bins per box side
 
 
+def plain_branch(c_in: int, hidden: int, outputs: int) -> nn.Sequential:
+    """A head branch: two 3x3 Conv, then a 1x1 convolution with bias giving the outputs."""
+    return nn.Sequential(Conv(c_in, hidden, 3), Conv(hidden, hidden, 3), nn.Conv2d(hidden, outputs, 1))
+
+
+def depthwise_branch(c_in: int, hidden: int, outputs: int) -> nn.Sequential:
+    """YOLO11's class branch: two (depthwise 3x3 Conv, pointwise Conv) pairs, then the 1x1 output convolution."""
+    return nn.Sequential(nn.Sequential(Conv(c_in, c_in, 3, groups=c_in), Conv(c_in, hidden, 1)),
+                         nn.Sequential(Conv(hidden, hidden, 3, groups=hidden), Conv(hidden, hidden, 1)),
+                         nn.Conv2d(hidden, outputs, 1))
+
+
 class AnchorFreeDetect(nn.Module):
     """Predicts, at each cell of each level, ``4 * reg_max`` distance logits (left, top, right, bottom) and
     ``nc`` class logits; no objectness.
@@ -43,20 +55,9 @@ class AnchorFreeDetect(nn.Module):
         self.register_buffer("stride", torch.tensor(list(strides), dtype=torch.float32), persistent=False)
         box_hidden = max(16, channels[0] // 4, 4 * reg_max)
         cls_hidden = max(channels[0], min(num_classes, 100))
-        self.cv2 = nn.ModuleList(
-            nn.Sequential(Conv(c, box_hidden, 3), Conv(box_hidden, box_hidden, 3), nn.Conv2d(box_hidden, 4 * reg_max, 1))
-            for c in channels)
-        if legacy:
-            self.cv3 = nn.ModuleList(
-                nn.Sequential(Conv(c, cls_hidden, 3), Conv(cls_hidden, cls_hidden, 3), nn.Conv2d(cls_hidden, num_classes, 1))
-                for c in channels)
-        else:
-            self.cv3 = nn.ModuleList(
-                nn.Sequential(nn.Sequential(Conv(c, c, 3, groups=c), Conv(c, cls_hidden, 1)),
-                              nn.Sequential(Conv(cls_hidden, cls_hidden, 3, groups=cls_hidden),
-                                            Conv(cls_hidden, cls_hidden, 1)),
-                              nn.Conv2d(cls_hidden, num_classes, 1))
-                for c in channels)
+        self.cv2 = nn.ModuleList(plain_branch(c, box_hidden, 4 * reg_max) for c in channels)
+        branch = plain_branch if legacy else depthwise_branch
+        self.cv3 = nn.ModuleList(branch(c, cls_hidden, num_classes) for c in channels)
         self.dfl: nn.Module = DFL(reg_max) if reg_max > 1 else nn.Identity()
         self._initialise_biases(strides)
 

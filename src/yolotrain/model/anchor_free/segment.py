@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..blocks import Conv
-from .head import REG_MAX, AnchorFreeDetect
+from .head import REG_MAX, AnchorFreeDetect, plain_branch
 
 NUM_MASKS = 32  # mask coefficients per prediction, one per prototype mask
 NUM_PROTOS = 256  # hidden channels of the prototype module at width multiple 1 (scaled as the reference scales them)
@@ -48,9 +48,7 @@ class AnchorFreeSegment(AnchorFreeDetect):
         self.no += num_masks
         self.proto = AnchorFreeProto(channels[0], num_protos, num_masks)
         hidden = max(channels[0] // 4, num_masks)
-        self.cv4 = nn.ModuleList(
-            nn.Sequential(Conv(c, hidden, 3), Conv(hidden, hidden, 3), nn.Conv2d(hidden, num_masks, 1))
-            for c in channels)
+        self.cv4 = nn.ModuleList(plain_branch(c, hidden, num_masks) for c in channels)
 
     def forward(self, features: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Raw maps ``[B, 4*reg_max + nc + nm, H/s, W/s]`` per level and the prototypes ``[B, nm, H/4, W/4]``."""
