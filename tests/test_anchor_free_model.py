@@ -3,6 +3,7 @@ state dict names of every published architecture, outputs in train and eval mode
 fusion, the classifiers, and model YAMLs (custom ones, errors by line)."""
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from yolotrain.detector import BoxDetector
 from yolotrain.model import Yolov5
 from yolotrain.model.anchor_free import (
+    AnchorFreeSpec,
     AnchorFreeYolo,
     anchor_free_classifier,
     build_layers,
@@ -168,6 +170,11 @@ def test_models_are_box_detectors():
     assert (model.task, model.num_masks, model.num_protos, model.size_multiple, model.default_img_size,
             model.end_to_end, model.precision) == ("segment", 32, 64, 32, 640, False, "fp32")
     assert AnchorFreeYolo("yolov8n-p6").default_img_size == 1280
+    # A spec survives its mapping form (what a checkpoint stores) as the same published architecture.
+    stored = json.loads(json.dumps(model.spec.to_dict()))
+    assert matching_name(AnchorFreeSpec.from_mapping(stored)) == "yolo11n-seg"
+    with pytest.raises(ValueError, match="not Detect or Segment: a classifier is built by anchor_free_classifier"):
+        AnchorFreeYolo("yolov8n-cls")
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
