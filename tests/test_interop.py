@@ -146,7 +146,6 @@ def test_official_layout_with_ema_custom_nc_and_mixed_dtypes(fake_checkpoints):
 
 @pytest.mark.parametrize(("name", "expected"), [
     ("custom-no-yaml", "a custom YOLOv5 layout (30 layers, 3 detection levels) without its model yaml"),
-    ("yolov8", "Ultralytics YOLOv8-or-later model (ultralytics.nn.tasks.DetectionModel)"),
     ("classify", "YOLOv5 classification model (models.yolo.ClassificationModel)"),
     ("focus", "YOLOv5 model from before v6.0 (Focus stem layer)"),
     ("leaky", "a model with torch.nn.modules.activation.LeakyReLU activations (yolotrain's blocks use SiLU)"),
@@ -158,6 +157,14 @@ def test_unsupported_architectures_are_named(fake_checkpoints, name, expected):
     message = str(info.value)
     assert message.startswith(f"{path}: unsupported checkpoint: ") and expected in message
     assert "\n" not in message
+
+
+def test_an_ultralytics_model_without_its_description_is_one_line(fake_checkpoints):
+    """An Ultralytics class (read as data, not imported) whose pickle lacks the model YAML that says its layers."""
+    path = fake_checkpoints / "yolov8.pt"
+    with pytest.raises(CheckpointError) as info:
+        load_model(path)
+    assert str(info.value) == f"{path}: the pickled model has no 'yaml' with its backbone and head"
 
 
 class RunsShell:

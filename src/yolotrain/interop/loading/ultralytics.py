@@ -106,10 +106,7 @@ def read_ultralytics(obj: Any, source: str, use_ema: bool = True) -> Ultralytics
         raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {problem}; {SUPPORTED}")
     yaml = _plain_yaml(model.get("yaml"), source)
     state = module_state_dict(model)
-    if task == "classify":
-        nc, reg_max, stride = _classifier_head(state, head_index, source)
-    else:
-        nc, reg_max, stride = _detection_head(head, state, head_index, source)
+    nc, reg_max, stride = HEAD_READERS[TASK_HEADS[task]](head, state, head_index, source)
     if yaml.get("nc") is not None and yaml.get("nc") != nc:
         raise CheckpointError(f"{source}: the model yaml says nc={yaml.get('nc')}, its head has {nc} classes")
     architecture = architecture_name(yaml)
@@ -192,7 +189,9 @@ def _last_conv_outputs(state: Mapping[str, torch.Tensor], prefix: str) -> int | 
     return int(state[last].shape[0])
 
 
-def _classifier_head(state: Mapping[str, torch.Tensor], index: int, source: str) -> tuple[int, None, tuple]:
+def _classifier_head(head: PickledObject, state: Mapping[str, torch.Tensor], index: int,
+                     source: str) -> tuple[int, None, tuple]:
+    """(nc, None, ()) of a Classify head, from its linear layer."""
     linear = state.get(f"model.{index}.linear.weight")
     if linear is None or linear.ndim != 2:
         raise CheckpointError(f"{source}: the Classify head has no linear layer (model.{index}.linear.weight)")
@@ -240,3 +239,7 @@ def _names(names: Any, nc: int) -> list[str]:
         return class_names(names, nc)
     except ValueError:
         return class_names(None, nc)
+
+
+# Each head kind's reader: (nc, reg_max, strides) from the pickled head and the model's tensors.
+HEAD_READERS = {"Detect": _detection_head, "Segment": _detection_head, "Classify": _classifier_head}
