@@ -82,6 +82,11 @@ class ModelFamily(ABC):
     # Checkpoints and exports.
 
     @abstractmethod
+    def raw_export_refusal(self) -> str | None:
+        """Why ``--raw`` (the head's maps, decoded by the runtime) cannot export this family's models, in one line;
+        None where it can."""
+
+    @abstractmethod
     def export_metadata(self, model: Any) -> dict[str, str]:
         """The family's fields of an export's string metadata (the model's name, class count, strides and what
         decoding the raw maps needs)."""

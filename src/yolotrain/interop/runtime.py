@@ -23,6 +23,7 @@ import torch
 
 from ..checkpoint import MAX_CLASSES, CheckpointError
 from ..detector import Task
+from ..family import DEFAULT_FAMILY, family_names
 from ..messages import brief, shorten
 from ..model import Detect
 from ..task import get_task, task_names, task_of
@@ -64,7 +65,9 @@ class ExportedModel(abc.ABC):
         self.nms_settings: dict | None = fields["nms"]
         self.task: Task = fields["task"]
         self.num_masks: int = fields["nm"]
-        self.anchors_per_level = len(fields["anchors"][0]) if fields["anchors"] else 0
+        self.family: str = fields["family"]
+        # Predictions per cell of each output level: YOLOv5's anchors, one for an anchor-free head.
+        self.anchors_per_level = len(fields["anchors"][0]) if fields["anchors"] else int(bool(fields["strides"]))
         if fields["strides"]:  # the box protocol's fields, for the exports that predict boxes (BoxDetector) only
             self.stride = torch.tensor(fields["strides"], dtype=torch.float32)
             self.max_stride: int = max(fields["strides"])
@@ -224,7 +227,7 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
         if text is None and default is not _REQUIRED:
             return default
         try:
-            value = text if key in ("precision", "task") else json.loads(text)
+            value = text if key in ("precision", "task", "family") else json.loads(text)
         except (TypeError, ValueError, RecursionError):
             value = _REQUIRED
         if value is _REQUIRED or not check(value):
@@ -254,7 +257,9 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
     else:  # exports made before held a list of strides there
         size_multiple = max(field("stride", lambda v: isinstance(v, list) and 1 <= len(v) <= 8
                                   and all(_is_stride(s) for s in v), "a list of 1 to 8 strides (whole numbers)"))
-    anchors = [] if BOXES not in outputs else field(  # only boxes are decoded with anchors
+    family = field("family", lambda v: v in family_names(), f"one of {', '.join(family_names())}", DEFAULT_FAMILY)
+    # Only boxes are decoded with anchors, and only those of YOLOv5's anchor-based head.
+    anchors = [] if BOXES not in outputs or family != DEFAULT_FAMILY else field(
         "anchors", lambda v: isinstance(v, list) and len(v) == len(strides) and all(
             isinstance(level, list) and 1 <= len(level) <= 16 and len(level) == len(v[0]) and all(
                 isinstance(a, list) and len(a) == 2 and all(_is_number(x) and x > 0 for x in a) for a in level)
@@ -271,8 +276,12 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
     problem = get_task(task).exported_metadata_problem(raw, nms is not None)
     if problem:
         raise CheckpointError(f"{path}: {problem}")
+    if raw and family != DEFAULT_FAMILY:
+        raise CheckpointError(f"{path}: yolotrain metadata of an {family} model with raw outputs, which its exports "
+                              "never have")
     return {"nc": nc, "names": names, "strides": strides, "size_multiple": size_multiple, "anchors": anchors,
-            "img_size": img_size, "raw": raw, "precision": precision, "nms": nms, "task": task, "nm": nm}
+            "img_size": img_size, "raw": raw, "precision": precision, "nms": nms, "task": task, "nm": nm,
+            "family": family}
 
 
 _REQUIRED = object()

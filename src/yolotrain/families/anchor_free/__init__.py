@@ -100,6 +100,10 @@ class AnchorFreeFamily(ModelFamily):
         fresh.load_matching(model.state_dict())
         return fresh
 
+    def raw_export_refusal(self) -> str | None:
+        return ("--raw exports YOLOv5's anchor-based head maps; an anchor-free model exports its decoded predictions "
+                "(boxes, class scores), which every runtime reads")
+
     def export_metadata(self, model: AnchorFreeYolo) -> dict[str, str]:
         return {"model": model.arch_name, "family": FAMILY_NAME, "nc": str(model.head.nc),
                 "reg_max": str(model.head.reg_max), "strides": json.dumps([int(s) for s in model.stride.tolist()])}

@@ -45,6 +45,7 @@ from torch import nn
 
 from ...boxes import MAX_IMG_SIZE
 from ...checkpoint import CheckpointError
+from ...family import family_of
 from ...model import Yolov5
 from ...model.classify import Classifier
 from ...nms import NMSConfig, check_nms_limits
@@ -172,6 +173,9 @@ def _check_task(model: Yolov5 | Classifier, fmt: str, half: bool, int8: bool, ra
         supported = sorted(name for name, spec in REGISTRY.items() if spec.carries(task.export_outputs))
         raise ValueError(task.export_format_refusal(fmt, supported))
     task.check_export_options(half, int8, raw, nms)
+    refusal = family_of(model).raw_export_refusal() if raw else None
+    if refusal:
+        raise ValueError(refusal)
 
 
 def _load(weights_or_model: str | Path | Yolov5 | Classifier) -> Yolov5 | Classifier:

@@ -1,0 +1,140 @@
+"""Exports of anchor-free models (YOLOv8, YOLO11, YOLOv5u): ONNX, OpenVINO and TorchScript give the PyTorch model's
+decoded predictions (and prototype masks), their metadata names the family, ``val`` and ``predict`` on them score
+as PyTorch does, NMS inside an export keeps PyTorch's detections, and ``--raw`` (anchor maps) is refused in one line."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+
+from yolotrain import predict, val
+from yolotrain.checkpoint import CheckpointError
+from yolotrain.data import generate_shapes_dataset
+from yolotrain.interop import export, load_exported
+from yolotrain.model.anchor_free import AnchorFreeYolo
+
+pytest.importorskip("onnxruntime", reason="needs the export extra: pip install 'yolotrain[export]'")
+
+SIZE = 96
+OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript"}
+FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript"]
+
+
+def untrained(arch: str) -> AnchorFreeYolo:
+    """An untrained model that detects something to compare: its BatchNorms given spread statistics (fresh ones make
+    every layer's output nearly constant, so all boxes and scores tie) and its class scores spread around 0.5 (the
+    published prior puts them near 1e-4, below any threshold)."""
+    torch.manual_seed(0)
+    model = AnchorFreeYolo(arch, num_classes=2, names=["circle", "rectangle"]).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.normal_(0, 0.2)
+                module.running_var.uniform_(0.5, 2.0)
+                module.weight.normal_(1, 0.3)
+                module.bias.normal_(0, 0.3)
+        for branch in model.head.cv3:
+            branch[-1].bias.zero_()
+    return model
+
+
+@pytest.fixture(scope="module")
+def detector() -> AnchorFreeYolo:
+    return untrained("yolov8n")
+
+
+@pytest.fixture(scope="module")
+def segmenter() -> AnchorFreeYolo:
+    return untrained("yolo11n-seg")
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=2, n_val=6, img_size=SIZE)
+
+
+def exported(model: AnchorFreeYolo, folder, fmt: str, **options):
+    out = folder / f"{model.arch_name}{SUFFIX[fmt]}"
+    export(model, fmt, out=out, img_size=SIZE, dynamic_size=fmt != "torchscript", **options)
+    return load_exported(out, trust_code=True)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("arch", ["detector", "segmenter"])
+def test_exports_give_the_decoded_predictions_of_pytorch(request, tmp_path, fmt, arch):
+    model = request.getfixturevalue(arch)
+    runtime = exported(model, tmp_path, fmt)
+    assert (runtime.family, runtime.anchors_per_level, runtime.names) == ("anchor_free", 1, model.names)
+    assert runtime.task == model.task and runtime.stride.tolist() == model.stride.tolist()
+    imgs = torch.rand(2, 3, SIZE, SIZE)
+    with torch.no_grad():
+        expected = copy.deepcopy(model).fuse()(imgs)
+    actual = runtime(imgs)
+    expected, actual = (expected, actual) if model.task == "segment" else ((expected,), (actual,))
+    for a, b in zip(actual, expected):
+        assert a.shape == b.shape
+    decoded, reference = actual[0], expected[0]
+    torch.testing.assert_close(decoded[..., 4:], reference[..., 4:], atol=1e-4, rtol=0)  # objectness 1, scores
+    torch.testing.assert_close(decoded[..., :4], reference[..., :4], atol=1e-3, rtol=1e-5)  # pixels
+    assert torch.equal(decoded[..., 4], torch.ones_like(decoded[..., 4]))
+    if model.task == "segment":
+        torch.testing.assert_close(actual[1], expected[1], atol=1e-4, rtol=1e-4)
+
+
+def test_val_and_predict_on_an_onnx_export_score_as_pytorch(detector, shapes, tmp_path):
+    path = exported(detector, tmp_path, "onnx").path
+    data = str(shapes / "data.yaml")
+    ours = val(detector, data, img_size=SIZE, batch_size=3, workers=0, verbose=False, plots=False, half=False)
+    theirs = val(str(path), data, img_size=SIZE, batch_size=3, workers=0, verbose=False, plots=False)
+    for a, b in ((ours.mp, theirs.mp), (ours.mr, theirs.mr), (ours.map50, theirs.map50), (ours.map, theirs.map)):
+        assert a == pytest.approx(b, abs=1e-3)
+    images = sorted((shapes / "images" / "val").iterdir())[:3]
+    expected = predict(detector, images, img_size=SIZE, conf=0.5, half=False)
+    actual = predict(path, images, img_size=SIZE, conf=0.5)
+    assert sum(len(r.boxes) for r in expected) > 0
+    for a, b in zip(expected, actual):
+        assert len(a.boxes) == len(b.boxes) and torch.equal(a.classes, b.classes)
+        torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
+
+
+def test_nms_inside_an_export_keeps_the_detections_of_pytorch(detector, tmp_path):
+    from yolotrain.nms import non_max_suppression
+
+    runtime = exported(detector, tmp_path, "onnx", nms=True)
+    assert runtime.end_to_end
+    imgs = torch.rand(1, 3, SIZE, SIZE)
+    settings = runtime.nms_settings
+    with torch.no_grad():
+        expected = non_max_suppression(copy.deepcopy(detector).fuse()(imgs), settings["conf"], settings["iou"],
+                                       multi_label=settings["multi_label"], max_det=settings["max_det"])[0]
+    actual = runtime.detections(imgs, settings["conf"], settings["iou"], settings["max_det"],
+                                multi_label=settings["multi_label"])[0]
+    assert len(expected) > 0 and actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, atol=1e-3, rtol=1e-5)
+
+
+def test_raw_maps_are_refused_for_an_anchor_free_model(detector, tmp_path):
+    with pytest.raises(ValueError, match=r"^--raw exports YOLOv5's anchor-based head maps; an anchor-free model"):
+        export(detector, "onnx", out=tmp_path / "raw.onnx", img_size=SIZE, raw=True)
+    assert not (tmp_path / "raw.onnx").exists()
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("family", "anchorless", "yolotrain metadata field 'family' must be one of yolov5, anchor_free"),
+    ("raw", "true", "yolotrain metadata of an anchor_free model with raw outputs, which its exports never have"),
+    ("family", "yolov5", "yolotrain metadata field 'anchors' must be"),  # YOLOv5's exports carry anchors
+])
+def test_edited_family_metadata_is_one_line_at_load(detector, tmp_path, key, value, message):
+    import onnx
+
+    path = exported(detector, tmp_path, "onnx").path
+    proto = onnx.load(str(path))
+    next(p for p in proto.metadata_props if p.key == key).value = value
+    onnx.save(proto, str(path))
+    with pytest.raises(CheckpointError, match=message) as error:
+        load_exported(path)
+    assert "\n" not in str(error.value)
