@@ -42,7 +42,7 @@ from ..settings import ConfigError, flat_names, from_mapping, merge, nest, setti
 from ..task import get_task, task_names
 from ..yamlio import YamlError, read_yaml
 from .ema import EMAConfig
-from .optim import DEFAULT_LR0, OptimConfig
+from .optim import AUTO, DEFAULT_LR0, OptimConfig
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,7 @@ def _fill_from_data(config: TrainConfig, explicit_optimizer: bool) -> TrainConfi
             node[leaf] = value
     if tree["optim"]["nominal_batch"] is None:  # a recipe without one (classification's) accumulates no batches
         tree["optim"]["nominal_batch"] = tree["data"]["batch_size"]
-    if tree["optim"]["lr0"] is None:
+    if tree["optim"]["lr0"] is None and tree["optim"]["optimizer"] != AUTO:  # auto: fitted by the trainer
         tree["optim"]["lr0"] = DEFAULT_LR0[tree["optim"]["optimizer"]]
     if tree["data"]["workers"] is None:
         tree["data"]["workers"] = default_workers()

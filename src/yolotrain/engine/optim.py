@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,10 @@ from ..settings import setting
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
 # Reference default initial learning rates ("SGD=1E-2, Adam=1E-3").
 DEFAULT_LR0 = {"SGD": 0.01, "Adam": 0.001, "AdamW": 0.001}
+# `--optimizer auto` (the anchor-free family's recipe, as Ultralytics picks): SGD at 0.01 for a run of more optimiser
+# steps than this, else AdamW at a learning rate fitted to the class count.
+AUTO = "auto"
+AUTO_SGD_ITERATIONS = 10_000
 
 
 @dataclass(frozen=True)
@@ -23,7 +28,8 @@ class OptimConfig:
     """Optimiser, learning-rate schedule and gradient accumulation; scratch-low values by default.
     ``None``: picked from the data (see TrainConfig)."""
 
-    optimizer: Literal["SGD", "Adam", "AdamW"] | None = setting(None, "optimiser (SGD; AdamW on shapes)")
+    optimizer: Literal["SGD", "Adam", "AdamW", "auto"] | None = setting(
+        None, "optimiser (SGD; AdamW on shapes; auto for yolov8/yolo11/yolov5u: AdamW for short runs, else SGD)")
     lr0: float | None = setting(None, "initial learning rate (1e-2 SGD, 1e-3 Adam/AdamW; 2e-3 on shapes)", above=0)
     lrf: float = setting(0.01, "final learning rate as a fraction of lr0", above=0, max=1)
     momentum: float = setting(0.937, "SGD momentum / Adam beta1", min=0, max=0.9999)
@@ -34,6 +40,20 @@ class OptimConfig:
     cos_lr: bool = setting(False, "cosine learning-rate schedule instead of linear")
     nominal_batch: int | None = setting(None, "accumulate gradients up to this batch size (64; 16 on shapes)", min=1)
     max_grad_norm: float = setting(10.0, "gradient-norm clipping bound", above=0)
+
+
+def choose_optimizer(optim: OptimConfig, images: int, batch_size: int, epochs: int,
+                     num_classes: int) -> tuple[OptimConfig, str]:
+    """``--optimizer auto`` made concrete for a run over ``images`` training images (Ultralytics' rule): SGD at 0.01
+    when the run takes more than :data:`AUTO_SGD_ITERATIONS` steps of ``max(batch, nominal batch)`` images, else
+    AdamW at ``0.002 * 5 / (4 + nc)``; a given ``lr0`` is kept; bias warm-up starts at 0 (Adam's steps are not
+    SGD's). Returns the new settings and the line that says what was chosen."""
+    iterations = math.ceil(images / max(batch_size, optim.nominal_batch or batch_size)) * epochs
+    name, fitted = ("SGD", 0.01) if iterations > AUTO_SGD_ITERATIONS else ("AdamW", round(0.01 / (4 + num_classes), 6))
+    chosen = dataclasses.replace(optim, optimizer=name, lr0=fitted if optim.lr0 is None else optim.lr0,
+                                 warmup_bias_lr=0.0)
+    return chosen, (f"optimizer: auto chose {name} (lr0 {chosen.lr0:g}) for {iterations:,} steps "
+                    f"({'more' if name == 'SGD' else 'not more'} than {AUTO_SGD_ITERATIONS:,})")
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, momentum: float,

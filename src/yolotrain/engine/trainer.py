@@ -42,7 +42,7 @@ from .loop import (
     run_epochs,
     silence_loader_death_signals,
 )
-from .optim import build_optimizer, lr_lambda
+from .optim import AUTO, build_optimizer, choose_optimizer, lr_lambda
 from .prepare import autocast_dtype, freeze_layers, grad_scaler, precision_line, seed_everything
 from .results import TrainingError, TrainResult
 from .resume import (
@@ -167,7 +167,13 @@ class Trainer:
             self._log(f"Model {cfg.model}: random initial weights (training from scratch); "
                       f"{from_scratch_hint(cfg)}")
         build_data(self)
-        cfg = self.config  # AutoBatch may have chosen the batch
+        if self.config.optim.optimizer == AUTO:  # chosen once: resumed runs read the choice from their settings
+            optim, line = choose_optimizer(self.config.optim, len(self.train_set), self.config.data.batch_size,
+                                           self.config.epochs, len(self.names))
+            self.config = dataclasses.replace(self.config, optim=optim)
+            if ctx.is_main:
+                self._log(line)
+        cfg = self.config  # AutoBatch may have chosen the batch, auto the optimiser
         model = self.model.to(self.device)
         if cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)

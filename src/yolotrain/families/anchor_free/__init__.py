@@ -25,8 +25,9 @@ from ...model.anchor_free.spec import ARCHITECTURES, PUBLISHED
 
 FAMILY_NAME = "anchor_free"
 # Ultralytics' recipe (cfg/default.yaml) where it differs from the shared defaults (YOLOv5's): the loss gains of
-# these heads, and mosaic off for the last 10 epochs.
-RECIPE = {"loss.box": 7.5, "loss.cls": 0.5, "loss.dfl": 1.5, "augment.close_mosaic": 10}
+# these heads, mosaic off for the last 10 epochs, and the optimiser chosen by the run's length (see
+# yolotrain.engine.optim.choose_optimizer; Ultralytics 8.4 picks its own MuSGD for long runs, SGD here).
+RECIPE = {"loss.box": 7.5, "loss.cls": 0.5, "loss.dfl": 1.5, "augment.close_mosaic": 10, "optim.optimizer": "auto"}
 # Suffixes of the published architectures whose head serves a task other than detection.
 TASK_SUFFIXES = {"segment": "-seg", "classify": "-cls"}
 
