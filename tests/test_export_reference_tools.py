@@ -70,9 +70,9 @@ def test_reference_and_ultralytics_read_our_metadata(fmt, model, reference, monk
     assert backend(torch.zeros(1, 3, 192, 256)).shape == (1, 3 * (24 * 32 + 12 * 16 + 6 * 8), 5 + len(NAMES))
     ultralytics = _ultralytics_view(loaded)
     assert (ultralytics.stride, ultralytics.names, ultralytics.task) == (32, dict(enumerate(NAMES)), "detect")
-    assert (ultralytics.imgsz, ultralytics.batch, ultralytics.end2end) == ([192, 256], 1, False)
-    if fmt != "torchscript":  # torchscript has no free axes; the others a free batch (ultralytics': both free)
-        assert ultralytics.dynamic is False
+    # A free batch alone is not ultralytics' `dynamic` (batch and image size both free).
+    assert (ultralytics.imgsz, ultralytics.batch, ultralytics.end2end, ultralytics.dynamic) == ([192, 256], 1, False,
+                                                                                                 False)
 
 
 def _ultralytics_view(path) -> types.SimpleNamespace:
