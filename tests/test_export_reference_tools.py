@@ -75,6 +75,22 @@ def test_reference_and_ultralytics_read_our_metadata(fmt, model, reference, monk
                                                                                                  False)
 
 
+@OPENVINO
+def test_openvino_folder_metadata_only_in_a_folder_of_one_model(model, tmp_path):
+    """Every OpenVINO export gets the reference's ``NAME.yaml``; ultralytics' ``metadata.yaml``, one per folder,
+    is written only into a ``*_openvino_model`` folder holding no other IR."""
+    model.names = NAMES
+    export(model, "openvino", out=tmp_path / "plain" / "a.xml", img_size=64)
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["a.bin", "a.xml", "a.yaml"]
+    shared = tmp_path / "shared_openvino_model"
+    export(model, "openvino", out=shared / "a.xml", img_size=64)
+    model.names = ["x", "y"]
+    export(model, "openvino", out=shared / "b.xml", img_size=64)
+    assert sorted(p.name for p in shared.iterdir()) == ["a.bin", "a.xml", "a.yaml", "b.bin", "b.xml", "b.yaml",
+                                                        "metadata.yaml"]
+    assert _ultralytics_view(shared / "a.xml").names == dict(enumerate(NAMES))  # a's, not replaced by b's
+
+
 def _ultralytics_view(path) -> types.SimpleNamespace:
     """What ultralytics' backends take from an export's metadata, read and applied as they do it."""
     pytest.importorskip("ultralytics")
