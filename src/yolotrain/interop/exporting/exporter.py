@@ -39,6 +39,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,7 +69,7 @@ DYNAMIC_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.dyna
 DEFAULT_OPSET = 17
 
 __all__ = ["DYNAMIC_FORMATS", "FORMATS", "ExportConfig", "add_export_arguments", "default_output", "export",
-           "export_metadata", "raw_output_names", "run_export"]
+           "export_metadata", "interop_metadata", "raw_output_names", "run_export"]
 
 
 @dataclass(frozen=True)
@@ -141,21 +142,42 @@ def _image_size(img_size: int | Sequence[int], stride: int = 32) -> tuple[int, i
     return size
 
 
+def interop_metadata(model: Yolov5 | Classifier, size: tuple[int, int], dynamic_batch: bool, dynamic_size: bool,
+                     precision: str = "fp32", nms: dict | None = None) -> dict[str, Any]:
+    """The fields other tools read from an export, as values: the reference's ``DetectMultiBackend`` reads
+    ``stride`` (the multiple input sides round to, a detector's largest stride) and ``names`` (``{index:
+    name}``); ultralytics' ``AutoBackend`` those and ``task``, ``imgsz`` ([height, width]), ``batch`` (the
+    traced batch) and ``args`` (its export options: ``dynamic`` when batch and size are both free, ``nms``
+    when NMS is inside, the precision as ``half``/``int8``).
+
+    Formats whose metadata is a string map store them as :func:`export_metadata` writes them; the others
+    (OpenVINO's YAML beside the IR, TorchScript's ``config.txt``, LiteRT's archive) store these values as
+    the tools write them there.
+    """
+    task = task_of(model)
+    names = list(getattr(model, "names", None) or [str(i) for i in range(task.checkpoint_num_classes(model))])
+    return {"stride": int(model.size_multiple), "names": dict(enumerate(names)), "task": task.name,
+            "imgsz": list(size), "batch": 1,
+            "args": {"imgsz": list(size), "batch": 1, "dynamic": dynamic_batch and dynamic_size,
+                     "half": precision == "fp16", "int8": precision == "int8", "nms": nms is not None}}
+
+
 def export_metadata(model: Yolov5 | Classifier, size: tuple[int, int], raw: bool, dynamic_batch: bool,
                     dynamic_size: bool, precision: str = "fp32", nms: dict | None = None) -> dict[str, str]:
     """String metadata stored with an export (read back by :class:`~yolotrain.interop.runtime.ExportedModel`):
     the model's task's own fields (:meth:`yolotrain.task.Task.export_metadata`), then those of every export.
 
-    ``stride`` and ``names`` are written as the reference's ``export.py`` writes them (the multiple input
-    sides round to, a detector's largest stride, as a whole number; the names as a ``{index: name}`` Python
-    literal), so that its ``DetectMultiBackend`` and ultralytics' ``AutoBackend`` read our files; ours are
-    ``class_names`` (a JSON list) and, from a box model's task, ``strides``.
+    The fields of :func:`interop_metadata` are written as the reference's ``export.py`` writes them (whole
+    numbers as text, the rest as Python literals: ``names`` a ``{index: name}`` dict), so that its
+    ``DetectMultiBackend`` and ultralytics' ``AutoBackend`` read our files; ours are ``class_names`` (a JSON
+    list), ``img_size`` and, from a box model's task, ``strides``.
     """
     task = task_of(model)
-    names = list(getattr(model, "names", None) or [str(i) for i in range(task.checkpoint_num_classes(model))])
+    interop = interop_metadata(model, size, dynamic_batch, dynamic_size, precision, nms)
     metadata = {"producer": "yolotrain", **task.export_metadata(model)}
+    metadata.update({key: value if isinstance(value, str) else repr(value) for key, value in interop.items()})
     metadata.update({
-        "stride": str(model.size_multiple), "names": repr(dict(enumerate(names))), "class_names": json.dumps(names),
+        "class_names": json.dumps(list(interop["names"].values())),
         # Raw head maps are the boxes' maps before decoding: an export without boxes has none.
         "img_size": json.dumps(list(size)), "raw": json.dumps(raw and BOXES in task.export_outputs),
         "dynamic_batch": json.dumps(dynamic_batch), "dynamic_size": json.dumps(dynamic_size), "precision": precision,
@@ -269,6 +291,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
         dynamic_batch = dynamic_size = False
     precision = "fp16" if half else "int8" if int8 else "fp32"
     metadata = export_metadata(model, size, raw, dynamic_batch, dynamic_size, precision, nms_settings)
+    interop = interop_metadata(model, size, dynamic_batch, dynamic_size, precision, nms_settings)
     written = [("--output", out)] + [("--output", out.with_suffix(suffix)) for suffix in spec.companions]
     weights = [] if isinstance(weights_or_model, nn.Module) else weights_inputs(weights_or_model)
     refuse_overwriting_inputs(written, weights + dataset_inputs(calibration_set, data if int8 else None))
@@ -277,6 +300,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
                                 "yolotrain export", "--force")
     out.parent.mkdir(parents=True, exist_ok=True)
     job = ExportJob(graph=graph, example=torch.zeros(1, model.in_channels, *size), out=out, metadata=metadata,
+                    interop_metadata=interop,
                     half=half, calibration=calibration, size=size, min_side=model.size_multiple,
                     dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, simplify=simplify, opset=opset)
     with warnings.catch_warnings():

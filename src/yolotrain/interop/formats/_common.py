@@ -39,13 +39,16 @@ MAX_METADATA_BYTES = 1 << 20
 @dataclass(frozen=True)
 class ExportJob:
     """One export, checked and ready: the graph to trace, an example input, where to write, the
-    metadata to store, the precision (``half``, or ``calibration`` images for int8) and the ONNX
+    metadata to store (``metadata``: the string map, ours and the fields other tools read;
+    ``interop_metadata``: those fields as values, for the formats that store values), the precision
+    (``half``, or ``calibration`` images for int8) and the ONNX
     tracing options (``dynamic_*`` already off for formats without free axes)."""
 
     graph: ExportGraph
     example: torch.Tensor
     out: Path
     metadata: dict[str, str]
+    interop_metadata: dict[str, Any]
     half: bool
     calibration: CalibrationImages | None
     size: tuple[int, int]

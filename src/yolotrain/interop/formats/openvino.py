@@ -1,6 +1,12 @@
 """OpenVINO IR (``.xml`` with its ``.bin`` weights), converted from the traced ONNX graph: fp16 weights,
 int8 through NNCF (the decode tail in float32), NMS inside, dynamic batch and image size.
-:class:`OpenVinoModel` runs it on the CPU."""
+:class:`OpenVinoModel` runs it on the CPU.
+
+Our metadata is in the IR's runtime info. Other tools read theirs from YAML files beside the IR: the
+reference's ``DetectMultiBackend`` from ``<name>.yaml`` (``stride``, ``names``), written beside every
+export, and ultralytics' ``AutoBackend`` from the folder's ``metadata.yaml``, written when the folder is
+one model's by both tools' convention (named ``*_openvino_model``, no other IR in it). Both tools take
+such a folder as the model to load."""
 
 from __future__ import annotations
 
@@ -13,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from xml.etree import ElementTree
 
 import numpy as np
+import yaml
 
+from ...atomic import write_atomic
 from ...checkpoint import CheckpointError
 from ..exporting.calibration import openvino_decode_tail
 from ..runtime import ExportedModel
@@ -26,6 +34,9 @@ if TYPE_CHECKING:
 EXTRA = "pip install 'yolotrain[openvino]'"
 # Where the export keeps its metadata inside the IR's runtime info.
 RT_INFO_SECTION = "yolotrain"
+# A folder of one OpenVINO model as the reference and ultralytics name it, and ultralytics' metadata file in it.
+MODEL_FOLDER_SUFFIX = "_openvino_model"
+FOLDER_METADATA = "metadata.yaml"
 
 
 def openvino_module():
@@ -40,7 +51,8 @@ def write(job: ExportJob) -> None:
     ov = openvino_module()
     onnx = onnx_module()
     proto = onnx_proto(job)
-    with staged(job.out, (".xml", ".bin")) as path:
+    tools_metadata = yaml.safe_dump(job.interop_metadata, sort_keys=False, allow_unicode=True)
+    with staged(job.out, (".xml", ".bin", ".yaml")) as path:
         source = path.with_name("source.onnx")
         onnx.save(proto, str(source))
         model = ov.convert_model(str(source))
@@ -50,6 +62,15 @@ def write(job: ExportJob) -> None:
         for key, value in job.metadata.items():
             model.set_rt_info(value, [RT_INFO_SECTION, key])
         ov.save_model(model, str(path), compress_to_fp16=job.half)
+        path.with_suffix(".yaml").write_text(tools_metadata, encoding="utf-8")
+    if _is_model_folder(job.out):
+        write_atomic(job.out.parent / FOLDER_METADATA, lambda file: file.write_text(tools_metadata, encoding="utf-8"))
+
+
+def _is_model_folder(out: Path) -> bool:
+    """Whether ``out``'s folder is the folder of this one model, as the reference and ultralytics lay one out."""
+    return out.parent.name.endswith(MODEL_FOLDER_SUFFIX) and all(
+        xml.name == out.name for xml in out.parent.glob("*.xml"))
 
 
 def read_metadata(path: Path) -> dict[str, str]:
@@ -146,5 +167,6 @@ class OpenVinoModel(ExportedModel):
 
 FORMAT = ExportFormat(name="openvino", suffix=".xml", title="OpenVINO", write=write,
                       read_metadata=read_metadata, half=True, int8=True,
-                      nms=True, dynamic=True, outputs=ONNX_OUTPUT_KINDS, companions=(".bin",), exact_suffix=True,
+                      nms=True, dynamic=True, outputs=ONNX_OUTPUT_KINDS, companions=(".bin", ".yaml"),
+                      exact_suffix=True,
                       runtime=OpenVinoModel, extra=EXTRA)

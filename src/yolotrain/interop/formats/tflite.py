@@ -1,7 +1,9 @@
 """LiteRT (``.tflite``), converted from the PyTorch module with litert-torch, fixed at batch 1 and the
 export's size: fp16 weights (float32 compute), int8 weights and activations via the AI Edge Quantizer
 (the head's convolutions and decode tail in float). The metadata is a small archive appended to the
-flatbuffer. :class:`TfliteModel` runs it with LiteRT's interpreter."""
+flatbuffer: first ``meta.txt``, the fields other tools read as the reference writes them (a Python literal,
+which its ``DetectMultiBackend`` and ultralytics' ``AutoBackend`` read from the archive's first entry),
+then ours in ``yolotrain.json``. :class:`TfliteModel` runs it with LiteRT's interpreter."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ EXTRA = "pip install 'yolotrain[tflite]'"
 # The export appends a small zip archive holding this file to the flatbuffer: the interpreter reads
 # the flatbuffer by offsets from its start and ignores trailing bytes.
 METADATA_NAME = "yolotrain.json"
+# The reference's name for its metadata entry; other tools read whichever entry comes first.
+TOOLS_METADATA_NAME = "meta.txt"
 
 
 def write(job: ExportJob) -> None:
@@ -37,8 +41,14 @@ def write(job: ExportJob) -> None:
         litert_torch.convert(job.graph, (job.example,)).export(str(path))
         if job.half or job.calibration is not None:
             _tflite_quantized(path, job.calibration)
-        with zipfile.ZipFile(path, "a") as archive:
-            archive.writestr(METADATA_NAME, json.dumps(job.metadata))
+        append_metadata(path, job.metadata, job.interop_metadata)
+
+
+def append_metadata(path: Path, metadata: dict[str, str], interop_metadata: dict[str, Any]) -> None:
+    """Append the metadata archive to the flatbuffer at ``path``: the other tools' entry first, then ours."""
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr(TOOLS_METADATA_NAME, repr(interop_metadata))
+        archive.writestr(METADATA_NAME, json.dumps(metadata))
 
 
 def read_metadata(path: Path) -> dict[str, str]:

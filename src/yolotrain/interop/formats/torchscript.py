@@ -1,5 +1,7 @@
-"""TorchScript (``.torchscript``), traced from the PyTorch module, metadata in its ``config.json``: float32,
-raw head maps possible, fixed at batch 1 and the export's size. A TorchScript file is a program, so
+"""TorchScript (``.torchscript``), traced from the PyTorch module, metadata in its ``config.json`` (and the
+fields other tools read in ``config.txt``, where the reference's ``DetectMultiBackend`` and ultralytics'
+``AutoBackend`` look for them, as JSON): float32, raw head maps possible, fixed at batch 1 and the export's
+size. A TorchScript file is a program, so
 loading one needs the user's trust (:mod:`..trust`). :class:`TorchScriptModel` runs it with the TorchScript
 interpreter."""
 
@@ -28,7 +30,8 @@ def write(job: ExportJob) -> None:
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
         traced = torch.jit.trace(job.graph, job.example, strict=False, check_trace=False)
         with staged(job.out) as path:
-            torch.jit.save(traced, str(path), _extra_files={"config.json": json.dumps(job.metadata)})
+            torch.jit.save(traced, str(path), _extra_files={"config.json": json.dumps(job.metadata),
+                                                          "config.txt": json.dumps(job.interop_metadata)})
 
 
 def read_metadata(path: Path) -> dict[str, str]:
