@@ -21,7 +21,6 @@ import json
 import platform
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from common import COCO128, ROOT, YOLOV5N
