@@ -118,6 +118,13 @@ def test_an_object_across_a_tile_border_gets_one_detection_with_a_mask_over_both
     assert torch.equal(mask, expected)
 
 
+def test_maps_of_tiles_off_their_grid_are_refused():
+    tiles = TiledBatch([(0, 0, 64, 64), (0, 30, 64, 64)], 1, (64, 94))
+    with pytest.raises(ValueError, match=r"^tiles of 64x64 px at \[\(0, 0\), \(0, 30\)\] do not lie on the grid "
+                                         r"of their 16x16 maps$"):
+        tiles.maps([torch.zeros(2, 1, 16, 16)])
+
+
 @pytest.fixture(scope="module")
 def real_segmenter(reference) -> Yolov5:
     """yolov5n-seg holding the official yolov5n's detection weights (real boxes), random masks of order 1."""

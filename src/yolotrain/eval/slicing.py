@@ -129,7 +129,7 @@ class TiledBatch:
         """
         maps = torch.cat(list(chunks))
         tile_h, tile_w = self.tiles[0][2:]
-        stride = tile_h // maps.shape[-2]
+        stride = max(tile_h // maps.shape[-2], 1)
         if stride * maps.shape[-2] != tile_h or stride * maps.shape[-1] != tile_w or any(
                 top % stride or left % stride for top, left, _, _ in self.tiles):
             raise ValueError(f"tiles of {tile_h}x{tile_w} px at {[t[:2] for t in self.tiles]} do not lie on the "
