@@ -132,6 +132,22 @@ class Task(ABC):
         """Why ``--slice`` (predicting on overlapping tiles whose boxes NMS merges) is refused for this task's
         model ``name``, in one line; None where the task's models have it."""
 
+    def tile_grid(self, model: Any) -> int:
+        """The grid, in px of the input, on which ``--slice``'s tiles start for this task's ``model`` (see
+        :func:`yolotrain.eval.slicing.tile_origins`): 1, anywhere, for outputs moved from the tiles to the image
+        by any offset (boxes); a task whose outputs hold maps that are stitched pixel for pixel needs a multiple
+        of the maps' stride."""
+        return 1
+
+    def join_tile_outputs(self, outputs: Sequence[Any], tiles: Any) -> Any:
+        """The outputs this task's model gives for a batch of whole images, made of ``outputs``: the model's
+        outputs for chunks of the batch's ``--slice`` tiles, in order. ``tiles`` (a
+        :class:`~yolotrain.eval.slicing.TiledBatch`: the tiles and the batch's size) joins each kind:
+        ``tiles.predictions`` the decoded predictions (boxes moved to the image, gathered per image for the one
+        NMS), ``tiles.maps`` image-aligned maps (stitched into one per image). By default the outputs are the
+        decoded predictions alone. Asked only of a task whose :meth:`slicing_refusal` is None."""
+        return tiles.predictions(outputs)
+
     @abstractmethod
     def ensemble_refusal(self, name: str) -> str | None:
         """Why this task's model ``name`` cannot be a member of an ensemble (several ``--weights``, whose

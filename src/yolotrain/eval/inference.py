@@ -61,7 +61,8 @@ def load_inference_model(models_or_weights: ModelsOrWeights, device: str | torch
     (:class:`~yolotrain.eval.slicing.SlicedDetector`).
 
     Raises:
-        ValueError: ``augment`` or ``slice`` for a model other than a PyTorch detection model; ``slice`` or
+        ValueError: ``augment`` for a model other than a PyTorch detection model, ``slice`` for one other than
+            a PyTorch detection or segmentation model; ``slice`` or
             ``slice_overlap`` out of range; an ensemble with an export,
             a classifier or a segmentation model in it, or of models predicting different classes.
     """
@@ -108,8 +109,8 @@ def _first_names(names: Sequence[str]) -> str:
 
 def _check_wrappable(model: Detector, source: ModelOrWeights, option: str) -> None:
     """``--augment`` (the reference's test-time augmentation: three scales) and ``--slice`` (batches of tiles)
-    run PyTorch models of the tasks that take them: the task refuses its own (a segmentation model's masks
-    come from one image's prototypes, a classifier has no boxes), and an export is fixed at one size or batch."""
+    run PyTorch models of the tasks that take them: the task refuses its own (test-time augmentation loses a
+    segmentation model's prototypes, a classifier has no boxes), and an export is fixed at one size or batch."""
     task = task_of(model)
     refusal = task.augment_refusal(_name(source)) if option == "--augment" else task.slicing_refusal(_name(source))
     if refusal is not None:

@@ -45,15 +45,19 @@ def scale_images(imgs: torch.Tensor, ratio: float, stride: int) -> torch.Tensor:
 
 
 class _Composite(nn.Module):
-    """The :class:`~yolotrain.detector.BoxDetector` attributes of a detector made of PyTorch detection models,
-    read from ``self.lead`` (the member with the largest stride) and ``self.first``."""
+    """The :class:`~yolotrain.detector.BoxDetector` attributes of a detector made of PyTorch box models (their
+    task and mask coefficients too), read from ``self.lead`` (the member with the largest stride) and
+    ``self.first``."""
 
     lead: Yolov5
     first: Yolov5
-    task = "detect"
     end_to_end = False
     dynamic_size = True
     fixed_size = None
+
+    @property
+    def task(self) -> str:
+        return self.first.task
 
     @property
     def names(self) -> list[str]:
@@ -62,6 +66,10 @@ class _Composite(nn.Module):
     @property
     def num_classes(self) -> int:
         return self.first.num_classes
+
+    @property
+    def num_masks(self) -> int:
+        return self.first.num_masks
 
     @property
     def stride(self) -> torch.Tensor:

@@ -252,9 +252,10 @@ def val(
         callbacks: functions for the ``on_val_*`` hooks (``{"on_val_image_end": fn}``; see
             :data:`yolotrain.callbacks.HOOKS` for what each receives).
         augment: the reference's test-time augmentation (:mod:`.tta`; PyTorch detection models only).
-        slice, slice_overlap: sliced inference (:mod:`.slicing`; PyTorch detection models only): each
+        slice, slice_overlap: sliced inference (:mod:`.slicing`; PyTorch detection and segmentation models): each
             letterboxed image (give ``img_size`` at the images' resolution) cut into tiles of ``slice`` px
-            overlapping by at least ``slice_overlap`` of a tile, their detections merged by the NMS.
+            overlapping by at least ``slice_overlap`` of a tile, their detections merged by the NMS (a
+            segmentation model's masks made from the tiles' prototypes stitched into the image's).
     """
     hooks = as_callbacks(callbacks)
     if mode not in ("val", "speed"):

@@ -505,9 +505,10 @@ def predict(
         callbacks: functions for ``on_predict_start`` (the :class:`Predictor`), ``on_predict_image_end``
             (each :class:`Result`) and ``on_predict_end`` (all of them), as ``{hook: fn or [fn, ...]}``.
         augment: the reference's test-time augmentation (:mod:`.tta`; PyTorch detection models only).
-        slice, slice_overlap: sliced inference (:mod:`yolotrain.eval.slicing`; PyTorch detection models only): the
-            letterboxed input (give ``img_size`` at the images' resolution) cut into tiles of ``slice`` px
-            overlapping by at least ``slice_overlap`` of a tile, their detections merged by the NMS.
+        slice, slice_overlap: sliced inference (:mod:`yolotrain.eval.slicing`; PyTorch detection and
+            segmentation models): the letterboxed input (give ``img_size`` at the images' resolution) cut into
+            tiles of ``slice`` px overlapping by at least ``slice_overlap`` of a tile, their detections merged
+            by the NMS (a segmentation model's masks made from the tiles' prototypes stitched into the image's).
 
     Returns:
         One :class:`Result` per image and per predicted video frame, in source order (with ``stream``,

@@ -26,7 +26,8 @@ class ClassifyEvaluation:
         return f"an ensemble (several --weights) merges detection models' boxes: {name} is a classifier"
 
     def slicing_refusal(self, name: str) -> str | None:
-        return f"--slice merges detection models' boxes across tiles: {name} is a classifier, which has no boxes"
+        return (f"--slice merges the boxes of detection and segmentation models across tiles: {name} is a "
+                "classifier, which has no boxes")
 
     def validate(self, model: Any, model_or_weights: Any, data: Any, device: torch.device, *,
                  img_size: int | None, batch_size: int, workers: int | None, criterion: Any, save_dir: Any,

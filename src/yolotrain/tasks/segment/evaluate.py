@@ -4,6 +4,7 @@ polygons drawn there), writes them as COCO RLEs and polygon label rows, and pred
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,32 @@ class SegmentEvaluation:
     def ensemble_refusal(self, name: str) -> str | None:
         return f"an ensemble (several --weights) merges detection models' boxes: {name} is a segmentation model"
 
-    def slicing_refusal(self, name: str) -> str | None:
-        return (f"--slice merges detection models' boxes across tiles: {name} is a segmentation model, whose masks "
-                "are made from one image's prototypes, not from tiles'")
+    def tile_grid(self, model: Any) -> int:
+        # The tiles' prototypes are stitched into the image's pixel for pixel, so tiles start on whole prototype
+        # pixels; on the largest stride, every feature map of a tile samples the image where the whole image's
+        # would, so two overlapping tiles' prototypes differ only by what each one's border hides.
+        return model.max_stride
+
+    def join_tile_outputs(self, outputs: Sequence[tuple[torch.Tensor, torch.Tensor]], tiles: Any) -> tuple[
+            torch.Tensor, torch.Tensor]:
+        """``(decoded, proto)`` of the whole images: the tiles' predictions, coefficients and all, moved to the
+        image, and ONE prototype map per image stitched from the tiles' (each pixel from the tile whose centre
+        is nearest): the output a segmentation model gives for the whole image, so NMS, val's mask scoring,
+        the masks of predict's results, their files and drawings take it unchanged.
+
+        Why one stitched map rather than each detection's mask made from its own tile's prototypes: the
+        prototypes are the same convolutional features of the same pixels in every tile that holds them (on the
+        stride grid, :meth:`tile_grid`), up to what a tile's border hides, which the stitch keeps away from by
+        taking each pixel where its tile surrounds it most; the coefficients weight these features the same
+        way whichever tile predicted them. So a detection's mask reaches across a tile's border wherever its box
+        does (an object cut by one tile's border, kept from the tile that holds it whole, keeps both parts),
+        and no mask is bounded by its tile. Per-tile masks would keep every tile's prototypes (tiles x nm x
+        H/4 x W/4 on a full-image canvas, or a tile index beside every detection through NMS) and every mask
+        path (the prototypes' resolution for mAP, the input's, the original image's, chunked) would need a
+        tiled variant; the stitched map costs one crop and copy per tile, the memory of the unsliced model's
+        map, and no change downstream."""
+        decoded, protos = zip(*outputs)
+        return tiles.predictions(decoded), tiles.maps(protos)
 
     def check_inference(self, model: Any) -> None:
         if model.end_to_end:
