@@ -35,7 +35,7 @@ test: $(STAMP) $(LITERT_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples packages
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -m "not slow and not litert"
-	$(LITERT_PY) -m pytest -q -m "litert and not slow" tests/test_deploy.py
+	$(LITERT_PY) -m pytest -q -m "litert and not slow" tests/test_deploy.py tests/test_anchor_free_export.py
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

@@ -20,8 +20,12 @@ pytest.importorskip("onnxruntime", reason="needs the export extra: pip install '
 
 SIZE = 96
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
-SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript"}
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "tflite": ".tflite"}
 FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript"]
+# `make test` runs these in the LiteRT environment (.venv-litert) and deselects them elsewhere.
+TFLITE = (pytest.mark.litert, pytest.mark.skipif(
+    importlib.util.find_spec("litert_torch") is None or importlib.util.find_spec("ai_edge_litert") is None,
+    reason="pip install 'yolotrain[tflite]'"))
 
 
 def untrained(arch: str) -> AnchorFreeYolo:
@@ -83,6 +87,27 @@ def test_exports_give_the_decoded_predictions_of_pytorch(request, tmp_path, fmt,
     assert torch.equal(decoded[..., 4], torch.ones_like(decoded[..., 4]))
     if model.task == "segment":
         torch.testing.assert_close(actual[1], expected[1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("fmt", "precision", "score_tol", "box_tol"), [
+    ("onnx", "fp16", 5e-3, 0.5), ("onnx", "int8", 0.05, 4.0),  # tolerances of tests/test_deploy.py (96 px input)
+    # LiteRT's int8 graph also quantizes the distance distributions: a box side is the expectation over 16 rounded
+    # bins (measured: at most 5.1 px of 96, on 4 of 1,512 values).
+    pytest.param("tflite", "fp32", 1e-4, 1e-3, marks=TFLITE), pytest.param("tflite", "int8", 0.05, 6.0, marks=TFLITE),
+])
+def test_reduced_precision_and_litert_exports_stay_within_their_tolerance(detector, shapes, tmp_path, fmt, precision,
+                                                                           score_tol, box_tol):
+    out = tmp_path / f"{precision}{SUFFIX[fmt]}"
+    export(detector, fmt, out=out, img_size=SIZE, dynamic_size=fmt == "onnx", half=precision == "fp16",
+           int8=precision == "int8", data=str(shapes / "data.yaml"))
+    runtime = load_exported(out)
+    assert (runtime.family, runtime.precision) == ("anchor_free", precision)
+    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = copy.deepcopy(detector).fuse()(imgs)
+    actual = runtime(imgs)
+    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=score_tol, rtol=0)
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=box_tol, rtol=0)
 
 
 def test_val_and_predict_on_an_onnx_export_score_as_pytorch(detector, shapes, tmp_path):

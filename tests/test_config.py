@@ -69,7 +69,7 @@ def test_round_trip_and_frozen():
     ({"epochs": "ten"}, "epochs: expected an integer or null, got 'ten'"),
     ({"epochs": 2.5}, "epochs: expected an integer or null, got 2.5"),
     ({"rect": "yes"}, "data.rect: expected true or false, got 'yes'"),
-    ({"optimizer": "Lion"}, "optim.optimizer: expected one of 'SGD', 'Adam', 'AdamW' or null, got 'Lion'"),
+    ({"optimizer": "Lion"}, "optim.optimizer: expected one of 'SGD', 'Adam', 'AdamW', 'auto' or null, got 'Lion'"),
     ({"optim": {"lr00": 0.1}}, "optim: unknown setting 'lr00'; did you mean 'lr0'?"),
 ])
 def test_one_error_type_naming_the_setting(settings, message):
