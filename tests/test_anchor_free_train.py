@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from test_train import run_cli
 
@@ -31,6 +32,8 @@ from yolotrain.model.anchor_free import AnchorFreeYolo
 from yolotrain.track import TrackerConfig
 from yolotrain.track.run import track
 from yolotrain.tuning import tune
+from yolotrain.tuning.evolve import reference_values
+from yolotrain.tuning.space import default_space, evolution_limits
 
 TINY = {"img_size": 64, "batch_size": 4, "workers": 0, "device": "cpu"}
 DFL_KEY = "model.22.dfl.conv.weight"  # yolov8n's head is layer 22
@@ -202,11 +205,27 @@ def test_the_dfl_weights_stay_the_bin_indices(trained):
     assert not model.model[22].dfl.conv.weight.requires_grad
 
 
+def test_the_search_space_of_an_anchor_free_model_holds_its_loss_gains():
+    """YOLOv5's box limits (0.02-0.2) would clip yolov8n's 7.5: tune and evolve take the family's ranges."""
+    v8 = {p.name: (p.low, p.high) for p in default_space("yolov8n")}
+    assert (v8["box"], v8["cls"], v8["dfl"]) == ((1.0, 20.0), (0.1, 4.0), (0.4, 12.0))
+    assert default_space("yolov5n") == default_space() and "dfl" not in {p.name for p in default_space()}
+    for end in (0, 1):
+        resolve_config(model="yolov8n", **{name: bounds[end] for name, bounds in v8.items()})
+    assert reference_values(resolve_config(model="yolov8n"))["box"] == 7.5
+    assert reference_values(resolve_config(model="yolov5n"))["box"] == 0.05
+    assert evolution_limits("yolo11n-seg")["box"] == (1.0, 20.0) and evolution_limits()["box"] == (0.02, 0.2)
+
+
 def test_tune_runs_a_trial_of_an_anchor_free_model(shapes, tmp_path):
+    """The first trial trains the settings as given: the family's recipe, inside the default space."""
     result = tune(data=str(shapes), model="yolov8n", project=str(tmp_path), trials=1, epochs=1, plots=False,
-                  tensorboard=False, space={"lr0": [0.001, 0.02]}, **TINY)
+                  tensorboard=False, **TINY)
     assert result.trials["COMPLETE"] == 1 and result.best_fitness is not None
-    assert "train_dfl" in results(result.save_dir / "trials" / "trial0")[0]  # the anchor-free loss trained it
+    trial = result.save_dir / "trials" / "trial0"
+    assert "train_dfl" in results(trial)[0]  # the anchor-free loss trained it
+    trained_with = yaml.safe_load((trial / "config.yaml").read_text())["loss"]
+    assert (trained_with["box"], trained_with["cls"], trained_with["dfl"]) == (7.5, 0.5, 1.5)
 
 
 def test_autobatch_probes_an_anchor_free_model(shapes, tmp_path, capsys):

@@ -27,6 +27,9 @@ FAMILY_NAME = "anchor_free"
 # Ultralytics' recipe (cfg/default.yaml) where it differs from the shared defaults (YOLOv5's): the loss gains of
 # these heads, and mosaic off for the last 10 epochs.
 RECIPE = {"loss.box": 7.5, "loss.cls": 0.5, "loss.dfl": 1.5, "augment.close_mosaic": 10}
+# Ultralytics' tuner's ranges of those gains (engine/tuner.py): YOLOv5's box limits (0.02-0.2) are 40 times too
+# small for the IoU loss normalised by the target scores.
+SEARCH_LIMITS = {"box": (1.0, 20.0), "cls": (0.1, 4.0), "dfl": (0.4, 12.0)}
 # Suffixes of the published architectures whose head serves a task other than detection.
 TASK_SUFFIXES = {"segment": "-seg", "classify": "-cls"}
 
@@ -78,6 +81,9 @@ class AnchorFreeFamily(ModelFamily):
 
     def training_recipe(self, data: str | None) -> Mapping[str, Any]:
         return RECIPE
+
+    def search_limits(self) -> Mapping[str, tuple[float, float]]:
+        return SEARCH_LIMITS
 
     def from_scratch_hint(self, model: str) -> str:
         name = Path(model).name.lower().removesuffix(".yaml").removesuffix(".pt")
