@@ -32,7 +32,7 @@ from yolotrain.model.anchor_free import AnchorFreeYolo
 from yolotrain.track import TrackerConfig
 from yolotrain.track.run import track
 from yolotrain.tuning import tune
-from yolotrain.tuning.evolve import reference_values
+from yolotrain.tuning.evolve import evolve, reference_values
 from yolotrain.tuning.space import default_space, evolution_limits
 
 TINY = {"img_size": 64, "batch_size": 4, "workers": 0, "device": "cpu"}
@@ -226,6 +226,16 @@ def test_tune_runs_a_trial_of_an_anchor_free_model(shapes, tmp_path):
     assert "train_dfl" in results(trial)[0]  # the anchor-free loss trained it
     trained_with = yaml.safe_load((trial / "config.yaml").read_text())["loss"]
     assert (trained_with["box"], trained_with["cls"], trained_with["dfl"]) == (7.5, 0.5, 1.5)
+
+
+def test_evolve_trains_a_generation_of_an_anchor_free_model_with_its_gains(shapes, tmp_path):
+    result = evolve(1, data=str(shapes), model="yolov8n", project=str(tmp_path), plots=False, tensorboard=False,
+                    epochs=1, **TINY)
+    assert result.generations == 1
+    with (result.save_dir / "evolve.csv").open(newline="") as f:
+        row = {k.strip(): v for k, v in next(csv.DictReader(f)).items()}
+    assert (float(row["box"]), float(row["cls"])) == (7.5, 0.5)
+    assert "train_dfl" in results(result.save_dir / "generations" / "gen0")[0]
 
 
 def test_autobatch_probes_an_anchor_free_model(shapes, tmp_path, capsys):
