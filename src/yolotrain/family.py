@@ -63,6 +63,11 @@ class ModelFamily(ABC):
         (``None``: the built-in shapes)."""
 
     @abstractmethod
+    def search_limits(self) -> Mapping[str, tuple[float, float]]:
+        """``(low, high)`` of the hyper-parameters whose scale for this family's loss differs from YOLOv5's
+        evolution limits: the ranges ``tune``'s default space searches and evolution keeps them in."""
+
+    @abstractmethod
     def from_scratch_hint(self, model: str) -> str:
         """How to start the architecture ``model`` names from published weights."""
 

@@ -1,7 +1,8 @@
 """``yolotrain train --evolve N``: the reference's hyper-parameter evolution, resumable at any moment.
 
 Each generation is a full training run with hyper-parameters mutated from one of the best earlier
-generations (the reference's selection, gains and limits: :data:`~yolotrain.tuning.space.REFERENCE_META`);
+generations (the reference's selection, gains and limits: :data:`~yolotrain.tuning.space.REFERENCE_META`, an
+anchor-free model's loss gains within its family's limits);
 its results are a row of ``evolve.csv`` in the reference's layout (seven results, then the
 hyper-parameters), and ``hyp_evolve.yaml`` holds the best row's values. The folder is the state: a
 generation counts once its row is in ``evolve.csv`` (the file is replaced atomically), so an evolution
@@ -27,7 +28,7 @@ from ..engine.trainer import train
 from ..messages import brief
 from ..runs import RunLock, run_dir
 from ..settings import ConfigError, flat_values
-from .space import REFERENCE_META, UNUSED_REFERENCE_KEYS
+from .space import REFERENCE_META, UNUSED_REFERENCE_KEYS, evolution_limits
 
 # evolve.csv's result columns, as the reference names them, and the TrainResult metrics they hold.
 RESULT_COLUMNS = ("metrics/precision", "metrics/recall", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95",
@@ -64,9 +65,10 @@ def mutate(parent: np.ndarray, gains: np.ndarray, rng: np.random.Generator) -> n
     return parent * factors
 
 
-def constrain(values: Mapping[str, float]) -> dict[str, float]:
-    """Values within the reference's limits, rounded to 5 decimals as the reference rounds them."""
-    return {k: round(min(max(float(v), REFERENCE_META[k].low), REFERENCE_META[k].high), 5) for k, v in values.items()}
+def constrain(values: Mapping[str, float], limits: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """Values within their limits (:func:`~yolotrain.tuning.space.evolution_limits`), rounded to 5 decimals as the
+    reference rounds them."""
+    return {k: round(min(max(float(v), limits[k][0]), limits[k][1]), 5) for k, v in values.items()}
 
 
 def read_rows(csv_path: Path) -> np.ndarray:
@@ -203,9 +205,10 @@ def evolve(generations: int, config: TrainConfig | Mapping[str, Any] | str | os.
             tqdm.write(f"{save_dir} already holds {len(rows)} generations; give a larger --evolve to go on")
         gains = np.array([REFERENCE_META[k].gain if k not in UNUSED_REFERENCE_KEYS else 0.0 for k in HYP_KEYS])
         start = reference_values(base)
+        limits = evolution_limits(base.model)
         while len(rows) < generations:
             generation = len(rows)
-            hyp_values = start if generation == 0 else _offspring(rows, gains, base.seed, generation)
+            hyp_values = start if generation == 0 else _offspring(rows, gains, base.seed, generation, limits)
             results = _train_generation(base, save_dir, generation, hyp_values)
             append_row(csv_path, results, hyp_values)
             rows = read_rows(csv_path)
@@ -221,15 +224,17 @@ def evolve(generations: int, config: TrainConfig | Mapping[str, Any] | str | os.
 def reference_values(config: TrainConfig) -> dict[str, float]:
     """The configuration's values of the reference's hyper-parameter keys (the first generation's)."""
     flat = flat_values(config)
-    return constrain({k: flat[k] if k in flat else UNUSED_REFERENCE_KEYS[k] for k in HYP_KEYS})
+    return constrain({k: flat[k] if k in flat else UNUSED_REFERENCE_KEYS[k] for k in HYP_KEYS},
+                     evolution_limits(config.model))
 
 
-def _offspring(rows: np.ndarray, gains: np.ndarray, seed: int, generation: int) -> dict[str, float]:
+def _offspring(rows: np.ndarray, gains: np.ndarray, seed: int, generation: int,
+               limits: Mapping[str, tuple[float, float]]) -> dict[str, float]:
     """A mutation of a parent drawn from the best rows; seeded by (seed, generation), so a generation
     trained again after an interruption trains the same values."""
     rng = np.random.default_rng([seed, generation])
     parent = select_parent(rows, rng)[len(RESULT_COLUMNS):]
-    return constrain(dict(zip(HYP_KEYS, mutate(parent, gains, rng))))
+    return constrain(dict(zip(HYP_KEYS, mutate(parent, gains, rng))), limits)
 
 
 def _train_generation(base: TrainConfig, save_dir: Path, generation: int,

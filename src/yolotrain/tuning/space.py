@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..engine.config import HYP_SECTIONS, TrainConfig, read_settings_file
+from ..family import family_of_name
 from ..messages import brief
 from ..settings import ConfigError, base_type, check_value, leaves, unknown_name_error
 
@@ -90,11 +91,25 @@ def hyp_fields() -> dict[str, tuple[str, dataclasses.Field, Any]]:
     return {f.name: (path, f, tp) for path, f, tp in leaves(TrainConfig) if path.split(".")[0] in HYP_SECTIONS}
 
 
-def default_space() -> tuple[Parameter, ...]:
-    """The reference's mutated keys (gain > 0) that are settings here, over the reference's limits."""
+def evolution_limits(model: str | None = None) -> dict[str, tuple[float, float]]:
+    """``(low, high)`` of each key of the evolution table: the reference's limits, or those of the family of the
+    model ``model`` names where its loss is scaled otherwise (the anchor-free gains)."""
+    limits = {name: (gene.low, gene.high) for name, gene in REFERENCE_META.items()}
+    if model is not None:
+        limits.update((name, bounds) for name, bounds in family_of_name(model).search_limits().items()
+                      if name in limits)
+    return limits
+
+
+def default_space(model: str | None = None) -> tuple[Parameter, ...]:
+    """The reference's mutated keys (gain > 0) that are settings here, over the reference's limits; for the model
+    ``model`` names, over its family's limits where they differ, with the gains only its loss has (DFL's)."""
     fields = hyp_fields()
-    return tuple(Parameter(name, "float", gene.low, gene.high, log=name in LOG_SCALE and gene.low > 0)
-                 for name, gene in REFERENCE_META.items() if gene.gain > 0 and name in fields)
+    limits = {name: (gene.low, gene.high) for name, gene in REFERENCE_META.items() if gene.gain > 0 and name in fields}
+    if model is not None:
+        limits.update(family_of_name(model).search_limits())
+    return tuple(Parameter(name, "float", low, high, log=name in LOG_SCALE and low > 0)
+                 for name, (low, high) in limits.items())
 
 
 def read_space(source: str | os.PathLike | Mapping[str, Any]) -> tuple[Parameter, ...]:

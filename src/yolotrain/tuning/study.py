@@ -105,7 +105,7 @@ def tune(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = No
     ``config``, ``hyp`` and ``settings`` are the fixed settings of every trial, as for
     :func:`yolotrain.train` (``project``/``name`` name the tune folder, default ``runs/tune/exp``).
     ``space`` (a YAML file, its mapping, or :class:`Parameter` s) names the settings searched and their
-    ranges (default: :func:`~yolotrain.tuning.space.default_space`);
+    ranges (default: :func:`~yolotrain.tuning.space.default_space` of the model);
     ``sampler`` and ``pruner`` are names (see :class:`TuneOptions`) or Optuna objects. The study continues
     where it stands: trials already finished count towards ``trials``.
     """
@@ -113,9 +113,10 @@ def tune(config: TrainConfig | Mapping[str, Any] | str | os.PathLike | None = No
     options = from_mapping(TuneOptions, {"trials": trials, "storage": storage, "study": study,
                                          **({"sampler": sampler} if isinstance(sampler, str) else {}),
                                          **({"pruner": pruner} if isinstance(pruner, str) else {})})
-    parameters = default_space() if space is None else tuple(space) if _is_parameters(space) else read_space(space)
     settings.setdefault("project", DEFAULT_PROJECT)
     base = resolve_config(config, hyp=hyp, **settings)
+    parameters = default_space(base.model) if space is None else tuple(space) if _is_parameters(space) \
+        else read_space(space)
     save_dir = run_dir(base.project, base.name)
     save_dir.mkdir(parents=True, exist_ok=True)
     url = options.storage or f"sqlite:///{(save_dir / 'study.db').resolve()}"

@@ -28,6 +28,9 @@ FAMILY_NAME = "anchor_free"
 # these heads, mosaic off for the last 10 epochs, and the optimiser chosen by the run's length (see
 # yolotrain.engine.optim.choose_optimizer; Ultralytics 8.4 picks its own MuSGD for long runs, SGD here).
 RECIPE = {"loss.box": 7.5, "loss.cls": 0.5, "loss.dfl": 1.5, "augment.close_mosaic": 10, "optim.optimizer": "auto"}
+# Ultralytics' tuner's ranges of those gains (engine/tuner.py): YOLOv5's box limits (0.02-0.2) are 40 times too
+# small for the IoU loss normalised by the target scores.
+SEARCH_LIMITS = {"box": (1.0, 20.0), "cls": (0.1, 4.0), "dfl": (0.4, 12.0)}
 # Suffixes of the published architectures whose head serves a task other than detection.
 TASK_SUFFIXES = {"segment": "-seg", "classify": "-cls"}
 
@@ -79,6 +82,9 @@ class AnchorFreeFamily(ModelFamily):
 
     def training_recipe(self, data: str | None) -> Mapping[str, Any]:
         return RECIPE
+
+    def search_limits(self) -> Mapping[str, tuple[float, float]]:
+        return SEARCH_LIMITS
 
     def from_scratch_hint(self, model: str) -> str:
         name = Path(model).name.lower().removesuffix(".yaml").removesuffix(".pt")

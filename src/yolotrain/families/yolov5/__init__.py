@@ -42,6 +42,9 @@ class Yolov5Family(ModelFamily):
     def training_recipe(self, data: str | None) -> Mapping[str, Any]:
         return {}  # the shared defaults are YOLOv5's reference recipe
 
+    def search_limits(self) -> Mapping[str, tuple[float, float]]:
+        return {}  # the evolution table is YOLOv5's
+
     def from_scratch_hint(self, model: str) -> str:
         name = f"yolov5{parse_version(model)}"
         if f"{name}.pt" in SHA256:
