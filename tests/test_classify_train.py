@@ -103,6 +103,15 @@ def test_a_torchvision_model_trains_by_name(crops, tmp_path):
     assert isinstance(model, Classifier) and model.arch == "resnet18" and model.num_classes == 2
 
 
+@pytest.mark.parametrize("name", ["yolov8n-cls", "yolo11n-cls"])
+def test_an_anchor_free_family_classifier_trains_by_name_with_the_classify_recipe(crops, tmp_path, name):
+    assert resolve_config(model=name, data=str(crops)).task == "classify"
+    result = train(data=str(crops), model=name, epochs=1, project=str(tmp_path), plots=False, **TINY)
+    model = yolotrain.load(result.last)
+    assert isinstance(model, Classifier) and model.arch == name and model.num_classes == 2
+    assert model.names == ["circle", "rectangle"]
+
+
 def test_a_classifier_on_detection_data_is_one_line(tmp_path):
     shapes = generate_shapes_dataset(root=tmp_path / "shapes", n_train=2, n_val=2, img_size=64) / "data.yaml"
     run = run_cli("train", "--data", str(shapes), "--model", "yolov5n-cls", "--epochs", "1", "--workers", "0",

@@ -23,6 +23,7 @@ from .official import UnsupportedCheckpointError
 from .ultralytics import UltralyticsWeights
 
 CLASSIFY_HEAD = "Classify"
+CLASSIFY_SUFFIX = "-cls"
 
 
 def is_anchor_free_name(name: str | os.PathLike) -> bool:
@@ -32,6 +33,13 @@ def is_anchor_free_name(name: str | os.PathLike) -> bool:
     for suffix in (".yaml", ".yml", ".pt"):
         key = key.removesuffix(suffix)
     return key in ARCHITECTURES
+
+
+def is_anchor_free_classifier_name(name: str | os.PathLike) -> bool:
+    """Whether ``name`` is a published anchor-free classifier (``yolov8n-cls``, ``yolo11s-cls.yaml`` …) that is no
+    file."""
+    return is_anchor_free_name(name) and not os.path.exists(name) and \
+        os.path.splitext(os.path.basename(os.fspath(name)))[0].lower().endswith(CLASSIFY_SUFFIX)
 
 
 def is_anchor_free_yaml(path: str | os.PathLike) -> bool:

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from ...checkpoint import CheckpointError, state_mismatch
+from ...model.anchor_free import anchor_free_classifier
+from ...model.anchor_free.spec import ARCHITECTURES
 from ...model.classify import CLS_SUFFIX, DEFAULT_CUTOFF, Classifier
 from ...names import class_names
 from .official import STEM_WEIGHT, STEM_WIDTHS, UnsupportedCheckpointError, module_state_dict
@@ -101,14 +103,16 @@ def _names(names: Any, nc: int) -> list[str]:
 
 def checkpoint_classifier(meta: Mapping[str, Any], state: Mapping[str, torch.Tensor], source: str) -> Classifier:
     """The :class:`Classifier` of one of our checkpoints (metadata validated by :mod:`yolotrain.checkpoint`):
-    rebuilt by its ``arch`` name, ``cutoff`` and class count, holding ``state`` in its saved dtype (eval mode).
+    rebuilt by its ``arch`` name (YOLOv5's, YOLOv8's and YOLO11's, torchvision's), ``cutoff`` and class count,
+    holding ``state`` in its saved dtype (eval mode).
 
     Raises:
         CheckpointError: an architecture this library cannot rebuild by name, or tensors that do not fit it.
     """
     arch, nc = meta["arch"], meta["nc"]
     try:
-        model = Classifier.from_name(arch, nc, meta.get("names"), meta.get("cutoff") or DEFAULT_CUTOFF, empty=True)
+        model = (anchor_free_classifier(arch, nc, meta.get("names")) if arch in ARCHITECTURES else
+                 Classifier.from_name(arch, nc, meta.get("names"), meta.get("cutoff") or DEFAULT_CUTOFF, empty=True))
     except ValueError as exc:
         raise CheckpointError(f"{source}: bad architecture entry ({exc})") from None
     mismatch = state_mismatch(model.state_dict(), state)

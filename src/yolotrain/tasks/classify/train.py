@@ -19,6 +19,7 @@ from ...data.classify import (
     is_classify_folder,
 )
 from ...data.fingerprint import dataset_record
+from ...interop.loading.anchor_free import is_anchor_free_classifier_name
 from ...interop.loading.resolve import resolve_trainable
 from ...loss import ClassifyLoss
 from ...model.classify import Classifier, classifier_from, is_classifier_name, parse_cls_name, set_dropout
@@ -44,8 +45,8 @@ class ClassifyTraining:
     """Classification's answers to the engine (see the "Training" methods of :class:`~yolotrain.task.Task`)."""
 
     def claims_model_name(self, model: str) -> bool:
-        """A published ``-cls`` name or a torchvision classifier's."""
-        return is_classifier_name(model)
+        """A published ``-cls`` name (YOLOv5's, YOLOv8's, YOLO11's) or a torchvision classifier's."""
+        return is_classifier_name(model) or is_anchor_free_classifier_name(model)
 
     def claims_dataset(self, path: str) -> bool:
         """A folder of class folders (a detector given one is cut into a classifier, as the reference's
