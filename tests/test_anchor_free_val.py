@@ -1,0 +1,187 @@
+"""Anchor-free validation against ultralytics 8.4, the oracle, on the same weights and data: the letterboxed
+batches, the decoded predictions after NMS per image, and P, R, mAP50, mAP50-95 of the whole split.
+
+The model is a yolov8n whose detections depend on the image (see :func:`input_sensitive_yolov8n`) and the labels
+are drawn from its own detections, moved and re-classed, so that every IoU threshold and both classes have true and
+false positives: a mAP far from 0 and from 1, where a difference in decoding, NMS or scoring shows.
+"""
+
+import dataclasses
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import yolotrain
+from yolotrain.data import generate_shapes_dataset
+from yolotrain.eval.metrics import SCORING_RULES, ULTRALYTICS_SCORING
+from yolotrain.eval.val import build_val_loader
+from yolotrain.model.anchor_free import AnchorFreeYolo
+from yolotrain.nms import non_max_suppression
+
+IMG_SIZE = 128
+# The oracle's val settings (cfg/default.yaml: conf 0.001 for val, iou 0.7, max_det 300), given to both sides.
+CONF, IOU, MAX_DET = 0.001, 0.7, 300
+NAMES = ["circle", "rectangle"]
+# The shapes images are IMG_SIZE square, so neither side resizes them (the oracle resizes with INTER_LINEAR, the
+# YOLOv5 loading ours follows with INTER_AREA) and both letterbox them into the same rectangular batch: the oracle's
+# val builds its dataset with rect=True and pad=0.5 (models/yolo/detect/val.py, data/build.py), as ours does
+# with rect=True: ceil(128 / 32 + 0.5) * 32 = 160 px, the image centred with 16 px of grey around it.
+BATCH_HW = (160, 160)
+
+
+@pytest.fixture(scope="module")
+def ultralytics(tmp_path_factory):
+    """ultralytics, offline, its settings file in a temporary folder."""
+    config_dir = tmp_path_factory.mktemp("ultralytics")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("YOLO_CONFIG_DIR", "ULTRALYTICS_CONFIG_DIR"):
+            patch.setenv(name, str(config_dir))
+        patch.setenv("YOLO_OFFLINE", "1")
+        yield pytest.importorskip("ultralytics")
+
+
+def input_sensitive_yolov8n(seed: int = 0) -> AnchorFreeYolo:
+    """A 2-class yolov8n whose boxes and scores vary with the image, without training.
+
+    At PyTorch's default initialisation the activations shrink layer by layer, so an untrained model gives the same
+    tiny, low-scoring boxes for every image (and a few epochs on two CPU cores do not change that). He-normal
+    convolutions keep the features alive; the box branch's last biases put the distance distributions' peak at 2
+    cells (boxes of about 4 cells) and its weights scaled up let the image move them; class logits start at 0 so
+    scores spread around 0.5, above any val threshold.
+    """
+    torch.manual_seed(seed)
+    model = AnchorFreeYolo("yolov8n", num_classes=len(NAMES), names=NAMES)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Conv2d) and module.weight.requires_grad:  # not the fixed DFL weights
+                module.weight.normal_(0, math.sqrt(2 / module.weight[0].numel()))
+        peak = -0.5 * (torch.arange(model.head.reg_max, dtype=torch.float32) - 2) ** 2
+        for box, cls in zip(model.head.cv2, model.head.cv3):
+            box[-1].weight.mul_(3)
+            box[-1].bias.copy_(peak.repeat(4))
+            cls[-1].weight.mul_(20)
+            cls[-1].bias.zero_()
+    return model.eval()
+
+
+def write_labels_from_detections(model: AnchorFreeYolo, root, seed: int = 0) -> None:
+    """Replace the val labels by each image's 3 best detections of each class (conf 0.25, IoU 0.5), every side
+    moved by up to about 10% of the box's size and one label in five given the other class."""
+    rng = np.random.default_rng(seed)
+    loader = build_val_loader(root / "data.yaml", nc=len(NAMES), img_size=IMG_SIZE, batch_size=8, workers=0)
+    dataset = loader.dataset
+    pad = (BATCH_HW[0] - IMG_SIZE) // 2
+    first = 0
+    for batch in loader:
+        with torch.no_grad():
+            dets = non_max_suppression(model(batch.imgs), conf=0.25, iou=0.5, multi_label=True)
+        for i, det in enumerate(dets):
+            det = torch.cat([det[det[:, 5] == c][:3] for c in range(len(NAMES))])
+            boxes = (det[:, :4].numpy() - pad).clip(0, IMG_SIZE)
+            sizes = np.tile(boxes[:, 2:] - boxes[:, :2], 2)
+            boxes = (boxes + rng.normal(0, 0.08, boxes.shape) * sizes).clip(0, IMG_SIZE)
+            classes = det[:, 5].numpy().astype(int)
+            classes = np.where(rng.random(len(classes)) < 0.2, 1 - classes, classes)
+            keep = ((boxes[:, 2:] - boxes[:, :2]) > 2).all(1)
+            xywh = np.concatenate(((boxes[:, :2] + boxes[:, 2:]) / 2, boxes[:, 2:] - boxes[:, :2]), 1) / IMG_SIZE
+            rows = [f"{c} " + " ".join(f"{v:.6f}" for v in box) for c, box in zip(classes[keep], xywh[keep])]
+            label = root / "labels" / "val" / f"{Path(dataset.im_files[first + i]).stem}.txt"
+            label.write_text("".join(f"{row}\n" for row in rows))
+        first += len(dets)
+
+
+@pytest.fixture(scope="module")
+def case(ultralytics, tmp_path_factory):
+    """Our model and the oracle's with the same weights, and a shapes val split labelled from the model's
+    detections; its data YAML (ours: relative ``path``) and a copy with the absolute path the oracle needs."""
+    from ultralytics.nn.tasks import DetectionModel
+
+    source = generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=1, n_val=12, img_size=IMG_SIZE)
+    root = tmp_path_factory.mktemp("labelled") / "shapes"
+    shutil.copytree(source, root)
+    ours = input_sensitive_yolov8n()
+    write_labels_from_detections(ours, root)
+    for cache in root.rglob("*.cache"):
+        cache.unlink()
+    reference = DetectionModel("yolov8n.yaml", nc=len(NAMES), verbose=False)
+    reference.load_state_dict(ours.state_dict())  # strict: the same names and shapes
+    reference.names = dict(enumerate(NAMES))
+    config = yaml.safe_load((root / "data.yaml").read_text())
+    reference_data = root / "reference.yaml"
+    reference_data.write_text(yaml.safe_dump({**config, "path": str(root)}))
+    return ours, reference.eval(), root / "data.yaml", reference_data, tmp_path_factory.mktemp("reference_runs")
+
+
+def reference_validator(case, batch_size: int):
+    from ultralytics.models.yolo.detect import DetectionValidator
+
+    _, _, _, reference_data, runs = case
+    # plots=False: nothing drawn, so no font is fetched; quantize=None: float32, as ours runs with half=False.
+    return DetectionValidator(args=dict(data=str(reference_data), imgsz=IMG_SIZE, batch=batch_size, conf=CONF,
+                                        iou=IOU, max_det=MAX_DET, rect=True, plots=False, device="cpu",
+                                        project=str(runs), name="val", exist_ok=True, mode="val"))
+
+
+def test_batches_and_detections_after_nms_are_the_oracles(case):
+    """Per image: the letterboxed input and the decoded predictions after NMS (boxes to 1e-3 px, scores to 1e-5)."""
+    from ultralytics.data.utils import check_det_dataset
+    from ultralytics.utils.nms import non_max_suppression as reference_nms
+
+    ours, reference, data, reference_data, _ = case
+    validator = reference_validator(case, batch_size=4)
+    validator.data = check_det_dataset(str(reference_data))
+    validator.stride, validator.device, validator.args.workers = 32, torch.device("cpu"), 0
+    reference_batch = validator.preprocess(next(iter(validator.get_dataloader(validator.data["val"], 4))))
+    batch = next(iter(build_val_loader(data, nc=len(NAMES), img_size=IMG_SIZE, batch_size=4, workers=0)))
+    imgs = batch.imgs  # float, 0 to 1
+    assert imgs.shape[2:] == BATCH_HW
+    # The same 8-bit pixels; the two scale them to 0..1 with different float32 roundings.
+    assert torch.equal((imgs * 255).round(), (reference_batch["img"] * 255).round())
+    with torch.no_grad():
+        kept = non_max_suppression(ours(imgs), CONF, IOU, multi_label=True, max_det=MAX_DET)
+        expected = reference_nms(reference(imgs), CONF, IOU, multi_label=True, max_det=MAX_DET)
+    for ours_image, reference_image in zip(kept, expected):
+        assert 10 < len(ours_image) == len(reference_image)
+        torch.testing.assert_close(ours_image[:, :4], reference_image[:, :4], atol=1e-3, rtol=0)
+        torch.testing.assert_close(ours_image[:, 4], reference_image[:, 4], atol=1e-5, rtol=0)
+        assert torch.equal(ours_image[:, 5], reference_image[:, 5])
+
+
+def our_val(case) -> dict[str, float]:
+    ours, _, data, _, _ = case
+    metrics = yolotrain.val(ours, data, img_size=IMG_SIZE, batch_size=8, conf=CONF, iou=IOU, max_det=MAX_DET,
+                            rect=True, device="cpu", workers=0, half=False, plots=False, verbose=False)
+    return {"precision": metrics.mp, "recall": metrics.mr, "mAP50": metrics.map50, "mAP50-95": metrics.map}
+
+
+@pytest.fixture(scope="module")
+def oracle_metrics(case) -> dict[str, float]:
+    """The oracle's P, R, mAP50 and mAP50-95 of the split, its model given as a module (no file, no fusing
+    difference: both fold BatchNorm into the convolutions)."""
+    validator = reference_validator(case, batch_size=8)
+    validator(model=case[1])
+    box = validator.metrics.box
+    return {"precision": box.mp, "recall": box.mr, "mAP50": box.map50, "mAP50-95": box.map}
+
+
+def test_val_metrics_are_the_oracles(case, oracle_metrics):
+    """P, R, mAP50 and mAP50-95 of the split, to 3 decimals, with the oracle's val settings on both sides."""
+    found = our_val(case)
+    assert 0.05 < oracle_metrics["mAP50-95"] < oracle_metrics["mAP50"] < 0.95
+    for key, expected in oracle_metrics.items():
+        assert found[key] == pytest.approx(expected, abs=5e-4), key
+
+
+@pytest.mark.parametrize("rule", ["greedy_matching", "drop_at_last_recall", "input_pixels"])
+def test_each_scoring_rule_of_the_oracle_changes_these_metrics(case, oracle_metrics, rule, monkeypatch):
+    """Without any one of the oracle's scoring rules (YOLOv5's in its place) the metrics are no longer the
+    oracle's: what the anchor-free family's ``scoring`` selects is needed, rule by rule, to equal them."""
+    rules = dataclasses.replace(ULTRALYTICS_SCORING, **{rule: False})
+    monkeypatch.setitem(SCORING_RULES, "ultralytics", rules)
+    found = our_val(case)
+    assert any(abs(found[key] - expected) > 5e-4 for key, expected in oracle_metrics.items())
