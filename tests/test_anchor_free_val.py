@@ -18,7 +18,7 @@ import yaml
 
 import yolotrain
 from yolotrain.data import generate_shapes_dataset
-from yolotrain.eval.metrics import SCORING_RULES, ULTRALYTICS_SCORING
+from yolotrain.eval.metrics import IOU_THRESHOLDS, SCORING_RULES, ULTRALYTICS_SCORING, interpolated_ap, match_by_iou
 from yolotrain.eval.val import build_val_loader
 from yolotrain.model.anchor_free import AnchorFreeYolo
 from yolotrain.nms import non_max_suppression
@@ -185,3 +185,44 @@ def test_each_scoring_rule_of_the_oracle_changes_these_metrics(case, oracle_metr
     monkeypatch.setitem(SCORING_RULES, "ultralytics", rules)
     found = our_val(case)
     assert any(abs(found[key] - expected) > 5e-4 for key, expected in oracle_metrics.items())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_matching_is_the_oracles(ultralytics, seed, tmp_path):
+    """Crowded labels of two classes (several detections overlapping several labels): the oracle's
+    match_predictions, detection by detection and threshold by threshold."""
+    from ultralytics.models.yolo.detect import DetectionValidator
+
+    generator = torch.Generator().manual_seed(seed)
+    m, n = 6, 40
+    iou = (torch.rand(m, n, generator=generator) * 1.2 - 0.2).clamp(min=0)
+    iou[:, ::3] = 0  # some detections overlap nothing
+    gt_cls = torch.randint(0, 2, (m,), generator=generator).float()
+    det_cls = torch.randint(0, 2, (n,), generator=generator).float()
+    validator = DetectionValidator(save_dir=tmp_path, args=dict(plots=False))
+    expected = validator.match_predictions(det_cls, gt_cls, iou)
+    found = match_by_iou(iou, det_cls, gt_cls, IOU_THRESHOLDS, greedy=True)
+    assert torch.equal(found, expected)
+
+
+def test_greedy_matching_gives_a_detection_the_next_free_label():
+    """The second detection's best label went to the first: the oracle's rule gives it the other one (IoU 0.7), where
+    YOLOv5's counts it a false positive."""
+    iou = torch.tensor([[0.9, 0.8], [0.6, 0.7]])
+    classes = torch.zeros(2)
+    greedy = match_by_iou(iou, classes, classes, IOU_THRESHOLDS, greedy=True)
+    assert greedy[1].tolist() == (IOU_THRESHOLDS <= 0.7).tolist()
+    assert not match_by_iou(iou, classes, classes, IOU_THRESHOLDS)[1].any()
+
+
+def test_pr_curves_end_as_the_oracles(ultralytics):
+    from ultralytics.utils.metrics import compute_ap
+
+    recall = np.array([0.1, 0.2, 0.2, 0.4, 0.55])
+    precision = np.array([1.0, 0.9, 0.7, 0.6, 0.5])
+    ap, envelope, recalls = interpolated_ap(recall, precision, drop_at_last_recall=True)
+    expected_ap, expected_envelope, expected_recalls = compute_ap(recall, precision)
+    assert ap == pytest.approx(expected_ap, abs=1e-12)
+    np.testing.assert_array_equal(envelope, expected_envelope)
+    np.testing.assert_array_equal(recalls, expected_recalls)
+    assert interpolated_ap(recall, precision)[0] > ap + 0.1  # YOLOv5's line to (1, 0) adds area
