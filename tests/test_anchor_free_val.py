@@ -21,8 +21,18 @@ import yaml
 
 import yolotrain
 from yolotrain.data import generate_shapes_dataset
-from yolotrain.eval.metrics import IOU_THRESHOLDS, SCORING_RULES, ULTRALYTICS_SCORING, interpolated_ap, match_by_iou
-from yolotrain.eval.val import build_val_loader
+from yolotrain.eval.metrics import (
+    IOU_THRESHOLDS,
+    SCORING_RULES,
+    ULTRALYTICS_SCORING,
+    YOLOV5_SCORING,
+    interpolated_ap,
+    match_by_iou,
+)
+from yolotrain.eval.slicing import SlicedDetector
+from yolotrain.eval.tta import AugmentedDetector, EnsembleDetector
+from yolotrain.eval.val import build_val_loader, scoring_rules
+from yolotrain.model import Yolov5
 from yolotrain.model.anchor_free import AnchorFreeYolo
 from yolotrain.nms import non_max_suppression
 
@@ -286,3 +296,12 @@ def test_pr_curves_end_as_the_oracles(ultralytics):
     np.testing.assert_array_equal(envelope, expected_envelope)
     np.testing.assert_array_equal(recalls, expected_recalls)
     assert interpolated_ap(recall, precision)[0] > ap + 0.1  # YOLOv5's line to (1, 0) adds area
+
+
+def test_anchor_free_models_are_scored_by_the_oracles_rules_also_when_composed():
+    anchor_free, yolov5 = AnchorFreeYolo("yolov8n", num_classes=2), Yolov5("n", num_classes=2)
+    assert scoring_rules(anchor_free) == ULTRALYTICS_SCORING
+    assert scoring_rules(yolov5) == YOLOV5_SCORING
+    assert scoring_rules(AugmentedDetector(anchor_free)) == ULTRALYTICS_SCORING
+    assert scoring_rules(EnsembleDetector([AugmentedDetector(anchor_free)])) == ULTRALYTICS_SCORING
+    assert scoring_rules(SlicedDetector(anchor_free, 64, 0.2)) == ULTRALYTICS_SCORING

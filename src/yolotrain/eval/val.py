@@ -127,6 +127,14 @@ def build_val_loader(data: str | os.PathLike, nc: int | None, img_size: int = 64
     return build_loaders(config, num_classes=nc, splits=("val",), val_rect=rect, stride=stride, masks=masks).val
 
 
+def scoring_rules(model: BoxDetector) -> ScoringRules:
+    """The rules val scores ``model``'s detections by: its family's (:attr:`~yolotrain.family.ModelFamily.scoring`);
+    a composite's (test-time augmentation, ensemble, slicing) its first member's, an export's the family it names."""
+    while hasattr(model, "first"):
+        model = model.first
+    return SCORING_RULES[family_of(model).scoring]
+
+
 def _check_ordered(loader: DataLoader) -> None:
     # Image geometry is looked up by position, so batches must walk the dataset in order.
     sampler = loader.batch_sampler
@@ -362,7 +370,7 @@ def validate_detections(
         scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
                               out_dir / "labels" if save_txt else None, save_conf, save_json,
                               lambda path, det: hooks.run("on_val_image_end", path, det), task,
-                              SCORING_RULES[family_of(model).scoring])
+                              scoring_rules(model))
         timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
         loss_sum, batches = torch.zeros(len(getattr(criterion, "component_names", "box obj cls".split()))), 0
         dtype = model.dtype
