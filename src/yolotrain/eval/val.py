@@ -129,7 +129,8 @@ def build_val_loader(data: str | os.PathLike, nc: int | None, img_size: int = 64
 
 def scoring_rules(model: BoxDetector) -> ScoringRules:
     """The rules val scores ``model``'s detections by: its family's (:attr:`~yolotrain.family.ModelFamily.scoring`);
-    a composite's (test-time augmentation, ensemble, slicing) its first member's, an export's the family it names."""
+    a composite's (test-time augmentation, ensemble, slicing) its first member's; a runtime's the family its
+    ``family`` attribute names (YOLOv5's without one)."""
     while hasattr(model, "first"):
         model = model.first
     return SCORING_RULES[family_of(model).scoring]
