@@ -38,6 +38,9 @@ class ModelFamily(ABC):
     """One head design's answers to the box tasks (see the module's docstring)."""
 
     name: str
+    # How validation scores its detections, by the name of the rules in yolotrain.eval.metrics.SCORING_RULES:
+    # "yolov5" (YOLOv5's val.py) or "ultralytics" (Ultralytics 8.4's, with which the anchor-free models publish).
+    scoring: str = "yolov5"
 
     # Names and models.
 

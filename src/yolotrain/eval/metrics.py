@@ -3,7 +3,8 @@ confusion matrix, and the :class:`Metrics` summary with its table.
 
 The matching rule, the 101-point interpolated AP and the choice of the reported P and R (at the
 confidence that maximises the smoothed mean F1) follow the reference ``val.py`` /
-``utils/metrics.py`` so numbers are comparable with published YOLOv5 results.
+``utils/metrics.py`` so numbers are comparable with published YOLOv5 results; :data:`ULTRALYTICS_SCORING`
+gives Ultralytics 8.4's instead, which its anchor-free models are published with (see :class:`ScoringRules`).
 """
 
 from __future__ import annotations
@@ -26,26 +27,54 @@ _AP_RECALLS = np.linspace(0, 1, 101)
 _AP_RECALL_STEPS = np.diff(_AP_RECALLS)
 
 
+@dataclass(frozen=True)
+class ScoringRules:
+    """Where YOLOv5's val (the defaults) and Ultralytics 8.4's score the same detections differently.
+
+    ``greedy_matching``: detections, in descending score order, each take the same-class label they overlap
+    most among those no higher-scoring detection took, per IoU threshold (8.4's ``match_predictions``); YOLOv5's
+    rule pairs each detection with its best label only, and loses it when that label is taken.
+    ``drop_at_last_recall``: the precision envelope falls to 0 at the highest recall reached (8.4's
+    ``compute_ap``); YOLOv5's joins that point to (recall 1, precision 0) by a line, which adds area whenever
+    recall stays below 1. ``input_pixels``: boxes are compared in the network input's pixels as the model gave
+    them (8.4 compares them there, unclipped); YOLOv5's in the original image's, clipped to it.
+    """
+
+    greedy_matching: bool = False
+    drop_at_last_recall: bool = False
+    input_pixels: bool = False
+
+
+YOLOV5_SCORING = ScoringRules()
+ULTRALYTICS_SCORING = ScoringRules(greedy_matching=True, drop_at_last_recall=True, input_pixels=True)
+# The rules by the name a model family gives (:attr:`yolotrain.family.ModelFamily.scoring`).
+SCORING_RULES = {"yolov5": YOLOV5_SCORING, "ultralytics": ULTRALYTICS_SCORING}
+
+
 def match_predictions(det_boxes: torch.Tensor, det_cls: torch.Tensor, gt_boxes: torch.Tensor,
-                      gt_cls: torch.Tensor, iou_thresholds: torch.Tensor = IOU_THRESHOLDS) -> torch.Tensor:
+                      gt_cls: torch.Tensor, iou_thresholds: torch.Tensor = IOU_THRESHOLDS,
+                      greedy: bool = False) -> torch.Tensor:
     """Which detections are true positives at each IoU threshold: ``[n_det, n_thresholds]`` bool.
 
     Detections must be sorted by descending score. Reference rule: each detection is paired with
     the same-class label it overlaps most; a pair counts at threshold t when that IoU >= t, and a
-    label claimed by several detections goes to the first (highest-scoring) of them.
+    label claimed by several detections goes to the first (highest-scoring) of them. ``greedy``: the
+    rule of :attr:`ScoringRules.greedy_matching`.
     """
     if det_boxes.shape[0] == 0 or gt_boxes.shape[0] == 0:
         return torch.zeros((det_boxes.shape[0], iou_thresholds.numel()), dtype=torch.bool, device=det_boxes.device)
-    return match_by_iou(box_iou(gt_boxes, det_boxes), det_cls, gt_cls, iou_thresholds)
+    return match_by_iou(box_iou(gt_boxes, det_boxes), det_cls, gt_cls, iou_thresholds, greedy)
 
 
 def match_by_iou(iou: torch.Tensor, det_cls: torch.Tensor, gt_cls: torch.Tensor,
-                 iou_thresholds: torch.Tensor = IOU_THRESHOLDS) -> torch.Tensor:
+                 iou_thresholds: torch.Tensor = IOU_THRESHOLDS, greedy: bool = False) -> torch.Tensor:
     """:func:`match_predictions` on a given ``[n_labels, n_det]`` IoU matrix (of boxes, or of masks)."""
     m, n, t = iou.shape[0], iou.shape[1], iou_thresholds.numel()
     if n == 0 or m == 0:
         return torch.zeros((n, t), dtype=torch.bool, device=iou.device)
     iou = iou * (gt_cls[:, None] == det_cls[None, :])
+    if greedy:
+        return _match_greedily(iou, iou_thresholds.to(iou))
     best_iou, best_gt = iou.max(0)
     valid = best_iou[:, None] >= iou_thresholds.to(best_iou)[None, :]
     det_index = torch.arange(n, device=iou.device)[:, None].expand(n, t)
@@ -55,20 +84,39 @@ def match_by_iou(iou: torch.Tensor, det_cls: torch.Tensor, gt_cls: torch.Tensor,
     return valid & (first.gather(0, owner_index) == det_index)
 
 
+def _match_greedily(iou: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
+    """:attr:`ScoringRules.greedy_matching` on a class-masked ``[n_labels, n_det]`` IoU matrix: each detection in
+    turn (a sequence by nature) takes, at every threshold, the best label still free there."""
+    n, t = iou.shape[1], thresholds.numel()
+    correct = torch.zeros((n, t), dtype=torch.bool, device=iou.device)
+    taken = torch.zeros((iou.shape[0], t), dtype=torch.bool, device=iou.device)
+    columns = torch.arange(t, device=iou.device)
+    for j in (iou >= thresholds.min()).any(0).nonzero().view(-1).tolist():
+        free_iou = torch.where(taken, 0.0, iou[:, j, None])
+        best = free_iou.argmax(0)  # the first of equal IoUs, as numpy's argmax in the reference
+        correct[j] = free_iou[best, columns] >= thresholds
+        taken[best, columns] |= correct[j]
+    return correct
+
+
 def labelled_class_detections(det_cls: torch.Tensor, gt_cls: torch.Tensor) -> torch.Tensor:
     """Which detections (bool ``[n]``) are of a class among the labels: the only ones :func:`match_by_iou`
     can pair, since an IoU with a label of another class counts as 0."""
     return torch.isin(det_cls, gt_cls.to(det_cls))
 
 
-def interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+def interpolated_ap(recall: np.ndarray, precision: np.ndarray,
+                    drop_at_last_recall: bool = False) -> tuple[float, np.ndarray, np.ndarray]:
     """COCO-style 101-point interpolated average precision of one PR curve.
 
     Returns ``(ap, envelope precision, recall)`` with sentinels (0 recall, precision 1; recall 1,
-    precision 0) added; the precision envelope is the running maximum from the right.
+    precision 0) added; the precision envelope is the running maximum from the right. With
+    ``drop_at_last_recall`` a point of precision 0 at the last recall comes before the end sentinel
+    (:attr:`ScoringRules.drop_at_last_recall`).
     """
-    mrec = np.concatenate(([0.0], recall, [1.0]))
-    mpre = np.flip(np.maximum.accumulate(np.flip(np.concatenate(([1.0], precision, [0.0])))))
+    last = [recall[-1] if len(recall) else 1.0] if drop_at_last_recall else []
+    mrec = np.concatenate(([0.0], recall, last, [1.0]))
+    mpre = np.flip(np.maximum.accumulate(np.flip(np.concatenate(([1.0], precision, [0.0] * len(last), [0.0])))))
     y = np.interp(_AP_RECALLS, mrec, mpre)
     ap = float(((y[1:] + y[:-1]) / 2 * _AP_RECALL_STEPS).sum())  # trapezoid rule
     return ap, mpre, mrec
@@ -105,7 +153,8 @@ class ClassResults:
     curves: Curves
 
 
-def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_cls: np.ndarray) -> ClassResults:
+def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_cls: np.ndarray,
+                 drop_at_last_recall: bool = False) -> ClassResults:
     """Precision, recall and AP of every class that has labels.
 
     Args:
@@ -113,6 +162,7 @@ def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_
         conf: ``[n]`` detection scores.
         pred_cls: ``[n]`` detection classes.
         target_cls: ``[m]`` classes of all labels.
+        drop_at_last_recall: how each PR curve ends (:attr:`ScoringRules.drop_at_last_recall`).
 
     P and R are read at the single confidence maximising the (smoothed) mean F1 over classes.
     """
@@ -135,7 +185,7 @@ def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_
         r_curve[ci] = np.interp(-px, -conf[mine], recall[:, 0], left=0)
         p_curve[ci] = np.interp(-px, -conf[mine], precision[:, 0], left=1)
         for j in range(t):
-            ap[ci, j], mpre, mrec = interpolated_ap(recall[:, j], precision[:, j])
+            ap[ci, j], mpre, mrec = interpolated_ap(recall[:, j], precision[:, j], drop_at_last_recall)
             if j == 0:
                 pr_curve[ci] = np.interp(px, mrec, mpre)
     f1_curve = 2 * p_curve * r_curve / (p_curve + r_curve + _EPS)
@@ -270,10 +320,13 @@ class Metrics:
 
 
 class DetectionStats:
-    """Accumulates per-image matches over a validation pass and turns them into :class:`Metrics`."""
+    """Accumulates per-image matches over a validation pass and turns them into :class:`Metrics`, by ``rules``
+    (the matching and the PR curves' end; the caller gives boxes in the pixels they name)."""
 
-    def __init__(self, nc: int, iou_thresholds: torch.Tensor = IOU_THRESHOLDS) -> None:
+    def __init__(self, nc: int, iou_thresholds: torch.Tensor = IOU_THRESHOLDS,
+                 rules: ScoringRules = YOLOV5_SCORING) -> None:
         self.nc = nc
+        self.rules = rules
         self.iou_thresholds = iou_thresholds
         self.images = 0
         self._tp: list[torch.Tensor] = []
@@ -285,7 +338,7 @@ class DetectionStats:
         """Add one image: ``detections [n, 6]`` sorted by score and labels, both in the same pixel space."""
         self.images += 1
         tp = match_predictions(detections[:, :4], detections[:, 5], gt_boxes, gt_cls,
-                               self.iou_thresholds.to(detections.device))
+                               self.iou_thresholds.to(detections.device), self.rules.greedy_matching)
         self._tp.append(tp.cpu())
         self._conf.append(detections[:, 4].cpu())
         self._pred_cls.append(detections[:, 5].cpu())
@@ -305,7 +358,7 @@ class DetectionStats:
         empty = np.zeros(0)
         if not tp.any():  # no true positive at all: every metric is zero, as in the reference
             return Metrics(names, self.images, instances, empty.astype(int), empty, empty, empty, empty)
-        res = ap_per_class(tp.astype(np.float64), conf, pred_cls, target_cls)
+        res = ap_per_class(tp.astype(np.float64), conf, pred_cls, target_cls, self.rules.drop_at_last_recall)
         return Metrics(names, self.images, instances, res.classes, res.precision, res.recall, res.ap[:, 0],
                        res.ap.mean(1), curves=res.curves)
 
@@ -314,8 +367,9 @@ class SegmentationStats(DetectionStats):
     """:class:`DetectionStats` of boxes plus the same matching and AP over mask IoUs; ``compute`` gives
     the box :class:`Metrics` with the mask ones in its ``masks``."""
 
-    def __init__(self, nc: int, iou_thresholds: torch.Tensor = IOU_THRESHOLDS) -> None:
-        super().__init__(nc, iou_thresholds)
+    def __init__(self, nc: int, iou_thresholds: torch.Tensor = IOU_THRESHOLDS,
+                 rules: ScoringRules = YOLOV5_SCORING) -> None:
+        super().__init__(nc, iou_thresholds, rules)
         self._mask_tp: list[torch.Tensor] = []
 
     def update_masks(self, detections: torch.Tensor, gt_boxes: torch.Tensor, gt_cls: torch.Tensor,
@@ -331,7 +385,7 @@ class SegmentationStats(DetectionStats):
             iou = gt_masks.new_zeros((gt_masks.shape[0], detections.shape[0]), dtype=torch.float32)
             iou[:, masked] = mask_iou(gt_masks, pred_masks)
         tp = match_by_iou(iou, detections[:, 5], gt_cls.to(detections.device),
-                          self.iou_thresholds.to(detections.device))
+                          self.iou_thresholds.to(detections.device), self.rules.greedy_matching)
         self._mask_tp.append(tp.cpu())
 
     def compute(self, names: list[str]) -> Metrics:

@@ -28,6 +28,7 @@ from ..data.batch import Batch
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
 from ..detector import BoxDetector
+from ..family import family_of
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, unique_stems
@@ -55,7 +56,7 @@ from .inference import (
     weights_argument,
     weights_files,
 )
-from .metrics import ConfusionMatrix, DetectionStats, Metrics
+from .metrics import SCORING_RULES, ConfusionMatrix, DetectionStats, Metrics, ScoringRules
 from .plots import VAL_BATCH_PLOTS, plot_confusion_matrix, plot_curves, save_val_batch
 from .slicing import SliceConfig
 
@@ -124,6 +125,15 @@ def build_val_loader(data: str | os.PathLike, nc: int | None, img_size: int = 64
     polygons' overlap masks at 1/4 of the input, as training validates)."""
     config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=batch_size, workers=workers)
     return build_loaders(config, num_classes=nc, splits=("val",), val_rect=rect, stride=stride, masks=masks).val
+
+
+def scoring_rules(model: BoxDetector) -> ScoringRules:
+    """The rules val scores ``model``'s detections by: its family's (:attr:`~yolotrain.family.ModelFamily.scoring`);
+    a composite's (test-time augmentation, ensemble, slicing) its first member's; a runtime's the family its
+    ``family`` attribute names (YOLOv5's without one)."""
+    while hasattr(model, "first"):
+        model = model.first
+    return SCORING_RULES[family_of(model).scoring]
 
 
 def _check_ordered(loader: DataLoader) -> None:
@@ -301,7 +311,7 @@ class DetectionValidation(Protocol):
 
     def plot_label_masks(self, batch: Batch) -> torch.Tensor | None: ...
 
-    def val_stats(self, nc: int) -> DetectionStats: ...
+    def val_stats(self, nc: int, rules: ScoringRules) -> DetectionStats: ...
 
     def read_label_masks(self, label_masks: list[torch.Tensor] | None, dataset, first: int, count: int,
                          shape: tuple[int, int], resized: np.ndarray,
@@ -309,7 +319,9 @@ class DetectionValidation(Protocol):
 
     def score_image(self, stats: DetectionStats, det: torch.Tensor, det_native: torch.Tensor, gt_boxes: torch.Tensor,
                     gt_cls: torch.Tensor, proto: torch.Tensor | None, label_masks: torch.Tensor | None,
-                    shape: tuple[int, int]) -> None: ...
+                    shape: tuple[int, int]) -> None:
+        """Add one image to ``stats``: ``det`` as NMS gave it, ``det_native`` and ``gt_boxes`` its detections and
+        labels in the pixels ``stats.rules`` compares boxes in (the original image's, or the batch's)."""
 
     def original_masks(self, proto: torch.Tensor | None, det: torch.Tensor, det_native: torch.Tensor,
                        input_hw: tuple[int, int], pad: np.ndarray, resized: np.ndarray, original_hw: tuple[int, int],
@@ -359,7 +371,8 @@ def validate_detections(
     with run_lock(out_dir):  # one writer per run folder, until its results are written
         scorer = _ImageScorer(dataset, nc, class_map, plots and out_dir is not None,
                               out_dir / "labels" if save_txt else None, save_conf, save_json,
-                              lambda path, det: hooks.run("on_val_image_end", path, det), task)
+                              lambda path, det: hooks.run("on_val_image_end", path, det), task,
+                              scoring_rules(model))
         timers = {k: _Timer(dev) for k in ("preprocess", "inference", "nms")}
         loss_sum, batches = torch.zeros(len(getattr(criterion, "component_names", "box obj cls".split()))), 0
         dtype = model.dtype
@@ -435,14 +448,16 @@ def validate_detections(
 
 class _ImageScorer:
     """Scores each image's detections against its labels in original-image pixels, and collects or
-    writes what the options ask for: the confusion matrix, COCO detections, YOLO label files."""
+    writes what the options ask for: the confusion matrix, COCO detections, YOLO label files. With ``rules`` that
+    say so, boxes are scored in the batch's pixels instead (everything else stays in original pixels)."""
 
     def __init__(self, dataset, nc: int, class_map: torch.Tensor | None, confusion: bool,
                  labels_dir: Path | None, save_conf: bool, save_json: bool,
-                 image_end: Callable[[str, torch.Tensor], None], task: DetectionValidation) -> None:
+                 image_end: Callable[[str, torch.Tensor], None], task: DetectionValidation,
+                 rules: ScoringRules) -> None:
         self.dataset, self.class_map, self.image_end = dataset, class_map, image_end
         self.task = task
-        self.stats = task.val_stats(nc)
+        self.stats = task.val_stats(nc, rules)
         self.confusion = ConfusionMatrix(nc) if confusion else None
         self.labels_dir, self.save_conf = labels_dir, save_conf
         self.coco_ids = image_ids(dataset.im_files) if save_json else None
@@ -476,7 +491,8 @@ class _ImageScorer:
             gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
             gt_cls = per_image[i][:, 1]
             proto = None if protos is None else protos[i]
-            self.task.score_image(self.stats, det, det_native, gt_boxes, gt_cls, proto,
+            scored, scored_gt = (det[:, :6], gt_pixels[i]) if self.stats.rules.input_pixels else (det_native, gt_boxes)
+            self.task.score_image(self.stats, det, scored, scored_gt, gt_cls, proto,
                                   None if label_masks is None else label_masks[i], shape)
             self.image_end(self.dataset.im_files[first + i], det_native)
             if self.confusion is not None:

@@ -53,6 +53,8 @@ class AnchorFreeFamily(ModelFamily):
     """The anchor-free family's answers to the box tasks."""
 
     name = FAMILY_NAME
+    # Their published mAPs are Ultralytics' val's: its matching, PR curve ends and input-pixel comparison.
+    scoring = "ultralytics"
 
     def owns_model(self, model: Any) -> bool:
         return isinstance(model, AnchorFreeYolo)

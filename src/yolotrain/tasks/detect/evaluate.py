@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ...data.batch import Batch
-from ...eval.metrics import DetectionStats, Metrics
+from ...eval.metrics import DetectionStats, Metrics, ScoringRules
 from ...eval.val import validate_detections
 
 
@@ -62,8 +62,8 @@ class DetectEvaluation:
     def plot_label_masks(self, batch: Batch) -> torch.Tensor | None:
         return None
 
-    def val_stats(self, nc: int) -> DetectionStats:
-        return DetectionStats(nc)
+    def val_stats(self, nc: int, rules: ScoringRules) -> DetectionStats:
+        return DetectionStats(nc, rules=rules)
 
     def read_label_masks(self, label_masks: list[torch.Tensor] | None, dataset: Any, first: int, count: int,
                          shape: tuple[int, int], resized: np.ndarray,

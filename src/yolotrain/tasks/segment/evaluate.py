@@ -27,7 +27,7 @@ from ...eval.masks import (
     split_overlap_mask,
     upsampled_masks,
 )
-from ...eval.metrics import Metrics, SegmentationStats, labelled_class_detections
+from ...eval.metrics import Metrics, ScoringRules, SegmentationStats, labelled_class_detections
 
 
 class SegmentEvaluation:
@@ -96,8 +96,8 @@ class SegmentEvaluation:
     def plot_label_masks(self, batch: Batch) -> torch.Tensor | None:
         return batch.masks if isinstance(batch, SegmentBatch) else None
 
-    def val_stats(self, nc: int) -> SegmentationStats:
-        return SegmentationStats(nc)
+    def val_stats(self, nc: int, rules: ScoringRules) -> SegmentationStats:
+        return SegmentationStats(nc, rules=rules)
 
     def read_label_masks(self, label_masks: list[torch.Tensor] | None, dataset: Any, first: int, count: int,
                          shape: tuple[int, int], resized: np.ndarray,
