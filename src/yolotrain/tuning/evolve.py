@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ..atomic import write_atomic
 from ..engine.config import TrainConfig, read_settings_file, resolve_config
+from ..engine.optim import DEFAULT_LR0
 from ..engine.trainer import train
 from ..messages import brief
 from ..runs import RunLock, run_dir
@@ -224,6 +225,10 @@ def evolve(generations: int, config: TrainConfig | Mapping[str, Any] | str | os.
 def reference_values(config: TrainConfig) -> dict[str, float]:
     """The configuration's values of the reference's hyper-parameter keys (the first generation's)."""
     flat = flat_values(config)
+    if flat.get("lr0") is None:
+        # --optimizer auto fits lr0 in each run; evolution needs a value to mutate, and starts from that of AdamW,
+        # which auto picks for runs as short as an evolution's.
+        flat["lr0"] = DEFAULT_LR0["AdamW"]
     return constrain({k: flat[k] if k in flat else UNUSED_REFERENCE_KEYS[k] for k in HYP_KEYS},
                      evolution_limits(config.model))
 
