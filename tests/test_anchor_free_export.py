@@ -163,3 +163,18 @@ def test_edited_family_metadata_is_one_line_at_load(detector, tmp_path, key, val
     with pytest.raises(CheckpointError, match=message) as error:
         load_exported(path)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("arch", ["detector", "segmenter"])
+def test_sliced_inference_with_one_tile_equals_the_whole_image(request, shapes, arch):
+    """Anchor-free models are tiled like YOLOv5's (their decoded outputs have its form): one tile covering the
+    letterboxed image gives the unsliced boxes, and masks for a segmentation model."""
+    model = request.getfixturevalue(arch)
+    images = sorted((shapes / "images" / "val").iterdir())[:2]
+    whole = predict(model, images, img_size=SIZE, conf=0.5, half=False)
+    tiled = predict(model, images, img_size=SIZE, conf=0.5, half=False, slice=SIZE)
+    assert sum(len(r.boxes) for r in whole) > 0
+    for a, b in zip(whole, tiled):
+        assert len(a.boxes) == len(b.boxes) and torch.equal(a.classes, b.classes)
+        torch.testing.assert_close(b.boxes, a.boxes, atol=1e-3, rtol=1e-5)
+        assert (a.masks is None) == (b.masks is None) == (model.task == "detect")
