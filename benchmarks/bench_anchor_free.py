@@ -29,7 +29,6 @@ Writes ``benchmarks/results/anchor_free.json`` and ``anchor_free.md``.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -130,19 +129,22 @@ def reference_step(weights: Path, batch: Batch) -> Callable[[], None]:
 
 
 def fastest_alternating(sides: dict[str, Callable[[], object]], rounds: int) -> dict[str, dict]:
-    """Each side's pass seconds and the result of its fastest pass; the order of the sides rotates every round."""
-    passes: dict[str, list[tuple[float, object]]] = {name: [] for name in sides}
+    """Each side's wall and process CPU seconds per pass, the fewest of each, and the result of its fastest pass;
+    the order of the sides rotates every round."""
+    passes: dict[str, list[tuple[float, float, object]]] = {name: [] for name in sides}
     names = list(sides)
     for r in range(rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            started = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             result = sides[name]()
-            passes[name].append((time.perf_counter() - started, result))
+            passes[name].append((time.perf_counter() - wall, time.process_time() - cpu, result))
     out = {}
     for name, timed in passes.items():
-        seconds, result = min(timed, key=lambda p: p[0])
-        out[name] = {"best_s": seconds, "pass_s": [round(t, 3) for t, _ in timed], "result": result}
+        result = min(timed, key=lambda p: p[0])[2]
+        out[name] = {"best_s": min(t for t, _, _ in timed), "best_cpu_s": min(c for _, c, _ in timed),
+                     "pass_s": [round(t, 3) for t, _, _ in timed], "pass_cpu_s": [round(c, 3) for _, c, _ in timed],
+                     "result": result}
     return out
 
 
@@ -194,33 +196,39 @@ def image_folder(source: Path, destination: Path, count: int) -> Path:
 
 
 def summarise(setup: dict, rows: dict[str, dict]) -> tuple[dict, str]:
-    """Ratios (ultralytics' time over ours) and the Markdown table from the raw measurements."""
+    """Ratios (ultralytics' time over ours, wall and process CPU) and the Markdown table from the measurements."""
     table = [f"CPU: {setup['cpu']} ({setup['torch_threads']} torch threads), torch {setup['torch']}, "
              f"ultralytics {setup['ultralytics']}; {setup['img_size']} px; step batch {setup['batch_size']}, "
              f"val {setup['val_images']} images, predict {setup['predict_images']} images; our defaults' precision "
-             f"on this CPU: {setup['auto_precision']}. Speed-up = ultralytics' time / ours (> 1: ours faster).", "",
-             "| model | step ms: ours / ours fp32 / ultralytics | step speed-up (fp32) | "
-             "val s: ours half / ours fp32 / ultralytics | val speed-up (fp32) | "
-             "predict s: ours half / ours fp32 / ultralytics | predict speed-up (fp32) |",
+             f"on this CPU: {setup['auto_precision']}; 1-minute load average {setup['load_average_1min_at_start']:.1f} "
+             f"at the start, {setup['load_average_1min_at_end']:.1f} at the end. Speed-up = ultralytics' time / ours "
+             "(> 1: ours faster), wall (process CPU).", "",
+             "| model | part | ours (defaults) | ours float32 | ultralytics | speed-up | float32 speed-up |",
              "|---|---|---|---|---|---|---|"]
-    summary = {}
+    summary: dict[str, dict] = {}
     for name, row in rows.items():
-        step, val_passes, predict_passes = row["step"], row.get("val"), row["predict"]
-        ours, fp32, ref = (step[side]["wall_s"] for side in ("ours", "ours_fp32", "reference"))
-        entry = {"step_ms": {"ours": ours * 1e3, "ours_fp32": fp32 * 1e3, "reference": ref * 1e3},
-                 "step_speedup": ref / ours, "step_speedup_fp32": ref / fp32}
-        cells = [f"{ours * 1e3:.0f} / {fp32 * 1e3:.0f} / {ref * 1e3:.0f}",
-                 f"{ref / ours:.2f}x ({ref / fp32:.2f}x)"]
-        for part, passes in (("val", val_passes), ("predict", predict_passes)):
-            if passes is None:
-                cells += ["no coco128", "-"]
-                continue
-            half, fp32_s, ref_s = (passes[side]["best_s"] for side in ("ours_half", "ours_fp32", "reference"))
-            entry[f"{part}_s"] = {"ours_half": half, "ours_fp32": fp32_s, "reference": ref_s}
-            entry[f"{part}_speedup"], entry[f"{part}_speedup_fp32"] = ref_s / half, ref_s / fp32_s
-            cells += [f"{half:.2f} / {fp32_s:.2f} / {ref_s:.2f}", f"{ref_s / half:.2f}x ({ref_s / fp32_s:.2f}x)"]
-        summary[name] = entry
-        table.append(f"| {name} | " + " | ".join(cells) + " |")
+        summary[name] = {}
+        step = row["step"]
+        parts = {"step ms": {side: (step[key]["wall_s"] * 1e3, step[key]["cpu_s"] * 1e3)
+                             for side, key in (("ours", "ours"), ("ours_fp32", "ours_fp32"),
+                                               ("reference", "reference"))},
+                 "val s": {side: (row["val"][key]["best_s"], row["val"][key]["best_cpu_s"])
+                           for side, key in (("ours", "ours_half"), ("ours_fp32", "ours_fp32"),
+                                             ("reference", "reference"))},
+                 "predict s": {side: (row["predict"][key]["best_s"], row["predict"][key]["best_cpu_s"])
+                               for side, key in (("ours", "ours_half"), ("ours_fp32", "ours_fp32"),
+                                                 ("reference", "reference"))}}
+        for part, sides in parts.items():
+            (ours, ours_cpu), (fp32, fp32_cpu), (ref, ref_cpu) = sides["ours"], sides["ours_fp32"], sides["reference"]
+            summary[name][part] = {"wall": {side: t[0] for side, t in sides.items()},
+                                   "cpu": {side: t[1] for side, t in sides.items()},
+                                   "speedup": ref / ours, "speedup_cpu": ref_cpu / ours_cpu,
+                                   "fp32_speedup": ref / fp32, "fp32_speedup_cpu": ref_cpu / fp32_cpu}
+            digits = 0 if part == "step ms" else 2
+            table.append(f"| {name} | {part} | {ours:.{digits}f} ({ours_cpu:.{digits}f}) | "
+                         f"{fp32:.{digits}f} ({fp32_cpu:.{digits}f}) | {ref:.{digits}f} ({ref_cpu:.{digits}f}) | "
+                         f"{ref / ours:.2f}x ({ref_cpu / ours_cpu:.2f}x) | "
+                         f"{ref / fp32:.2f}x ({ref_cpu / fp32_cpu:.2f}x) |")
     return {"setup": setup, "summary": summary, "raw": rows}, "\n".join(table) + "\n"
 
 
