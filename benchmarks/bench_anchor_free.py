@@ -257,7 +257,7 @@ def main() -> None:
     import importlib.util
 
     if importlib.util.find_spec("ultralytics") is None:
-        sys.exit("needs the reference package ultralytics: pip install '.[test]'")
+        sys.exit("needs the reference package ultralytics: pip install '.[parity]'")
     if a.threads:
         torch.set_num_threads(a.threads)
     work = Path(tempfile.mkdtemp(prefix="bench-anchor-free-"))
