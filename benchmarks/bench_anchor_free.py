@@ -292,7 +292,8 @@ def main() -> None:
         if a.profile == name:
             (out / "anchor_free_profile.md").write_text(
                 f"# Where the anchor-free training step spends its time: {name} at {a.img}, batch {a.batch_size}, "
-                f"CPU\n\n" + profile_steps(steps))
+                f"{setup['cpu']}, {torch.get_num_threads()} torch threads, 1-minute load average "
+                f"{os.getloadavg()[0]:.1f}\n\n" + profile_steps(steps))
         del steps
         for part, sides in (("val", val_sides(weights, data, a.img, work)),
                             ("predict", predict_sides(weights, folder, a.img))):
