@@ -19,7 +19,8 @@ mAP columns mean nothing), saves it as an ultralytics checkpoint that both sides
 Ratios are ultralytics' time over ours: above 1, ours is faster. Ultralytics runs offline (``YOLO_OFFLINE=1``,
 settings in a temporary folder, matplotlib's DejaVu Sans standing in for the Arial font it would fetch).
 
-    python benchmarks/bench_anchor_free.py                 # yolov8n and yolo11n (about 10 minutes on 2 cores)
+    python benchmarks/bench_anchor_free.py                 # yolov8n and yolo11n (a few minutes on 2 idle cores)
+    python benchmarks/bench_anchor_free.py --threads 1     # on a busy machine (the recorded results)
     python benchmarks/bench_anchor_free.py --quick         # yolov8n only, fewer rounds and images
     python benchmarks/bench_anchor_free.py --smoke --out /tmp/af   # tiny sizes: checks the script runs
 
