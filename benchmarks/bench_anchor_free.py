@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -263,6 +264,12 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     work = Path(tempfile.mkdtemp(prefix="bench-anchor-free-"))
     env = reference_train_env(work / "reference-config")
+    # Ultralytics looks for its fonts in the "Ultralytics" folder of its config dir (validation asks for Arial
+    # before it reads a dataset) and would try the network for a missing one.
+    fonts = work / "reference-config" / "Ultralytics"
+    fonts.mkdir(parents=True, exist_ok=True)
+    for font in ("Arial.ttf", "Arial.Unicode.ttf"):
+        shutil.copyfile(work / "reference-config" / font, fonts / font)
     os.environ.update({**{k: env[k] for k in ("YOLO_OFFLINE", "YOLO_CONFIG_DIR", "YOLOV5_CONFIG_DIR")},
                        "ULTRALYTICS_CONFIG_DIR": env["YOLO_CONFIG_DIR"]})
     import ultralytics
