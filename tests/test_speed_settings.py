@@ -246,6 +246,27 @@ def test_the_training_benchmark_runs(tmp_path):
     assert "convolution" in profile
 
 
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "datasets" / "coco128").is_dir(), reason="needs ../shared coco128")
+def test_the_anchor_free_benchmark_runs(tmp_path):
+    pytest.importorskip("ultralytics", reason="the benchmark compares with ultralytics")
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(tmp_path), "ULTRALYTICS_CONFIG_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_anchor_free.py"), "--smoke", "--out",
+                    str(tmp_path)], check=True, env=env, cwd=tmp_path, capture_output=True, timeout=600)
+    result = json.loads((tmp_path / "anchor_free.json").read_text())
+    assert result["setup"]["img_size"] == 64 and result["setup"]["batch_size"] == 2
+    parts = result["summary"]["yolov8n"]
+    assert set(parts) == {"step ms", "val s", "predict s"}
+    for part in parts.values():
+        assert all(part[clock][side] > 0 for clock in ("wall", "cpu") for side in ("ours", "ours_fp32", "reference"))
+        # The published ratios are ultralytics' time over ours, derived from the measured times.
+        assert part["speedup"] == pytest.approx(part["wall"]["reference"] / part["wall"]["ours"])
+        assert part["fp32_speedup_cpu"] == pytest.approx(part["cpu"]["reference"] / part["cpu"]["ours_fp32"])
+    # The same weights on the same images score alike on both sides (parity, not speed).
+    val = result["raw"]["yolov8n"]["val"]
+    assert val["ours_fp32"]["result"] == pytest.approx(val["reference"]["result"], abs=0.01)
+    assert "| yolov8n | step ms |" in (tmp_path / "anchor_free.md").read_text()
+
+
 @pytest.mark.slow
 def test_compiled_training_reports_its_compile_time_and_learns_the_same(tiny_data, tmp_path, capsys):
     """``--compile``: the first step says how long it took; the weights follow the eager run's."""

@@ -54,9 +54,11 @@ class Predictions:
     def __init__(self, maps: Sequence[torch.Tensor], strides: Sequence[int], reg_max: int, nc: int) -> None:
         batch_size = maps[0].shape[0]
         flat = torch.cat([level.flatten(2) for level in maps], 2).transpose(1, 2)          # [B, A, channels]
-        self.distributions = flat[..., :4 * reg_max].reshape(batch_size, -1, 4, reg_max)
-        self.class_logits = flat[..., 4 * reg_max:4 * reg_max + nc]
-        self.coefficients = flat[..., 4 * reg_max + nc:]
+        # split, not slices: the gradient of a split is one concatenation, where each slice's would be a zero
+        # map of the whole output filled in.
+        distributions, self.class_logits, self.coefficients = flat.split(
+            (4 * reg_max, nc, flat.shape[-1] - 4 * reg_max - nc), -1)
+        self.distributions = distributions.reshape(batch_size, -1, 4, reg_max)
         points, point_strides = [], []
         for level, stride in zip(maps, strides):
             height, width = level.shape[2:]
