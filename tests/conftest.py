@@ -21,6 +21,10 @@ from yolotrain.data.sources import link_subset
 
 # The doctor corpus tests' shared assertions get pytest's detailed failure messages.
 pytest.register_assert_rewrite("doctor_corpus")
+# The doctor's runs in these tests propose patches as read from the source (the corpus tests apply and run
+# them themselves), not verified by a second run of each program, which would double every run's time;
+# packages/inplace-doctor/tests/test_inplace_doctor_verify_fix.py tests the automatic verification.
+os.environ.setdefault("INPLACE_DOCTOR_AUTO_VERIFY_S", "0")
 
 try:  # the LiteRT environment runs only tests that need no hypothesis, and has none
     from hypothesis import settings as hypothesis_settings

@@ -18,6 +18,7 @@ from doctor_corpus import (
     assert_error_report,
     assert_reports_nothing,
     corpus,
+    json_report,
     lines_by_role,
     run_cell_magic,
     run_doctor,
@@ -97,6 +98,23 @@ def test_frozen_parameters_and_integer_results_are_named_without_a_patch() -> No
     ]
     assert report.patches == [] and "requires_grad=False" in report.fix and "integer" in report.fix
     assert opt.param_groups
+
+
+def test_argmax_is_fixed_by_its_soft_argmax_once_a_run_verified_it() -> None:
+    """``_keypoint_argmax.py``, left out of the corpus runs (which do not verify), gets its soft-argmax as the patch."""
+    name = "_keypoint_argmax.py"
+    proc = run_doctor("--json", "--verify-fix", f"{FOLDER}/{name}")
+    report = json_report(proc.stdout)
+    assert proc.returncode == 1 and report is not None, proc.stderr
+    assert (report["kind"], report["severity"]) == ("graph_cut", "error")
+    marks = _marks(CASES / name)
+    assert {s["line"] for s in report["sites"] if s["role"] == "cut at"} == marks["cut"]
+    fixed = ("predicted = (heatmaps.softmax(-1) * torch.arange(heatmaps.shape[-1], device=heatmaps.device))"
+             ".sum(-1).float()")
+    assert report["patches"] == [{"file": f"{FOLDER}/{name}", "line": min(marks["cut"]), "code": fixed}]
+    assert report["verification"]["verified"] is True and report["verification"]["steps"] == 2
+    unverified = json_report(run_doctor("--json", "--no-verify-fix", f"{FOLDER}/{name}").stdout)
+    assert unverified["patches"] == [] and "verification" not in unverified
 
 
 def test_nothing_requiring_grad_anywhere_is_left_to_pytorch() -> None:

@@ -2,10 +2,10 @@
 
 Each failing program trains normally (no exception) but leaves a parameter the optimizer updates
 without gradient; it marks the line that cut it (``# doctor: cut``). The doctor must report it as a
-warning naming that line and exit 1; the report's patches applied to a copy must run with nothing
-reported. ``clean_*`` programs (a frozen unused branch, a trainable module never called, a branch
-run every other step, a second optimizer, an evaluation under ``no_grad`` after the step) must
-report nothing.
+warning naming that line and exit 1; its patch must be the line of the program's fixed version
+(``FIXES``), and applied to a copy it must run with nothing reported. ``clean_*`` programs (a frozen
+unused branch, a trainable module never called, a branch run every other step, a second optimizer,
+an evaluation under ``no_grad`` after the step) must report nothing.
 """
 
 from __future__ import annotations
@@ -34,10 +34,22 @@ MARK = re.compile(r"#\s*doctor:\s*(cut)\s*$")
 CORPUS = corpus("silent_cut")
 FOLDER, CASES, FAILING, CLEAN = CORPUS
 runs = runs_fixture(CORPUS)
+# Per failing program, its fixed version: the cut line as it should read.
+FIXES = {
+    "backbone_no_grad_helper.py": "@torch.enable_grad()",
+    "clip_logit_scale_item.py": "scale = self.logit_scale.exp()",
+    "detection_objectness_no_grad.py": "with torch.enable_grad(): objectness = objectness_head(features)",
+    "distill_adaptor_in_no_grad.py": "with torch.enable_grad(): projected = adaptor(features)",
+    "encoder_output_detached.py": "latent = encoder(x)",
+    "flow_scale_net_item.py": "log_scale = scale_net(x_a).tanh()",
+    "seq2seq_encoder_state_detached.py": "hidden = hidden",
+    "triplet_anchor_data.py": "anchors = anchor_tower(queries)",
+}
 
 
 def test_corpus_size() -> None:
-    assert len(FAILING) >= 3 and len(CLEAN) >= 1
+    assert len(FAILING) >= 8 and len(CLEAN) >= 1
+    assert sorted(FIXES) == FAILING
 
 
 @pytest.mark.parametrize("name", FAILING)
@@ -55,6 +67,7 @@ def test_report_names_the_cutting_line(name: str, runs: dict) -> None:
 def test_applied_fix_runs_clean(name: str, runs: dict) -> None:
     _, report, patched = runs[name]
     assert {p["line"] for p in report["patches"]} == lines_by_role(CASES / name, MARK, ("cut",))["cut"]
+    assert [p["code"] for p in report["patches"]] == [FIXES[name]]
     assert (patched.returncode, patched.stdout, patched.stderr) == (0, "", "")
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import inplace_doctor
 import pytest
+from inplace_doctor.cli import AUTO_VERIFY_ENV
 
 PACKAGE_PATH = str(Path(inplace_doctor.__file__).parents[1])
 
@@ -87,10 +88,31 @@ USES_HELPER = textwrap.dedent(
 CLEAN = "import torch\n\nw = torch.randn(3, requires_grad=True)\nw.sigmoid().sum().backward()\nprint('clean')\n"
 
 
-def _doctor(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m inplace_doctor ARGS`` in ``folder``, writing no bytecode so the folder's listing is comparable."""
+# A heatmap's argmax as a keypoint's predicted column: an integer result the soft-argmax candidate replaces.
+ARGMAX = textwrap.dedent(
+    """
+    import torch
+
+    net = torch.nn.Linear(8, 16)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(2):
+        heatmap = net(torch.randn(4, 8))
+        column = torch.argmax(heatmap, dim=1).float()
+        loss = (column - 7.5).abs().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    """
+).lstrip()
+
+
+def _doctor(folder: Path, *args: str, auto_verify_s: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m inplace_doctor ARGS`` in ``folder``, writing no bytecode so the folder's listing is comparable;
+    ``auto_verify_s`` sets ``INPLACE_DOCTOR_AUTO_VERIFY_S`` (the parent's value, or the default, if None)."""
     paths = [PACKAGE_PATH, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONWARNINGS="ignore", PYTHONDONTWRITEBYTECODE="1")
+    if auto_verify_s is not None:
+        env[AUTO_VERIFY_ENV] = auto_verify_s
     return subprocess.run([sys.executable, "-m", "inplace_doctor", *args], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -171,3 +193,23 @@ def test_clean_program_has_nothing_to_verify(tmp_path: Path, verify: tuple[str, 
     folder = _project(tmp_path, {"clean.py": CLEAN})
     proc = _doctor(folder, *verify, "clean.py")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "clean\n", "")
+
+
+def test_short_program_is_verified_by_default_and_not_when_turned_off(tmp_path: Path) -> None:
+    folder = _project(tmp_path, {"train.py": INPLACE, "steps.txt": "2"})
+    patches = [{"file": "train.py", "line": 8, "code": "probs = probs + 1e-6"}]
+    report = json.loads(_doctor(folder, "--json", "train.py", auto_verify_s="600").stdout)
+    assert report["verification"]["verified"] is True and report["patches"] == patches
+    for args, limit in [(("--no-verify-fix",), "600"), ((), "0")]:
+        report = json.loads(_doctor(folder, "--json", *args, "train.py", auto_verify_s=limit).stdout)
+        assert "verification" not in report and report["patches"] == patches
+
+
+def test_soft_argmax_candidate_is_proposed_once_it_ran(tmp_path: Path) -> None:
+    folder = _project(tmp_path, {"keypoint.py": ARGMAX})
+    report = json.loads(_doctor(folder, "--json", "--verify-fix", "keypoint.py").stdout)
+    soft = "column = (heatmap.softmax(1) * torch.arange(heatmap.shape[1], device=heatmap.device)).sum(1).float()"
+    assert report["patches"] == [{"file": "keypoint.py", "line": 7, "code": soft}]
+    assert report["verification"]["verified"] is True and report["verification"]["steps"] == 2
+    unverified = json.loads(_doctor(folder, "--json", "--no-verify-fix", "keypoint.py").stdout)
+    assert unverified["patches"] == [] and "verification" not in unverified

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -15,6 +16,10 @@ from .verify_fix import verify_reports, write_child_result
 # A patched copy may run this many times as long as the program's own run before it is stopped.
 VERIFY_TIMEOUT_FACTOR = 5.0
 MIN_VERIFY_TIMEOUT_S = 60.0
+# Without --verify-fix or --no-verify-fix, patches are run when the program's own run ended this quickly:
+# a second run then costs the user little. The environment variable sets another limit (0 turns it off).
+AUTO_VERIFY_ENV = "INPLACE_DOCTOR_AUTO_VERIFY_S"
+AUTO_VERIFY_MAX_S = 20.0
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -48,11 +53,21 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="do not report this parameter (an fnmatch pattern of its dotted name) when it gets no gradient; "
         "repeatable",
     )
-    parser.add_argument(
+    verify = parser.add_mutually_exclusive_group()
+    verify.add_argument(
         "--verify-fix",
         action="store_true",
+        default=None,
         help="apply each proposed single-line patch to a copy of the program in a temporary folder, run the copy "
-        "under the doctor, and propose only patches that ran clean (the user's files are not changed)",
+        "under the doctor, and propose only patches that ran clean (the user's files are not changed); by default "
+        f"done when the program's run ended within {AUTO_VERIFY_MAX_S:g} s (${AUTO_VERIFY_ENV} sets the limit, "
+        "0 turns it off)",
+    )
+    verify.add_argument(
+        "--no-verify-fix",
+        dest="verify_fix",
+        action="store_false",
+        help="never run the proposed patches; propose them as read from the source",
     )
     parser.add_argument(
         "--verify-timeout",
@@ -86,6 +101,20 @@ def _doctor_options(options: argparse.Namespace) -> list[str]:
     return flags + [f"--ignore-unused={name}" for name in options.ignore_unused]
 
 
+def auto_verify_limit() -> float:
+    """Seconds within which the program's run must end for its patches to be run without ``--verify-fix``."""
+    value = os.environ.get(AUTO_VERIFY_ENV, "").strip()
+    try:
+        return float(value) if value else AUTO_VERIFY_MAX_S
+    except ValueError:
+        raise SystemExit(f"{AUTO_VERIFY_ENV} must be a number of seconds, not {value!r}") from None
+
+
+def _verifies(requested: bool | None, elapsed: float) -> bool:
+    """``--verify-fix`` (True) or ``--no-verify-fix`` (False) as asked; by default when the run was short."""
+    return requested if requested is not None else elapsed <= auto_verify_limit()
+
+
 def main(argv: list[str], prog: str = "inplace-doctor") -> int:
     """``inplace-doctor ARGS...`` (also ``python -m inplace_doctor``); returns the process exit code."""
     options = _parser(prog).parse_args(argv)
@@ -97,9 +126,9 @@ def main(argv: list[str], prog: str = "inplace-doctor") -> int:
                         ignore_unused=options.ignore_unused)
     reports = result.errors + result.warnings
     write_child_result(result.backward_passes, len(reports))
-    if options.verify_fix and any(report.patches for report in reports):
-        timeout = options.verify_timeout or max(MIN_VERIFY_TIMEOUT_S,
-                                                VERIFY_TIMEOUT_FACTOR * (time.monotonic() - started))
+    elapsed = time.monotonic() - started
+    if _verifies(options.verify_fix, elapsed) and any(report.patches or report.candidates for report in reports):
+        timeout = options.verify_timeout or max(MIN_VERIFY_TIMEOUT_S, VERIFY_TIMEOUT_FACTOR * elapsed)
         reports = verify_reports(reports, options.target, options.args, _doctor_options(options), timeout)
     if reports:
         sys.stdout.flush()

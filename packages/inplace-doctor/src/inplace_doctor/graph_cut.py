@@ -340,6 +340,50 @@ def _patch(binding: Binding, reason: str, lines: list[str], frame: FrameType) ->
     return None
 
 
+class _SoftArgmax(ast.NodeTransformer):
+    """The first ``x.argmax(dim)`` / ``torch.argmax(x, dim)`` (or ``argmin``) as its soft-argmax.
+
+    ``(x.softmax(dim) * torch.arange(x.shape[dim], device=x.device)).sum(dim)`` is the index the
+    softmax's weights expect: near the argmax where one value dominates, and differentiable everywhere.
+    An argmax over the flattened tensor or with ``keepdim`` is left as it is.
+    """
+
+    def __init__(self, torch_module: str) -> None:
+        self.torch = torch_module
+        self.done = False
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if self.done or name not in ("argmax", "argmin") or not isinstance(node.func, ast.Attribute):
+            return node
+        method = dotted_name(node.func.value) != self.torch
+        arguments = list(node.args) if method else list(node.args[1:])
+        value = node.func.value if method else (node.args[0] if node.args else None)
+        keywords = {k.arg: k.value for k in node.keywords}
+        dim = arguments[0] if arguments else keywords.get("dim")
+        if value is None or dim is None or len(arguments) > 1 or set(keywords) - {"dim"}:
+            return node
+        self.done = True
+        scores = value if name == "argmax" else ast.UnaryOp(ast.USub(), value)
+        weights = ast.Call(ast.Attribute(scores, "softmax", ast.Load()), [dim], [])
+        size = ast.Subscript(ast.Attribute(value, "shape", ast.Load()), dim, ast.Load())
+        device = ast.keyword("device", ast.Attribute(value, "device", ast.Load()))
+        arange = ast.Call(ast.Attribute(ast.Name(self.torch, ast.Load()), "arange", ast.Load()), [size], [device])
+        return ast.Call(ast.Attribute(ast.BinOp(weights, ast.Mult(), arange), "sum", ast.Load()), [dim], [])
+
+
+def _soft_argmax_candidate(binding: Binding, lines: list[str], frame: FrameType) -> str | None:
+    """The statement with its argmax as a soft-argmax, a candidate that only a run can confirm."""
+    torch_module = torch_name(frame)
+    code = single_line(binding.statement, lines) if isinstance(binding.statement, (ast.Assign, ast.Expr)) else None
+    if torch_module is None or code is None:
+        return None
+    rewrite = _SoftArgmax(torch_module)
+    changed = rewrite.visit(ast.parse(code).body[0])
+    return ast.unparse(ast.fix_missing_locations(changed)) if rewrite.done else None
+
+
 class _Unfreeze(ast.NodeTransformer):
     """``x.requires_grad_(False)`` and ``x.requires_grad = False`` with ``True``."""
 
@@ -467,6 +511,7 @@ def diagnose_cut(message: str, frame: FrameType | None, cwd: str) -> GraphReport
     file = display_path(filename, cwd)
     sites: list[tuple[str, Site]] = []
     patches: list[Patch] = []
+    candidates: list[Patch] = []
     by_reason: dict[str, list[str]] = {}
     for binding, reason in cuts:
         line = binding.statement.lineno
@@ -485,6 +530,9 @@ def diagnose_cut(message: str, frame: FrameType | None, cwd: str) -> GraphReport
         code = _patch(binding, reason, lines, frame)
         if code is not None:
             patches.append(Patch(file, line, code))
+        if reason == INTEGER:
+            candidate = _soft_argmax_candidate(binding, lines, frame)
+            candidates += [Patch(file, line, candidate)] if candidate is not None else []
         if reason == FROZEN:
             sites += [("frozen by", s) for s in _module_freezes(tree, binding, frame, file, lines)]
         by_reason.setdefault(reason, []).append(f"`{binding.name}` ({site.where()})")
@@ -497,4 +545,4 @@ def diagnose_cut(message: str, frame: FrameType | None, cwd: str) -> GraphReport
     )
     reasons = [f"{' and '.join(names)} {_REASONS[reason]}" for reason, names in by_reason.items()]
     fix = "the loss's ancestry lost its graph: " + "; ".join(reasons) + remedy
-    return GraphReport("graph_cut", message, sites, fix, patches)
+    return GraphReport("graph_cut", message, sites, fix, patches, candidates=candidates)

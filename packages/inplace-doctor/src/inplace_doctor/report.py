@@ -96,6 +96,8 @@ class Report:
     observed: bool = True  # every version bump since the save is explained by ``modified_by``
     patches: list[Patch] = field(default_factory=list)  # the fix as changed lines, when one line fixes it
     verification: Verification | None = None  # set by ``--verify-fix`` once the patches were run
+    # Further single-line patches that may fix it but are proposed only once a run verified them.
+    candidates: list[Patch] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object documented for ``--json``: everything the text form shows."""
@@ -180,6 +182,8 @@ class GraphReport:
     severity: str = "error"
     notes: list[str] = field(default_factory=list)
     verification: Verification | None = None  # set by ``--verify-fix`` once the patches were run
+    # Further single-line patches that may fix it but are proposed only once a run verified them.
+    candidates: list[Patch] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object documented for ``--json`` (schema 2)."""

@@ -200,7 +200,9 @@ def _in_stepping_function(parameter: torch.Tensor, frame: FrameType, cwd: str,
     """Statements of the function that called ``step()`` whose call of the parameter's module lost the graph.
 
     A module that ran only with gradients off counts through an assignment written before ``step()``
-    (the order of a loop's body), so an evaluation under ``no_grad`` after the step is none.
+    (the order of a loop's body), so an evaluation under ``no_grad`` after the step is none. The names a
+    statement that called the module bound, and those bound from them in turn, are followed too, so a
+    cut on a line of its own (``hidden = hidden.detach()`` after ``_, hidden = encoder(x)``) is found.
     """
     filename = frame.f_code.co_filename
     lines = linecache.getlines(filename, frame.f_globals)
@@ -211,19 +213,28 @@ def _in_stepping_function(parameter: torch.Tensor, frame: FrameType, cwd: str,
     scope = statement_at(tree, frame.f_code.co_firstlineno) if frame.f_code.co_name != "<module>" else tree
     file = display_path(filename, cwd)
     found: list[tuple[Site, Patch | None, str]] = []
-    for statement in ast.walk(scope or tree):
-        if not isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)) or statement.value is None:
-            continue
+    statements = sorted((node for node in ast.walk(scope or tree)
+                         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr))
+                         and node.value is not None), key=lambda node: node.lineno)
+    derived: set[str] = set()  # names bound, with their graph, from the module's output
+    for statement in statements:
         if not grad_on and (isinstance(statement, ast.Expr) or statement.lineno >= frame.f_lineno):
             continue
         names = [dotted_name(n) for n in ast.walk(statement.value) if isinstance(n, (ast.Name, ast.Attribute))]
         values = [_frame_value(frame, n) for n in names if n is not None]
-        if not any(_holds(v, parameter) for v in values):
+        calls_module = any(_holds(v, parameter) for v in values)
+        if not calls_module and not derived & set(names):
             continue
         binding = Binding(statement, ast.unparse(statement.targets[0]) if isinstance(statement, ast.Assign)
                           else "value", statement.value)
         reason = _reason(binding, tree, frame, None)
-        if reason is None or reason == FROZEN:
+        targets = statement.targets if isinstance(statement, ast.Assign) else [getattr(statement, "target", None)]
+        bound = {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if reason is None:
+            derived |= bound
+        # Downstream, only a cut that rebinds the name it cut (`hidden = hidden.detach()`) leaves no use of the
+        # graph; a detached copy beside the name (`critic(logits.detach())`) may be one use among others.
+        if reason is None or reason == FROZEN or (not calls_module and not (derived & bound & set(names))):
             continue
         if reason == DECORATOR:
             found += [(site, patch, reason) for site, patch in _decorator_sites(binding, frame, cwd)]

@@ -115,7 +115,8 @@ def run_patched(script: str, args: Sequence[str], doctor_options: Sequence[str],
         os.mkdir(program)
         copy = _copy_program(script, patches, cwd, program)
         result_file = os.path.join(folder, "result.json")
-        command = [sys.executable, "-m", "inplace_doctor", *doctor_options, copy, *args]
+        # The copy's own reports are not verified again: the parent only needs to know whether it ran clean.
+        command = [sys.executable, "-m", "inplace_doctor", "--no-verify-fix", *doctor_options, copy, *args]
         try:
             proc = subprocess.run(command, cwd=cwd, env=_child_environment(script, result_file),
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
@@ -132,29 +133,44 @@ def _describe(patches: Sequence[Patch]) -> str:
     return ", ".join(f"`{patch.code}` at {patch.file}:{patch.line}" for patch in patches)
 
 
-def verify(report: Report | GraphReport, script: str, args: Sequence[str], doctor_options: Sequence[str],
-           timeout: float) -> Report | GraphReport:
-    """``report`` with its patches run: kept with a ``verified`` sentence, or dropped with the reason."""
-    tried = tuple(report.patches)
+def _run_outcome(script: str, args: Sequence[str], doctor_options: Sequence[str], tried: Sequence[Patch],
+                 timeout: float) -> tuple[int, str | None]:
+    """The steps the patched copy ran, and why it did not run clean (None when it did)."""
     try:
         run = run_patched(script, args, doctor_options, tried, timeout)
     except ValueError as error:
-        reason = str(error)
-    else:
-        if run.exit_code == 0 and run.reports == 0:
-            detail = f"verified: the patched program ran {run.steps} steps without the error"
-            return replace(report, verification=Verification(True, detail, run.steps, tried))
-        if run.exit_code is None:
-            reason = f"the patched program timed out after {timeout:g} s"
-        else:
-            failure = f": {run.last_error}" if run.last_error else ""
-            reason = f"the patched program still failed (exit code {run.exit_code}){failure}"
-    detail = f"{NOT_VERIFIED}: with {_describe(tried)}, {reason}"
-    return replace(report, patches=[], verification=Verification(False, detail, 0, tried))
+        return 0, str(error)
+    if run.exit_code == 0 and run.reports == 0:
+        return run.steps, None
+    if run.exit_code is None:
+        return 0, f"the patched program timed out after {timeout:g} s"
+    failure = f": {run.last_error}" if run.last_error else ""
+    return 0, f"the patched program still failed (exit code {run.exit_code}){failure}"
+
+
+def verify(report: Report | GraphReport, script: str, args: Sequence[str], doctor_options: Sequence[str],
+           timeout: float) -> Report | GraphReport:
+    """``report`` with its patches run: kept with a ``verified`` sentence, or dropped with the reason.
+
+    The report's own patches are run first; when they do not run clean (or there are none), each of its
+    ``candidates`` is run alone in turn, and the first that runs clean becomes the report's patch.
+    """
+    attempts = ([tuple(report.patches)] if report.patches else []) + [(patch,) for patch in report.candidates]
+    reasons = []
+    for tried in attempts:
+        steps, reason = _run_outcome(script, args, doctor_options, tried, timeout)
+        if reason is None:
+            detail = f"verified: the patched program ran {steps} steps without the error"
+            return replace(report, patches=list(tried), candidates=[],
+                           verification=Verification(True, detail, steps, tried))
+        reasons.append(f"with {_describe(tried)}, {reason}")
+    detail = f"{NOT_VERIFIED}: " + "; ".join(reasons)
+    tried_all = tuple(patch for tried in attempts for patch in tried)
+    return replace(report, patches=[], candidates=[], verification=Verification(False, detail, 0, tried_all))
 
 
 def verify_reports(reports: Sequence[Report | GraphReport], script: str, args: Sequence[str],
                    doctor_options: Sequence[str], timeout: float) -> list[Report | GraphReport]:
-    """Each report that proposes patches, verified by running them (see :func:`verify`); others unchanged."""
-    return [verify(report, script, args, doctor_options, timeout) if report.patches else report
+    """Each report that proposes patches or candidates, verified by running them (see :func:`verify`)."""
+    return [verify(report, script, args, doctor_options, timeout) if report.patches or report.candidates else report
             for report in reports]
