@@ -3,13 +3,16 @@ dataset and an untrained model."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -116,6 +119,18 @@ def tiny_weights(tmp_path_factory) -> Path:
     model = Yolov5("n", num_classes=2).eval()
     model.names = ["circle", "rectangle"]
     return save_checkpoint(tmp_path_factory.mktemp("weights") / "tiny", model)
+
+
+@contextlib.contextmanager
+def offline_ultralytics(tmp_path_factory) -> Iterator[ModuleType]:
+    """The ``ultralytics`` package (the oracle of the anchor-free family and of the trackers), offline and writing its
+    settings into a temporary folder while the context lasts; the test is skipped where it is not installed."""
+    config_dir = tmp_path_factory.mktemp("ultralytics")
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("YOLO_CONFIG_DIR", "ULTRALYTICS_CONFIG_DIR"):
+            patch.setenv(name, str(config_dir))
+        patch.setenv("YOLO_OFFLINE", "1")
+        yield pytest.importorskip("ultralytics")
 
 
 @pytest.fixture(scope="session")

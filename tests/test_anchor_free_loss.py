@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import offline_ultralytics
 
 from yolotrain.loss import AnchorFreeLoss, AnchorFreeLossConfig, AnchorFreeSegmentLoss, DivergenceError
 from yolotrain.loss.assign import TaskAlignedAssigner
@@ -19,12 +20,7 @@ TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
     """ultralytics' models (seeded, 3 classes) with their criteria, offline, its settings in a temporary folder."""
-    config_dir = tmp_path_factory.mktemp("ultralytics")
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("YOLO_CONFIG_DIR", "ULTRALYTICS_CONFIG_DIR"):
-            patch.setenv(name, str(config_dir))
-        patch.setenv("YOLO_OFFLINE", "1")
-        pytest.importorskip("ultralytics")
+    with offline_ultralytics(tmp_path_factory):
         from ultralytics.nn.tasks import DetectionModel, SegmentationModel
         from ultralytics.utils.loss import v8DetectionLoss, v8SegmentationLoss
         from ultralytics.utils.tal import TaskAlignedAssigner as TheirAssigner

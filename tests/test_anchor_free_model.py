@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import offline_ultralytics
 
 from yolotrain.detector import BoxDetector
 from yolotrain.model import Yolov5
@@ -33,12 +34,7 @@ IMAGE_SIZES = ((64, 96), (64, 64))
 @pytest.fixture(scope="module")
 def ultralytics(tmp_path_factory):
     """ultralytics' model builders, offline, its settings file in a temporary folder."""
-    config_dir = tmp_path_factory.mktemp("ultralytics")
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("YOLO_CONFIG_DIR", "ULTRALYTICS_CONFIG_DIR"):
-            patch.setenv(name, str(config_dir))
-        patch.setenv("YOLO_OFFLINE", "1")
-        pytest.importorskip("ultralytics")
+    with offline_ultralytics(tmp_path_factory):
         from ultralytics.nn import tasks
 
         yield tasks

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import offline_ultralytics
 
 import yolotrain
 from yolotrain.data import generate_shapes_dataset
@@ -50,12 +51,8 @@ BATCH_HW = (160, 160)
 @pytest.fixture(scope="module")
 def ultralytics(tmp_path_factory):
     """ultralytics, offline, its settings file in a temporary folder."""
-    config_dir = tmp_path_factory.mktemp("ultralytics")
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("YOLO_CONFIG_DIR", "ULTRALYTICS_CONFIG_DIR"):
-            patch.setenv(name, str(config_dir))
-        patch.setenv("YOLO_OFFLINE", "1")
-        yield pytest.importorskip("ultralytics")
+    with offline_ultralytics(tmp_path_factory) as ultralytics_module:
+        yield ultralytics_module
 
 
 @dataclasses.dataclass

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import offline_ultralytics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,12 +45,7 @@ def low_tracker_yaml(folder: Path) -> str:
 @pytest.fixture(scope="module")
 def ultralytics_trackers(tmp_path_factory):
     """ultralytics' BYTETracker and BOTSORT, offline, its settings file in a temporary folder."""
-    config_dir = tmp_path_factory.mktemp("ultralytics")
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("YOLO_CONFIG_DIR", "ULTRALYTICS_CONFIG_DIR"):
-            patch.setenv(name, str(config_dir))
-        patch.setenv("YOLO_OFFLINE", "1")
-        pytest.importorskip("ultralytics")
+    with offline_ultralytics(tmp_path_factory):
         from ultralytics.engine.results import Boxes
         from ultralytics.trackers.bot_sort import BOTSORT
         from ultralytics.trackers.byte_tracker import BYTETracker

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import offline_ultralytics
 
 from yolotrain.checkpoint import CheckpointError
 from yolotrain.interop import UnsafeCheckpointError, UnsupportedCheckpointError, read_torch_file
@@ -55,12 +56,8 @@ def made(tmp_path_factory) -> SimpleNamespace:
     """Ultralytics models built from its bundled YAMLs (3 classes) and the checkpoints its trainer writes of them
     (``last.pt``: ``model`` None, the half-precision EMA model under ``ema``, optimizer and metrics); yolov8n also as
     ``strip_optimizer`` finalises a release file (the model under ``model``, ``ema`` None)."""
-    folder = tmp_path_factory.mktemp("ultralytics")
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("YOLO_CONFIG_DIR", "ULTRALYTICS_CONFIG_DIR"):
-            patch.setenv(name, str(folder / "config"))
-        patch.setenv("YOLO_OFFLINE", "1")
-        pytest.importorskip("ultralytics")
+    folder = tmp_path_factory.mktemp("checkpoints")
+    with offline_ultralytics(tmp_path_factory):
         from ultralytics.nn import tasks
         from ultralytics.utils import DEFAULT_CFG_DICT, IterableSimpleNamespace
         from ultralytics.utils.torch_utils import convert_optimizer_state_dict_to_fp16, strip_optimizer

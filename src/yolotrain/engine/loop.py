@@ -20,8 +20,8 @@ from ..checkpoint import read_metadata, save_checkpoint
 from ..data.dataset import ImageReadError
 from ..data.loaders import image_weights
 from ..eval.val import val
+from ..model.layered import PRECISIONS
 from ..model.summary import summarise
-from ..model.yolo import PRECISIONS
 from ..prediction.run import predict
 from ..progress import progress_bar
 from . import distributed as D

@@ -19,8 +19,9 @@ from torch import nn
 from ..detector import Task
 from ..settings import setting
 from .blocks import Conv, fuse_convs
+from .layered import PRECISIONS
 from .spec import MAX_CLASSES, build_layers, builtin_spec
-from .yolo import PRECISIONS, Yolov5, parse_version
+from .yolo import Yolov5, parse_version
 
 # The reference cuts a detector after its SPPF stage: layers 0-8 stay, layer 9 becomes the Classify head.
 DEFAULT_CUTOFF = 10

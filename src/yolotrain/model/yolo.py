@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from ..detector import Task
-from .blocks import fuse_convs
 from .detect import Detect
+from .layered import LayeredDetector
 from .spec import (
     HEAD_BLOCKS,
     MAX_CLASSES,
@@ -24,12 +24,6 @@ from .spec import (
     published_variant,
     read_model_yaml,
 )
-
-# Precision names of the floating types a model's parameters may have (as exports name theirs).
-PRECISIONS: dict[torch.dtype, str] = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-# Published models trained at this input size, by their largest stride (P6 models at 1280).
-DEFAULT_IMG_SIZE: dict[int, int] = {32: 640, 64: 1280}
-
 
 # The tasks a YOLOv5 model serves: those its heads declare.
 TASKS: tuple[Task, ...] = tuple(dict.fromkeys(head.task for head in HEAD_BLOCKS.values()))
@@ -56,7 +50,7 @@ def _anchor_tensor(anchors: Sequence[Sequence[float]] | torch.Tensor) -> torch.T
     return table
 
 
-class Yolov5(nn.Module):
+class Yolov5(LayeredDetector):
     """YOLOv5 detector, or instance segmenter with ``task="segment"`` (the head's task is the model's).
 
     ``version`` is a published size (``'n'`` … ``'x'``, P5: strides 8, 16, 32; ``'n6'`` … ``'x6'``, P6:
@@ -76,9 +70,6 @@ class Yolov5(nn.Module):
     """
 
     task: Task = "detect"
-    dynamic_size = True
-    fixed_size = None
-    end_to_end = False
 
     def __init__(self, version: str | ModelSpec = "s", num_classes: int = 80,
                  anchors: Sequence[Sequence[float]] | torch.Tensor | None = None, in_channels: int | None = None,
@@ -131,67 +122,9 @@ class Yolov5(nn.Module):
         return self.model[-1]
 
     @property
-    def num_masks(self) -> int:
-        """Mask coefficients per anchor, one per prototype mask (0 for a detector)."""
-        return self.head.nm
-
-    @property
-    def num_protos(self) -> int:
-        """Hidden channels of the prototype module (0 for a detector)."""
-        return self.head.npr
-
-    @property
     def arch_name(self) -> str:
         """The architecture's name: ``yolov5n``, ``yolov5s6``, ``yolov5s-seg`` (``yolov5custom`` for a YAML's own)."""
         return f"yolov5{self.version}"
-
-    @property
-    def stride(self) -> torch.Tensor:
-        return self.head.stride
-
-    @property
-    def size_multiple(self) -> int:
-        """Input sides are multiples of the largest stride (:attr:`max_stride`)."""
-        return self.max_stride
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
-
-    @property
-    def precision(self) -> str:
-        return PRECISIONS.get(self.dtype, str(self.dtype).removeprefix("torch."))
-
-    @property
-    def default_img_size(self) -> int:
-        """The input size the published weights of this architecture were trained at (1280 for P6)."""
-        return DEFAULT_IMG_SIZE.get(self.max_stride, 640)
-
-    def forward_maps(self, imgs: torch.Tensor) -> list[torch.Tensor] | tuple[list[torch.Tensor], torch.Tensor]:
-        """Raw head maps whatever the mode (validation loss needs them in eval mode too); with the
-        prototype masks, ``(maps, proto)``, for a segmentation model."""
-        return self.head(self._head_inputs(imgs))
-
-    def _head_inputs(self, imgs: torch.Tensor) -> list[torch.Tensor]:
-        """The feature maps the head (the last layer) takes, from every layer before it."""
-        self._check_input(imgs)
-        kept: dict[int, torch.Tensor] = {}
-        x = imgs
-        for i, (layer, source) in enumerate(zip(self.model, self.layer_inputs)):
-            if isinstance(source, list):
-                x = [x if j == i - 1 else kept[j] for j in source]
-            elif source != i - 1 and i > 0:
-                x = kept[source]
-            if i == len(self.model) - 1:
-                return x
-            x = layer(x)
-            if i in self.saved_outputs:
-                kept[i] = x
-        raise AssertionError("the model has no layers")
 
     def forward(self, imgs: torch.Tensor) -> Any:
         """Train mode: the raw maps (segmentation: ``(maps, proto)``); eval mode: the decoded predictions
@@ -208,14 +141,6 @@ class Yolov5(nn.Module):
             decoded = self.head.decode_into_one(self.head.map_views(features))
             proto = self.head.proto(features[0]) if self.num_masks else None
         return decoded if proto is None else (decoded, proto)
-
-    def _check_input(self, imgs: torch.Tensor) -> None:
-        if imgs.ndim != 4 or imgs.shape[1] != self.in_channels:
-            raise ValueError(f"expected images [B, {self.in_channels}, H, W], got shape {tuple(imgs.shape)}")
-        h, w = imgs.shape[2:]
-        if h % self.max_stride or w % self.max_stride:
-            raise ValueError(f"image sides must be multiples of {self.max_stride}, got {h}x{w} "
-                             "(letterbox or resize first)")
 
     def load_matching(self, state: dict[str, torch.Tensor]) -> list[str]:
         """Copy every tensor of ``state`` whose name and shape this model has (the reference's transfer of
@@ -246,11 +171,3 @@ class Yolov5(nn.Module):
             detected = source.view(head.na, head.no - head.nm, *value.shape[1:]).to(value.dtype)
             rows[key] = torch.cat((detected, per_anchor[:, detected.shape[1]:]), 1).view_as(value)
         return rows
-
-    def fuse(self) -> Yolov5:
-        """Fold every BatchNorm into its convolution (inference only); returns self in eval mode."""
-        fuse_convs(self)
-        return self
-
-    def extra_repr(self) -> str:
-        return f"version={self.version!r}, num_classes={self.num_classes}, task={self.task!r}"

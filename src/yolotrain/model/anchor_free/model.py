@@ -11,14 +11,13 @@ import torch
 from torch import nn
 
 from ...detector import Task
-from ..blocks import fuse_convs
+from ..layered import LayeredDetector
 from ..spec import MAX_CLASSES
-from ..yolo import DEFAULT_IMG_SIZE, PRECISIONS
 from .head import AnchorFreeDetect
 from .spec import AnchorFreeSpec, build_layers, builtin_spec, matching_name, parse_name, read_model_yaml
 
 
-class AnchorFreeYolo(nn.Module):
+class AnchorFreeYolo(LayeredDetector):
     """Anchor-free YOLO detector, or instance segmenter when its head is a Segment one (``yolov8n-seg``).
 
     ``arch`` is a published name (``yolov5nu``, ``yolov5n6u``, ``yolov8n``, ``yolov8n-p6``, ``yolov8n-seg``,
@@ -35,9 +34,6 @@ class AnchorFreeYolo(nn.Module):
     """
 
     task: Task = "detect"
-    dynamic_size = True
-    fixed_size = None
-    end_to_end = False
 
     def __init__(self, arch: str | AnchorFreeSpec = "yolov8n", num_classes: int = 80,
                  names: Sequence[str] | None = None, in_channels: int | None = None) -> None:
@@ -84,67 +80,9 @@ class AnchorFreeYolo(nn.Module):
         return self.model[-1]
 
     @property
-    def num_masks(self) -> int:
-        """Mask coefficients per prediction, one per prototype mask (0 for a detector)."""
-        return self.head.nm
-
-    @property
-    def num_protos(self) -> int:
-        """Hidden channels of the prototype module (0 for a detector)."""
-        return self.head.npr
-
-    @property
     def arch_name(self) -> str:
         """The architecture's name: ``yolov8n``, ``yolo11s-seg``, ``yolov5nu`` (``custom`` for a YAML's own)."""
         return self.version
-
-    @property
-    def stride(self) -> torch.Tensor:
-        return self.head.stride
-
-    @property
-    def size_multiple(self) -> int:
-        """Input sides are multiples of the largest stride (:attr:`max_stride`)."""
-        return self.max_stride
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
-
-    @property
-    def precision(self) -> str:
-        return PRECISIONS.get(self.dtype, str(self.dtype).removeprefix("torch."))
-
-    @property
-    def default_img_size(self) -> int:
-        """The input size the published weights of this architecture were trained at (1280 for P6)."""
-        return DEFAULT_IMG_SIZE.get(self.max_stride, 640)
-
-    def forward_maps(self, imgs: torch.Tensor) -> list[torch.Tensor] | tuple[list[torch.Tensor], torch.Tensor]:
-        """Raw head maps whatever the mode (validation loss needs them in eval mode too); with the
-        prototype masks, ``(maps, proto)``, for a segmentation model."""
-        return self.head(self._head_inputs(imgs))
-
-    def _head_inputs(self, imgs: torch.Tensor) -> list[torch.Tensor]:
-        """The feature maps the head (the last layer) takes, from every layer before it."""
-        self._check_input(imgs)
-        kept: dict[int, torch.Tensor] = {}
-        x: Any = imgs
-        for i, (layer, source) in enumerate(zip(self.model, self.layer_inputs)):
-            if isinstance(source, list):
-                x = [x if j == i - 1 else kept[j] for j in source]
-            elif source != i - 1 and i > 0:
-                x = kept[source]
-            if i == len(self.model) - 1:
-                return x
-            x = layer(x)
-            if i in self.saved_outputs:
-                kept[i] = x
-        raise AssertionError("the model has no layers")
 
     def forward(self, imgs: torch.Tensor) -> Any:
         """Train mode: the raw maps (segmentation: ``(maps, proto)``); eval mode: the decoded predictions
@@ -157,14 +95,6 @@ class AnchorFreeYolo(nn.Module):
             return self.head.decode(maps), proto
         return self.head.decode(outputs)
 
-    def _check_input(self, imgs: torch.Tensor) -> None:
-        if imgs.ndim != 4 or imgs.shape[1] != self.in_channels:
-            raise ValueError(f"expected images [B, {self.in_channels}, H, W], got shape {tuple(imgs.shape)}")
-        h, w = imgs.shape[2:]
-        if h % self.max_stride or w % self.max_stride:
-            raise ValueError(f"image sides must be multiples of {self.max_stride}, got {h}x{w} "
-                             "(letterbox or resize first)")
-
     def load_matching(self, state: dict[str, torch.Tensor]) -> list[str]:
         """Copy every tensor of ``state`` whose name and shape this model has (a YOLOv5 model's backbone and
         neck, ``model.0`` … ``model.23``, into a YOLOv5u one; detection weights into a segmentation model, or
@@ -173,11 +103,3 @@ class AnchorFreeYolo(nn.Module):
         matching = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
         self.load_state_dict(matching, strict=False)
         return [k for k in own if k not in matching]
-
-    def fuse(self) -> AnchorFreeYolo:
-        """Fold every BatchNorm into its convolution (inference only); returns self in eval mode."""
-        fuse_convs(self)
-        return self
-
-    def extra_repr(self) -> str:
-        return f"version={self.version!r}, num_classes={self.num_classes}, task={self.task!r}"

@@ -11,7 +11,7 @@ import torch
 from ...family import family_of
 from ...interop.exporting.graph import BOXES, ExportGraph
 from ...interop.runtime import ExportedModel, differs, output_shape_mismatch, shape_text
-from ...model.yolo import DEFAULT_IMG_SIZE
+from ...model.layered import DEFAULT_IMG_SIZE
 
 
 class DetectExport:
