@@ -208,10 +208,10 @@ class ModelSpec:
                 raise ValueError(f"{where(key)}: {key} {value:g} is more than {MAX_MULTIPLE:g}")
             multiples.append(float(value))
         nc = cfg.get("nc", 80)
-        if not _is_int_in(nc, 1, MAX_CLASSES):
+        if not is_int_in(nc, 1, MAX_CLASSES):
             raise ValueError(f"{where('nc')}: nc must be an integer from 1 to {MAX_CLASSES}, got {brief(nc)}")
         in_channels = cfg.get("ch", 3)
-        if not _is_int_in(in_channels, 1, MAX_IN_CHANNELS):
+        if not is_int_in(in_channels, 1, MAX_IN_CHANNELS):
             raise ValueError(f"{where('ch')}: ch must be an integer from 1 to {MAX_IN_CHANNELS}, "
                              f"got {brief(in_channels)}")
         anchors = cfg.get("anchors")
@@ -228,7 +228,7 @@ class ModelSpec:
             if not isinstance(entries, list) or not 0 < len(entries) <= MAX_LAYERS:
                 raise ValueError(f"{where(key)}: {key} must be a list of 1 to {MAX_LAYERS} [from, number, module, "
                                  "args] entries")
-            parts.append([_normalise_entry(e) for e in entries])
+            parts.append([normalise_entry(e) for e in entries])
         entry_lines = [*lines.get("backbone_entries", []), *lines.get("head_entries", [])] or None
         return cls(multiples[0], multiples[1], parts[0], parts[1], [[float(v) for v in row] for row in anchors],
                    nc, in_channels, source, entry_lines)
@@ -290,6 +290,13 @@ def matching_version(spec: ModelSpec) -> str | None:
 def read_model_yaml(path: str | os.PathLike) -> ModelSpec:
     """Read a reference-format model YAML, remembering each layer entry's line for error messages."""
     source = os.fspath(path)
+    cfg, lines = read_yaml_with_lines(source)
+    return ModelSpec.from_mapping(cfg, source, lines)
+
+
+def read_yaml_with_lines(source: str) -> tuple[Any, dict[str, Any]]:
+    """A model YAML's mapping and the line of each top-level key and of each ``backbone``/``head`` entry (under
+    ``backbone_entries``/``head_entries``), which errors name."""
     if not os.path.isfile(source):
         raise FileNotFoundError(f"model YAML not found: {source}")
     cfg, node = read_yaml_document(source)
@@ -299,10 +306,10 @@ def read_model_yaml(path: str | os.PathLike) -> ModelSpec:
             lines[str(key_node.value)] = key_node.start_mark.line + 1
             if key_node.value in ("backbone", "head") and isinstance(value_node, yaml.SequenceNode):
                 lines[f"{key_node.value}_entries"] = [item.start_mark.line + 1 for item in value_node.value]
-    return ModelSpec.from_mapping(cfg, source, lines)
+    return cfg, lines
 
 
-def _is_int_in(value: Any, low: int, high: int) -> bool:
+def is_int_in(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
@@ -315,7 +322,7 @@ def _is_anchor_table(anchors: Any) -> bool:
             and len({len(row) for row in anchors}) == 1)
 
 
-def _normalise_entry(entry: Any) -> Any:
+def normalise_entry(entry: Any) -> Any:
     """``[from, number, module, args]`` with YAML's string ``'None'`` as None (checked when built)."""
     if not isinstance(entry, (list, tuple)) or len(entry) != 4:
         return entry
@@ -365,7 +372,7 @@ def build_layers(spec: ModelSpec, nc: int, anchors: torch.Tensor, in_channels: i
             raise ValueError(f"{where}: args of {name} must be a list, got {args!r}")
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
             raise ValueError(f"{where}: number must be a positive integer, got {brief(number)}")
-        resolved = _resolve_inputs(source, i, where)
+        resolved = resolve_inputs(source, i, where)
         if (name in ("Concat", *HEADS)) != isinstance(resolved, list):
             expected = "a list of layers" if name in ("Concat", *HEADS) else "one layer"
             raise ValueError(f"{where}: {name} takes its input from {expected}, got from={source!r}")
@@ -424,7 +431,7 @@ def check_spec(spec: ModelSpec, nc: int | None = None, in_channels: int | None =
                  build=False)
 
 
-def _resolve_inputs(source: Any, i: int, where: str) -> int | list[int]:
+def resolve_inputs(source: Any, i: int, where: str) -> int | list[int]:
     """``from`` as absolute indices of earlier layers (-1 is the previous layer; the image for layer 0)."""
     def absolute(j: Any) -> int:
         if isinstance(j, bool) or not isinstance(j, int):
@@ -468,13 +475,13 @@ def _make_block(name: str, args: list[Any], c_in: int, s_in: float, repeats: int
             return block(c_in, c_out, repeats, *extra), c_out, s_in
         factor = 1
         if name in ("Conv", "Focus"):
-            _check_conv_args(extra)
+            check_conv_args(extra)
             factor = (extra[1] if len(extra) > 1 else 1) * (2 if name == "Focus" else 1)
-        if name == "SPPF" and extra and not _is_int_in(extra[0], 1, MAX_KERNEL):
+        if name == "SPPF" and extra and not is_int_in(extra[0], 1, MAX_KERNEL):
             raise ValueError(f"kernel size must be an integer from 1 to {MAX_KERNEL}, got {brief(extra[0])}")
         if name == "SPP" and extra:
             if not (isinstance(extra[0], list) and 0 < len(extra[0]) <= 8
-                    and all(_is_int_in(k, 1, MAX_KERNEL) for k in extra[0])):
+                    and all(is_int_in(k, 1, MAX_KERNEL) for k in extra[0])):
                 raise ValueError(f"SPP kernel sizes must be a list of 1 to 8 integers from 1 to {MAX_KERNEL}, "
                                  f"got {brief(extra[0])}")
             extra = [tuple(extra[0])]
@@ -488,7 +495,7 @@ def _make_block(name: str, args: list[Any], c_in: int, s_in: float, repeats: int
         raise ValueError(f"{name} cannot be repeated (number {repeats})")
     if name == "nn.Upsample":
         size, scale, mode = (list(args) + [None, None, "nearest"][len(args):])[:3] if len(args) <= 3 else (0, 0, 0)
-        if len(args) > 3 or size is not None or not _is_int_in(scale, 1, MAX_UPSAMPLE):
+        if len(args) > 3 or size is not None or not is_int_in(scale, 1, MAX_UPSAMPLE):
             raise ValueError(f"nn.Upsample takes [None, integer scale factor 1..{MAX_UPSAMPLE}, mode], "
                              f"got {brief(args)}")
         if mode != "nearest":
@@ -527,32 +534,32 @@ def _head_masks(entry: Any) -> int:
     if not (isinstance(entry, list) and len(entry) == 4 and entry[2] == "Segment" and isinstance(entry[3], list)):
         return 0
     masks = entry[3][2] if len(entry[3]) > 2 else NUM_MASKS
-    return masks if _is_int_in(masks, 1, MAX_MASKS) else 0
+    return masks if is_int_in(masks, 1, MAX_MASKS) else 0
 
 
 def _segment_sizes(args: list[Any], spec: ModelSpec) -> tuple[int, int]:
     """(masks, prototype channels) of a Segment entry; the channels scaled by the width multiple as the
     reference scales them (``make_divisible(npr * width_multiple, 8)``)."""
     masks, protos = (list(args[2:]) + [NUM_MASKS, NUM_PROTOS][len(args) - 2:])[:2]
-    if not _is_int_in(masks, 1, MAX_MASKS):
+    if not is_int_in(masks, 1, MAX_MASKS):
         raise ValueError(f"Segment's mask count must be an integer from 1 to {MAX_MASKS}, got {brief(masks)}")
-    if not _is_int_in(protos, 1, MAX_CHANNELS):
+    if not is_int_in(protos, 1, MAX_CHANNELS):
         raise ValueError(f"Segment's prototype channels must be an integer from 1 to {MAX_CHANNELS}, "
                          f"got {brief(protos)}")
     return masks, min(math.ceil(protos * spec.width_multiple / 8) * 8, MAX_CHANNELS)
 
 
-def _check_conv_args(extra: list[Any]) -> None:
+def check_conv_args(extra: list[Any]) -> None:
     """Conv/Focus ``[kernel, stride, padding, groups]`` after the channels (each optional)."""
     kernel, stride, padding, groups = (extra + [1, 1, None, 1][len(extra):])[:4]
-    if not _is_int_in(kernel, 1, MAX_KERNEL):
+    if not is_int_in(kernel, 1, MAX_KERNEL):
         raise ValueError(f"kernel size must be an integer from 1 to {MAX_KERNEL}, got {brief(kernel)}")
-    if not _is_int_in(stride, 1, MAX_CONV_STRIDE):
+    if not is_int_in(stride, 1, MAX_CONV_STRIDE):
         raise ValueError(f"stride must be an integer from 1 to {MAX_CONV_STRIDE}, got {brief(stride)}")
-    if padding is not None and not _is_int_in(padding, 0, kernel):
+    if padding is not None and not is_int_in(padding, 0, kernel):
         raise ValueError(f"padding must be None or an integer from 0 to the kernel size {kernel}, "
                          f"got {brief(padding)}")
-    if not _is_int_in(groups, 1, MAX_CHANNELS):
+    if not is_int_in(groups, 1, MAX_CHANNELS):
         raise ValueError(f"groups must be a positive integer, got {brief(groups)}")
 
 

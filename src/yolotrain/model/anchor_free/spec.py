@@ -24,17 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import nn
 
 from ...messages import brief
-from ...yamlio import read_yaml_document
 from ..blocks import C3, SPPF, Concat, Conv
 from ..classify import Classify
 from ..spec import (
     MAX_CHANNELS,
     MAX_CLASSES,
-    MAX_CONV_STRIDE,
     MAX_IN_CHANNELS,
     MAX_KERNEL,
     MAX_LAYERS,
@@ -43,7 +40,16 @@ from ..spec import (
     MAX_PARAMETERS,
     MAX_REPEATS,
     MAX_UPSAMPLE,
+    P5_BACKBONE,
+    P5_HEAD,
+    P6_BACKBONE,
+    P6_HEAD,
     BuiltLayers,
+    check_conv_args,
+    is_int_in,
+    normalise_entry,
+    read_yaml_with_lines,
+    resolve_inputs,
 )
 from .blocks import C2, C2PSA, Bottleneck, C2f, C3k2
 from .head import REG_MAX, AnchorFreeDetect
@@ -59,75 +65,13 @@ SCALE_NAMES = ("n", "s", "m", "l", "x")
 # The reference's cfg/models/v5/yolov5.yaml (YOLOv5u: the YOLOv5 v6.0 backbone and neck, anchor-free head).
 V5U_SCALES: Scales = {"n": (0.33, 0.25, 1024), "s": (0.33, 0.50, 1024), "m": (0.67, 0.75, 1024),
                       "l": (1.00, 1.00, 1024), "x": (1.33, 1.25, 1024)}
-V5U_BACKBONE: tuple[Entry, ...] = (
-    [-1, 1, "Conv", [64, 6, 2, 2]],  # 0 P1/2
-    [-1, 1, "Conv", [128, 3, 2]],  # 1 P2/4
-    [-1, 3, "C3", [128]],
-    [-1, 1, "Conv", [256, 3, 2]],  # 3 P3/8
-    [-1, 6, "C3", [256]],
-    [-1, 1, "Conv", [512, 3, 2]],  # 5 P4/16
-    [-1, 9, "C3", [512]],
-    [-1, 1, "Conv", [1024, 3, 2]],  # 7 P5/32
-    [-1, 3, "C3", [1024]],
-    [-1, 1, "SPPF", [1024, 5]],  # 9
-)
-V5U_HEAD: tuple[Entry, ...] = (
-    [-1, 1, "Conv", [512, 1, 1]],
-    [-1, 1, "nn.Upsample", [None, 2, "nearest"]],
-    [[-1, 6], 1, "Concat", [1]],  # cat backbone P4
-    [-1, 3, "C3", [512, False]],  # 13
-    [-1, 1, "Conv", [256, 1, 1]],
-    [-1, 1, "nn.Upsample", [None, 2, "nearest"]],
-    [[-1, 4], 1, "Concat", [1]],  # cat backbone P3
-    [-1, 3, "C3", [256, False]],  # 17 (P3/8 small)
-    [-1, 1, "Conv", [256, 3, 2]],
-    [[-1, 14], 1, "Concat", [1]],  # cat head P4
-    [-1, 3, "C3", [512, False]],  # 20 (P4/16 medium)
-    [-1, 1, "Conv", [512, 3, 2]],
-    [[-1, 10], 1, "Concat", [1]],  # cat head P5
-    [-1, 3, "C3", [1024, False]],  # 23 (P5/32 large)
-    [[17, 20, 23], 1, "Detect", ["nc"]],
-)
+# YOLOv5's own backbone and neck (the same layers, so a YOLOv5 checkpoint's tensors fit them), the anchor-free head.
+V5U_BACKBONE: tuple[Entry, ...] = P5_BACKBONE
+V5U_HEAD: tuple[Entry, ...] = (*P5_HEAD[:-1], [[17, 20, 23], 1, "Detect", ["nc"]])
 
 # The reference's cfg/models/v5/yolov5-p6.yaml: one more backbone stage (P6/64), four detection levels.
-V5U_P6_BACKBONE: tuple[Entry, ...] = (
-    [-1, 1, "Conv", [64, 6, 2, 2]],  # 0 P1/2
-    [-1, 1, "Conv", [128, 3, 2]],  # 1 P2/4
-    [-1, 3, "C3", [128]],
-    [-1, 1, "Conv", [256, 3, 2]],  # 3 P3/8
-    [-1, 6, "C3", [256]],
-    [-1, 1, "Conv", [512, 3, 2]],  # 5 P4/16
-    [-1, 9, "C3", [512]],
-    [-1, 1, "Conv", [768, 3, 2]],  # 7 P5/32
-    [-1, 3, "C3", [768]],
-    [-1, 1, "Conv", [1024, 3, 2]],  # 9 P6/64
-    [-1, 3, "C3", [1024]],
-    [-1, 1, "SPPF", [1024, 5]],  # 11
-)
-V5U_P6_HEAD: tuple[Entry, ...] = (
-    [-1, 1, "Conv", [768, 1, 1]],
-    [-1, 1, "nn.Upsample", [None, 2, "nearest"]],
-    [[-1, 8], 1, "Concat", [1]],  # cat backbone P5
-    [-1, 3, "C3", [768, False]],  # 15
-    [-1, 1, "Conv", [512, 1, 1]],
-    [-1, 1, "nn.Upsample", [None, 2, "nearest"]],
-    [[-1, 6], 1, "Concat", [1]],  # cat backbone P4
-    [-1, 3, "C3", [512, False]],  # 19
-    [-1, 1, "Conv", [256, 1, 1]],
-    [-1, 1, "nn.Upsample", [None, 2, "nearest"]],
-    [[-1, 4], 1, "Concat", [1]],  # cat backbone P3
-    [-1, 3, "C3", [256, False]],  # 23 (P3/8 small)
-    [-1, 1, "Conv", [256, 3, 2]],
-    [[-1, 20], 1, "Concat", [1]],  # cat head P4
-    [-1, 3, "C3", [512, False]],  # 26 (P4/16 medium)
-    [-1, 1, "Conv", [512, 3, 2]],
-    [[-1, 16], 1, "Concat", [1]],  # cat head P5
-    [-1, 3, "C3", [768, False]],  # 29 (P5/32 large)
-    [-1, 1, "Conv", [768, 3, 2]],
-    [[-1, 12], 1, "Concat", [1]],  # cat head P6
-    [-1, 3, "C3", [1024, False]],  # 32 (P6/64 xlarge)
-    [[23, 26, 29, 32], 1, "Detect", ["nc"]],
-)
+V5U_P6_BACKBONE: tuple[Entry, ...] = P6_BACKBONE
+V5U_P6_HEAD: tuple[Entry, ...] = (*P6_HEAD[:-1], [[23, 26, 29, 32], 1, "Detect", ["nc"]])
 
 # The reference's cfg/models/v8/yolov8.yaml (its -seg.yaml has the same scales and layers, a Segment head).
 V8_SCALES: Scales = {"n": (0.33, 0.25, 1024), "s": (0.33, 0.50, 1024), "m": (0.67, 0.75, 768),
@@ -370,15 +314,15 @@ class AnchorFreeSpec:
             raise ValueError(f"{where('end2end')}: end2end (NMS-free one-to-one) heads are not supported")
         depth, width, max_channels, scale = _multiples(cfg, scale, where)
         nc = cfg.get("nc", 80)
-        if not _is_int_in(nc, 1, MAX_CLASSES):
+        if not is_int_in(nc, 1, MAX_CLASSES):
             raise ValueError(f"{where('nc')}: nc must be an integer from 1 to {MAX_CLASSES}, got {brief(nc)}")
         reg_max = cfg.get("reg_max", REG_MAX)
-        if not _is_int_in(reg_max, 1, MAX_REG_MAX):
+        if not is_int_in(reg_max, 1, MAX_REG_MAX):
             raise ValueError(f"{where('reg_max')}: reg_max must be an integer from 1 to {MAX_REG_MAX}, "
                              f"got {brief(reg_max)}")
         channel_key = "channels" if "channels" in cfg else "ch"
         in_channels = cfg.get(channel_key, 3)
-        if not _is_int_in(in_channels, 1, MAX_IN_CHANNELS):
+        if not is_int_in(in_channels, 1, MAX_IN_CHANNELS):
             raise ValueError(f"{where(channel_key)}: {channel_key} must be an integer from 1 to {MAX_IN_CHANNELS}, "
                              f"got {brief(in_channels)}")
         parts = []
@@ -387,7 +331,7 @@ class AnchorFreeSpec:
             if not isinstance(entries, list) or not 0 < len(entries) <= MAX_LAYERS:
                 raise ValueError(f"{where(key)}: {key} must be a list of 1 to {MAX_LAYERS} [from, number, module, "
                                  "args] entries")
-            parts.append([_normalise_entry(e) for e in entries])
+            parts.append([normalise_entry(e) for e in entries])
         entry_lines = [*lines.get("backbone_entries", []), *lines.get("head_entries", [])] or None
         return cls(depth, width, max_channels, parts[0], parts[1], scale, nc, reg_max, in_channels, source,
                    entry_lines)
@@ -414,7 +358,7 @@ def _multiples(cfg: Mapping[str, Any], scale: str | None, where: Any) -> tuple[f
         raise ValueError(f"{where('scales')}: no scale {scale!r} (the YAML has {', '.join(map(repr, scales))})")
     row = scales[scale]
     if not (isinstance(row, list) and len(row) == 3 and _is_number_in(row[0], MAX_MULTIPLE)
-            and _is_number_in(row[1], MAX_MULTIPLE) and _is_int_in(row[2], 1, MAX_CHANNELS)):
+            and _is_number_in(row[1], MAX_MULTIPLE) and is_int_in(row[2], 1, MAX_CHANNELS)):
         raise ValueError(f"{where('scales')}: scale {scale!r} must be [depth, width, max_channels] (multiples up to "
                          f"{MAX_MULTIPLE:g}, channels up to {MAX_CHANNELS}), got {brief(row)}")
     return float(row[0]), float(row[1]), int(row[2]), scale
@@ -456,37 +400,15 @@ def read_model_yaml(path: str | os.PathLike, scale: str | None = None) -> Anchor
     """Read a reference-format model YAML at ``scale`` (else the scale its file name says, ``yolov8s.yaml``:
     ``s``, as the reference guesses it, else its first), remembering each entry's line for error messages."""
     source = os.fspath(path)
-    if not os.path.isfile(source):
-        raise FileNotFoundError(f"model YAML not found: {source}")
-    cfg, node = read_yaml_document(source)
-    lines: dict[str, Any] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            lines[str(key_node.value)] = key_node.start_mark.line + 1
-            if key_node.value in ("backbone", "head") and isinstance(value_node, yaml.SequenceNode):
-                lines[f"{key_node.value}_entries"] = [item.start_mark.line + 1 for item in value_node.value]
+    cfg, lines = read_yaml_with_lines(source)
     if scale is None and isinstance(cfg, Mapping) and isinstance(cfg.get("scales"), Mapping):
         guessed = _SCALE_PATTERN.search(Path(source).stem)
         scale = guessed.group(2) if guessed and guessed.group(2) in cfg["scales"] else None
     return AnchorFreeSpec.from_mapping(cfg, source, lines, scale)
 
 
-def _is_int_in(value: Any, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
 def _is_number_in(value: Any, high: float) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= high
-
-
-def _normalise_entry(entry: Any) -> Any:
-    """``[from, number, module, args]`` with YAML's string ``'None'`` as None (checked when built)."""
-    if not isinstance(entry, (list, tuple)) or len(entry) != 4:
-        return entry
-    source, number, module, args = entry
-    if isinstance(args, (list, tuple)):
-        args = [None if a == "None" else a for a in args]
-    return [list(source) if isinstance(source, tuple) else source, number, module, args]
 
 
 def build_layers(spec: AnchorFreeSpec, nc: int, in_channels: int, build: bool = True) -> BuiltLayers:
@@ -513,7 +435,7 @@ def build_layers(spec: AnchorFreeSpec, nc: int, in_channels: int, build: bool = 
             raise ValueError(f"{where}: args of {name} must be a list, got {brief(args)}")
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
             raise ValueError(f"{where}: number must be a positive integer, got {brief(number)}")
-        resolved = _resolve_inputs(source, i, where)
+        resolved = resolve_inputs(source, i, where)
         takes_list = name in ("Concat", "Detect", "Segment")
         if takes_list != isinstance(resolved, list):
             expected = "a list of layers" if takes_list else "one layer"
@@ -559,23 +481,6 @@ def check_spec(spec: AnchorFreeSpec, nc: int | None = None, in_channels: int | N
                  build=False)
 
 
-def _resolve_inputs(source: Any, i: int, where: str) -> int | list[int]:
-    """``from`` as absolute indices of earlier layers (-1 is the previous layer; the image for layer 0)."""
-    def absolute(j: Any) -> int:
-        if isinstance(j, bool) or not isinstance(j, int):
-            raise ValueError(f"{where}: 'from' must be a layer index or a list of them, got {brief(source)}")
-        k = j + i if j < 0 else j
-        if not (0 <= k < i or (i == 0 and j == -1)):
-            raise ValueError(f"{where}: 'from' {j} does not name an earlier layer (this is layer {i})")
-        return k
-
-    if isinstance(source, list):
-        if not source:
-            raise ValueError(f"{where}: 'from' is an empty list")
-        return [absolute(j) for j in source]
-    return absolute(source)
-
-
 def _scaled_channels(value: Any, spec: AnchorFreeSpec, what: str = "output channels") -> int:
     """The reference's ``make_divisible(min(c, max_channels) * width, 8)``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -607,11 +512,11 @@ def _make_block(name: str, args: list[Any], c_in: int, s_in: float, repeats: int
             return _depth_block(name, extra, c_in, c_out, repeats, spec), c_out, s_in
         factor = 1
         if name == "Conv":
-            _check_conv_args(extra)
+            check_conv_args(extra)
             factor = extra[1] if len(extra) > 1 else 1
             block: type[nn.Module] = Conv
         elif name == "SPPF":
-            if extra and not _is_int_in(extra[0], 1, MAX_KERNEL):
+            if extra and not is_int_in(extra[0], 1, MAX_KERNEL):
                 raise ValueError(f"kernel size must be an integer from 1 to {MAX_KERNEL}, got {brief(extra[0])}")
             block = SPPF
         else:
@@ -627,7 +532,7 @@ def _make_block(name: str, args: list[Any], c_in: int, s_in: float, repeats: int
         raise ValueError(f"{name} cannot be repeated (number {repeats})")
     if name == "nn.Upsample":
         size, scale, mode = (list(args) + [None, None, "nearest"][len(args):])[:3] if len(args) <= 3 else (0, 0, 0)
-        if len(args) > 3 or size is not None or not _is_int_in(scale, 1, MAX_UPSAMPLE):
+        if len(args) > 3 or size is not None or not is_int_in(scale, 1, MAX_UPSAMPLE):
             raise ValueError(f"nn.Upsample takes [None, integer scale factor 1..{MAX_UPSAMPLE}, mode], "
                              f"got {brief(args)}")
         if mode != "nearest":
@@ -686,20 +591,9 @@ def _head(name: str, args: list[Any], c_in: int, resolved: int | list[int], chan
     if name == "Detect":
         return AnchorFreeDetect(nc, level_channels, level_strides_int, spec.reg_max, legacy), 0, 0.0
     masks, protos = (list(args[1:]) + [NUM_MASKS, NUM_PROTOS][len(args) - 1:])[:2]
-    if not _is_int_in(masks, 1, MAX_MASKS):
+    if not is_int_in(masks, 1, MAX_MASKS):
         raise ValueError(f"Segment's mask count must be an integer from 1 to {MAX_MASKS}, got {brief(masks)}")
     protos = _scaled_channels(protos, spec, "prototype channels")
     return AnchorFreeSegment(nc, level_channels, level_strides_int, masks, protos, spec.reg_max, legacy), 0, 0.0
 
 
-def _check_conv_args(extra: list[Any]) -> None:
-    """Conv ``[kernel, stride, padding, groups]`` after the channels (each optional)."""
-    kernel, stride, padding, groups = (extra + [1, 1, None, 1][len(extra):])[:4]
-    if not _is_int_in(kernel, 1, MAX_KERNEL):
-        raise ValueError(f"kernel size must be an integer from 1 to {MAX_KERNEL}, got {brief(kernel)}")
-    if not _is_int_in(stride, 1, MAX_CONV_STRIDE):
-        raise ValueError(f"stride must be an integer from 1 to {MAX_CONV_STRIDE}, got {brief(stride)}")
-    if padding is not None and not _is_int_in(padding, 0, kernel):
-        raise ValueError(f"padding must be None or an integer from 0 to the kernel size {kernel}, got {brief(padding)}")
-    if not _is_int_in(groups, 1, MAX_CHANNELS):
-        raise ValueError(f"groups must be a positive integer, got {brief(groups)}")
