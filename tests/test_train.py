@@ -63,7 +63,7 @@ def test_train_writes_a_complete_run(tiny_data, tmp_path):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--data", "missing/data.yaml"], "missing/data.yaml"),
-    (["--model", "yolov5q"], "unknown YOLOv5 version 'yolov5q'"),
+    (["--model", "yolov5q"], "unknown model 'yolov5q': a YOLOv5 size"),
     (["--device", "gpu7"], "bad device 'gpu7'"),
     (["--model", "nothere.pt"], "nothere.pt"),
 ])
