@@ -194,7 +194,7 @@ def test_a_truncated_ultralytics_checkpoint_is_one_line(made, tmp_path):
 @pytest.mark.parametrize(("yaml", "expected"), [
     ({"yaml_file": "yolov8n.yaml", "scale": "n"}, "yolov8n"),
     ({"yaml_file": "yolov8.yaml", "scale": "s", "scales": {"n": [], "s": []}}, "yolov8s"),
-    ({"yaml_file": "/home/me/cfg/yolo11m-seg.yaml", "scale": "m"}, "yolo11m-seg"),
+    ({"yaml_file": "my_configs/yolo11m-seg.yaml", "scale": "m"}, "yolo11m-seg"),
     ({"yaml_file": "C:\\cfg\\yolov5xu.yaml"}, "yolov5xu"),  # before Ultralytics recorded the scale
     ({"yaml_file": "yolov8n-cls.yaml", "scale": "x"}, None),  # contradicts its name
     ({"yaml_file": "yolov8.yaml", "scale": "q", "scales": {"n": []}}, None),

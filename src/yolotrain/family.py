@@ -44,9 +44,12 @@ class ModelFamily(ABC):
 
     # Names and models.
 
-    @abstractmethod
+    # The PyTorch class of this family's box models (detection and segmentation).
+    model_class: type
+
     def owns_model(self, model: Any) -> bool:
         """Whether ``model`` is one of this family's PyTorch models."""
+        return isinstance(model, self.model_class)
 
     @abstractmethod
     def claims_model_name(self, model: str) -> bool:

@@ -20,7 +20,7 @@ from ...checkpoint import checkpoint_paths
 from ...family import ModelFamily
 from ...interop.loading.anchor_free import checkpoint_anchor_free, is_anchor_free_name, is_anchor_free_yaml
 from ...loss import AnchorFreeLoss, AnchorFreeLossConfig, AnchorFreeSegmentLoss, LossConfig
-from ...model.anchor_free import AnchorFreeSpec, AnchorFreeYolo, check_spec
+from ...model.anchor_free import AnchorFreeSpec, AnchorFreeYolo, builtin_spec, check_spec
 from ...model.anchor_free.spec import ARCHITECTURES, PUBLISHED
 
 FAMILY_NAME = "anchor_free"
@@ -33,8 +33,8 @@ RECIPE = {"loss.box": 7.5, "loss.cls": 0.5, "loss.dfl": 1.5, "augment.close_mosa
 # Ultralytics' tuner's ranges of those gains (engine/tuner.py): YOLOv5's box limits (0.02-0.2) are 40 times too
 # small for the IoU loss normalised by the target scores.
 SEARCH_LIMITS = {"box": (1.0, 20.0), "cls": (0.1, 4.0), "dfl": (0.4, 12.0)}
-# Suffixes of the published architectures whose head serves a task other than detection.
-TASK_SUFFIXES = {"segment": "-seg", "classify": "-cls"}
+# The head block of each task's published architectures.
+HEAD_TASKS = {"detect": "Detect", "segment": "Segment", "classify": "Classify"}
 
 
 def loss_config(hyp: LossConfig | Mapping[str, Any] | None) -> AnchorFreeLossConfig:
@@ -54,12 +54,10 @@ def _loss(loss_class: type, model: Any, rect_training: bool = False, img_size: i
 class AnchorFreeFamily(ModelFamily):
     """The anchor-free family's answers to the box tasks."""
 
+    model_class = AnchorFreeYolo
     name = FAMILY_NAME
     # Their published mAPs are Ultralytics' val's: its matching, PR curve ends and input-pixel comparison.
     scoring = "ultralytics"
-
-    def owns_model(self, model: Any) -> bool:
-        return isinstance(model, AnchorFreeYolo)
 
     def claims_model_name(self, model: str) -> bool:
         """A published name (``yolov8n``, ``yolo11n-seg.yaml``, ``yolov5nu.pt``), an Ultralytics-format model YAML,
@@ -81,8 +79,7 @@ class AnchorFreeFamily(ModelFamily):
         key = stem.lower()
         if key not in ARCHITECTURES:
             return False
-        return next((t for t, suffix in TASK_SUFFIXES.items() if key.endswith(suffix) or f"{suffix}-" in key),
-                    "detect") == task
+        return task in HEAD_TASKS and builtin_spec(key).head_block == HEAD_TASKS[task]
 
     def training_recipe(self, data: str | None) -> Mapping[str, Any]:
         return RECIPE

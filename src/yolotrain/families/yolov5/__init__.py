@@ -23,10 +23,8 @@ from ...model.spec import published_head
 class Yolov5Family(ModelFamily):
     """YOLOv5's answers to the box tasks."""
 
+    model_class = Yolov5
     name = "yolov5"
-
-    def owns_model(self, model: Any) -> bool:
-        return isinstance(model, Yolov5)
 
     def claims_model_name(self, model: str) -> bool:
         """Every name no other family claims is YOLOv5's: a published size, its YAML, weights files."""

@@ -53,9 +53,16 @@ def build_architecture(spec: AnchorFreeSpec, num_classes: int | None,
     """``spec``'s model with random weights (a classifier when its head is Classify); ``num_classes`` overrides its
     ``nc``."""
     nc = spec.nc if num_classes is None else num_classes
-    if spec.head_block == CLASSIFY_HEAD:
-        return anchor_free_classifier(spec, nc, names)
-    return AnchorFreeYolo(spec, num_classes=nc, names=names)
+    return ARCHITECTURE_BUILDERS.get(spec.head_block, _box_model)(spec, nc, names)
+
+
+def _box_model(spec: AnchorFreeSpec, num_classes: int, names: Sequence[str] | None) -> AnchorFreeYolo:
+    return AnchorFreeYolo(spec, num_classes=num_classes, names=names)
+
+
+# How a spec is built by its head block: a Classify head makes a Classifier, any other (Detect, Segment; what else
+# AnchorFreeYolo refuses in one line) an AnchorFreeYolo.
+ARCHITECTURE_BUILDERS = {CLASSIFY_HEAD: anchor_free_classifier}
 
 
 def published_architecture(name: str, num_classes: int | None,
