@@ -133,6 +133,7 @@ def test_nms_inside_an_export_keeps_the_detections_of_pytorch(detector, tmp_path
     assert runtime.end_to_end
     imgs = torch.rand(1, 3, SIZE, SIZE)
     settings = runtime.nms_settings
+    assert settings["iou"] == 0.7  # not given: the anchor-free family's (Ultralytics' predict threshold)
     with torch.no_grad():
         expected = non_max_suppression(copy.deepcopy(detector).fuse()(imgs), settings["conf"], settings["iou"],
                                        multi_label=settings["multi_label"], max_det=settings["max_det"])[0]

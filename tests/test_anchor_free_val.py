@@ -10,6 +10,7 @@ shows. Training one on the shapes dataset to that point takes far longer than a 
 """
 
 import dataclasses
+import importlib
 import math
 import shutil
 from pathlib import Path
@@ -33,9 +34,11 @@ from yolotrain.eval.metrics import (
 from yolotrain.eval.slicing import SlicedDetector
 from yolotrain.eval.tta import AugmentedDetector, EnsembleDetector
 from yolotrain.eval.val import build_val_loader, scoring_rules
+from yolotrain.family import nms_iou
 from yolotrain.model import Yolov5
 from yolotrain.model.anchor_free import AnchorFreeYolo
 from yolotrain.nms import non_max_suppression
+from yolotrain.prediction import Predictor
 
 IMG_SIZE = 128
 # The oracle's val settings (cfg/default.yaml: conf 0.001 for val, iou 0.7, max_det 300), given to both sides.
@@ -302,3 +305,30 @@ def test_anchor_free_models_are_scored_by_the_oracles_rules_also_when_composed()
     assert scoring_rules(AugmentedDetector(anchor_free)) == ULTRALYTICS_SCORING
     assert scoring_rules(EnsembleDetector([AugmentedDetector(anchor_free)])) == ULTRALYTICS_SCORING
     assert scoring_rules(SlicedDetector(anchor_free, 64, 0.2)) == ULTRALYTICS_SCORING
+
+
+def test_the_nms_iou_not_given_is_the_model_familys_also_when_composed():
+    anchor_free, yolov5 = AnchorFreeYolo("yolov8n", num_classes=2), Yolov5("n", num_classes=2)
+    for model in (anchor_free, AugmentedDetector(anchor_free), SlicedDetector(anchor_free, 64, 0.2)):
+        assert (nms_iou(None, model, "val"), nms_iou(None, model, "predict")) == (0.7, 0.7)  # Ultralytics' val/predict
+    assert (nms_iou(None, yolov5, "val"), nms_iou(None, yolov5, "predict")) == (0.6, 0.45)  # YOLOv5's val.py/detect.py
+    assert nms_iou(0.5, anchor_free, "val") == nms_iou(0.5, yolov5, "predict") == 0.5
+    assert Predictor(anchor_free, img_size=64).iou == 0.7 and Predictor(yolov5, img_size=64).iou == 0.45
+    assert Predictor(anchor_free, img_size=64, iou=0.5).iou == 0.5
+
+
+@pytest.mark.parametrize(("arch", "given", "used"), [("yolov8n", None, 0.7), ("yolov5n", None, 0.6),
+                                                     ("yolov8n", 0.55, 0.55)])
+def test_val_suppresses_with_the_model_familys_iou_unless_given(tmp_path, monkeypatch, arch, given, used):
+    val_module = importlib.import_module("yolotrain.eval.val")  # the package's ``val`` is the function
+    seen = []
+
+    def recording_nms(prediction, conf, iou, *args, **kwargs):
+        seen.append(iou)
+        return non_max_suppression(prediction, conf, iou, *args, **kwargs)
+
+    monkeypatch.setattr(val_module, "non_max_suppression", recording_nms)
+    data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=1, n_val=2, img_size=64)
+    model = AnchorFreeYolo(arch, num_classes=2) if arch == "yolov8n" else Yolov5("n", num_classes=2)
+    yolotrain.val(model, data, img_size=64, batch_size=2, iou=given, plots=False, verbose=False, workers=0)
+    assert seen and set(seen) == {used}

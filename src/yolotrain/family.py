@@ -41,6 +41,10 @@ class ModelFamily(ABC):
     # How validation scores its detections, by the name of the rules in yolotrain.eval.metrics.SCORING_RULES:
     # "yolov5" (YOLOv5's val.py) or "ultralytics" (Ultralytics 8.4's, with which the anchor-free models publish).
     scoring: str = "yolov5"
+    # The NMS IoU thresholds used when none is given: the one the family's reference validates with (its mAP) and
+    # the one it predicts with (YOLOv5's val.py and detect.py; Ultralytics uses 0.7 for both).
+    val_iou: float = 0.6
+    predict_iou: float = 0.45
 
     # Names and models.
 
@@ -115,6 +119,15 @@ class ModelFamily(ABC):
         """The model of a checkpoint (its validated json and tensors, kept in their dtype), in eval mode."""
 
 
+def nms_iou(iou: float | None, model: Any, stage: str) -> float:
+    """``iou`` when given, else the threshold ``model``'s family uses at ``stage`` (``"val"`` or ``"predict"``):
+    see :func:`family_of`."""
+    if iou is not None:
+        return iou
+    family = family_of(model)
+    return family.val_iou if stage == "val" else family.predict_iou
+
+
 def family_names() -> tuple[str, ...]:
     """The registered families' names."""
     return tuple(FAMILY_PACKAGES)
@@ -130,7 +143,10 @@ def get_family(name: str) -> ModelFamily:
 
 def family_of(model: Any) -> ModelFamily:
     """The family of a checkpoint's metadata or a runtime (by their ``family`` key or attribute) or of a PyTorch model
-    (the family that owns it); YOLOv5's when they name none."""
+    (the family that owns it); YOLOv5's when they name none. A composite model (test-time augmentation, ensemble,
+    slicing: a ``first`` member) is its first member's family."""
+    while hasattr(model, "first"):
+        model = model.first
     if isinstance(model, Mapping):
         return get_family(model.get("family", DEFAULT_FAMILY))
     if hasattr(model, "family"):

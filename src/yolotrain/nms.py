@@ -16,6 +16,7 @@ import torch
 from torchvision.ops import nms
 
 from .boxes import xywh_to_xyxy
+from .family import ModelFamily
 from .messages import brief
 from .settings import setting
 
@@ -49,10 +50,10 @@ def check_nms_limits(max_det: int, classes: Sequence[int] | None = None, num_cla
         raise ValueError(f"classes (--classes) {brief(outside or ids)}: this model's class ids are {known}")
 
 
-def _check_thresholds(conf: float, iou: float) -> None:
+def _check_thresholds(conf: float, iou: float | None) -> None:
     if not 0.0 <= conf <= 1.0:
         raise ValueError(f"conf must be in [0, 1], got {conf}")
-    if not 0.0 <= iou <= 1.0:
+    if iou is not None and not 0.0 <= iou <= 1.0:
         raise ValueError(f"iou must be in [0, 1], got {iou}")
 
 
@@ -63,7 +64,8 @@ class NMSConfig:
     ``classes`` once the model's class count is known."""
 
     conf: float = setting(0.25, "confidence threshold", flags=("--conf", "--conf-thres"))
-    iou: float = setting(0.45, "NMS IoU threshold", flags=("--iou", "--iou-thres"))
+    iou: float | None = setting(None, "NMS IoU threshold (default: the model family's: YOLOv5's 0.45 to predict and "
+                                "0.6 to validate, 0.7 for anchor-free models)", flags=("--iou", "--iou-thres"))
     max_det: int = setting(1000, f"detections kept per image (1 to {MAX_NMS})")
     classes: tuple[int, ...] | None = setting(None, "keep only these class ids")
     agnostic: bool = setting(False, "suppress across classes", flags=("--agnostic-nms",))
@@ -73,8 +75,9 @@ class NMSConfig:
         check_nms_limits(self.max_det)
 
 
-# The reference's mAP settings (its val.py): a low threshold so the precision-recall curve is complete.
-VAL_NMS = NMSConfig(conf=0.001, iou=0.6, max_det=300)
+# The reference's mAP settings (its val.py): a low threshold so the precision-recall curve is complete; the IoU
+# threshold the model family's (yolotrain.family.nms_iou).
+VAL_NMS = NMSConfig(conf=0.001, max_det=300)
 
 
 def _candidates(x: torch.Tensor, conf: float, multi_label: bool, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +119,7 @@ def _class_aware_nms(det: torch.Tensor, iou: float, agnostic: bool,
 def non_max_suppression(
     prediction: torch.Tensor,
     conf: float = NMSConfig.conf,
-    iou: float = NMSConfig.iou,
+    iou: float = ModelFamily.predict_iou,
     classes: Sequence[int] | None = None,
     agnostic: bool = False,
     multi_label: bool = False,

@@ -28,7 +28,7 @@ from ..data.batch import Batch
 from ..data.dataset import loaded_size
 from ..data.loaders import DataConfig, build_loaders
 from ..detector import BoxDetector
-from ..family import family_of
+from ..family import ModelFamily, family_of, nms_iou
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, unique_stems
@@ -67,7 +67,7 @@ class EvalConfig:
 
     val: bool = setting(True, "validate after every epoch (the last epoch always is)", off_flags=("--noval",))
     conf: float = setting(VAL_NMS.conf, "confidence threshold for mAP", min=0, max=1)
-    iou: float = setting(VAL_NMS.iou, "NMS IoU threshold", above=0, max=1)
+    iou: float = setting(ModelFamily.val_iou, "NMS IoU threshold", above=0, max=1)
     max_det: int = setting(VAL_NMS.max_det, "detections kept per image", min=1, max=MAX_NMS)
     plots: bool = setting(True, "write results.png, confusion matrix, curves and prediction pictures",
                           off_flags=("--noplots",))
@@ -131,8 +131,6 @@ def scoring_rules(model: BoxDetector) -> ScoringRules:
     """The rules val scores ``model``'s detections by: its family's (:attr:`~yolotrain.family.ModelFamily.scoring`);
     a composite's (test-time augmentation, ensemble, slicing) its first member's; a runtime's the family its
     ``family`` attribute names (YOLOv5's without one)."""
-    while hasattr(model, "first"):
-        model = model.first
     return SCORING_RULES[family_of(model).scoring]
 
 
@@ -186,7 +184,7 @@ def val(
     img_size: int | None = ValConfig.img_size,
     batch_size: int = ValConfig.batch_size,
     conf: float = VAL_NMS.conf,
-    iou: float = VAL_NMS.iou,
+    iou: float | None = VAL_NMS.iou,
     max_det: int = VAL_NMS.max_det,
     rect: bool = ValConfig.rect,
     device: str | torch.device | None = ValConfig.device,
@@ -228,7 +226,8 @@ def val(
             :func:`yolotrain.get_loaders` (then ``img_size``, ``batch_size``, ``rect`` and ``workers``
             come from it).
         img_size: long side of the inputs; by default the model's training size (640; 1280 for P6).
-        conf, iou, max_det: NMS settings; the defaults are the reference's mAP settings.
+        conf, iou, max_det: NMS settings; the defaults are the reference's mAP settings (``iou``: the model family's,
+            0.6 for YOLOv5, 0.7 for anchor-free models).
         criterion: a :class:`~yolotrain.YoloLoss` for the model; when given the mean val loss
             components are in ``metrics.loss``. It must accept rectangular batches when ``rect``.
         save_dir: folder for plots and ``predictions.json``; nothing is written without it.
@@ -275,6 +274,7 @@ def val(
     check_nms_limits(max_det)
     model, dev = load_inference_model(model_or_weights, device, fuse=fuse, half=half, trust_code=trust_code,
                                       augment=augment, slice=slice, slice_overlap=slice_overlap)
+    iou = nms_iou(iou, model, "predict" if mode == "speed" else "val")
     if verbose and half is None and (line := precision_line(model, dev)):
         print(line)
     # The task says how its models are scored: detection's loop below (segmentation's extends it), a

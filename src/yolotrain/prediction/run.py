@@ -40,6 +40,7 @@ from ..eval.inference import (
     weights_files,
 )
 from ..eval.slicing import SliceConfig
+from ..family import nms_iou
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
 from ..outputs import refuse_overwriting_inputs, unique_stems
@@ -249,9 +250,9 @@ class Predictor:
     :meth:`yolotrain.task.Task.predictor`)."""
 
     def __init__(self, model_or_weights: ModelsOrWeights, img_size: int | None = None, conf: float = NMSConfig.conf,
-                 iou: float = NMSConfig.iou, classes: Sequence[int] | None = None, max_det: int = NMSConfig.max_det,
-                 agnostic: bool = NMSConfig.agnostic, device: str | torch.device | None = None,
-                 half: bool | None = None,
+                 iou: float | None = NMSConfig.iou, classes: Sequence[int] | None = None,
+                 max_det: int = NMSConfig.max_det, agnostic: bool = NMSConfig.agnostic,
+                 device: str | torch.device | None = None, half: bool | None = None,
                  trust_code: bool = False, retina_masks: bool = PredictConfig.retina_masks,
                  augment: bool = PredictConfig.augment, slice: int | None = SliceConfig.slice,
                  slice_overlap: float = SliceConfig.slice_overlap) -> None:
@@ -272,7 +273,7 @@ class Predictor:
         self.names = class_names(self.model.names, self.model.num_classes)
         check_nms_limits(max_det, classes, self.model.num_classes)
         self.dtype = self.model.dtype
-        self.img_size, self.conf, self.iou = img_size, conf, iou
+        self.img_size, self.conf, self.iou = img_size, conf, nms_iou(iou, self.model, "predict")
         self.classes, self.max_det, self.agnostic = classes, max_det, agnostic
 
     def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None) -> Result:
@@ -434,7 +435,7 @@ def predict(
     source: Source | Sequence[Source],
     img_size: int | None = PredictConfig.img_size,
     conf: float = NMSConfig.conf,
-    iou: float = NMSConfig.iou,
+    iou: float | None = NMSConfig.iou,
     classes: Sequence[int] | None = NMSConfig.classes,
     max_det: int = NMSConfig.max_det,
     agnostic: bool = NMSConfig.agnostic,
@@ -471,7 +472,8 @@ def predict(
             ends them cleanly (what was predicted so far is saved and returned).
         img_size: long side of the network input (default: the model's training size, 640; 1280 for P6
             models); inputs are padded only to the next multiple of the largest stride (32; 64 for P6).
-        conf, iou, classes, max_det, agnostic: NMS settings.
+        conf, iou, classes, max_det, agnostic: NMS settings (``iou`` by default the model family's: 0.45 for
+            YOLOv5, 0.7 for anchor-free models).
         half: half-precision inference: float16 on CUDA, bfloat16 on the CPU; None (the default): where
             the device computes it natively (CUDA; CPUs with AMX or AVX512-BF16), else float32.
         save_dir: where annotated images (same names), videos (``STEM.mp4``; ``cameraN.mp4`` for

@@ -58,6 +58,7 @@ class AnchorFreeFamily(ModelFamily):
     name = FAMILY_NAME
     # Their published mAPs are Ultralytics' val's: its matching, PR curve ends and input-pixel comparison.
     scoring = "ultralytics"
+    val_iou = predict_iou = 0.7
 
     def claims_model_name(self, model: str) -> bool:
         """A published name (``yolov8n``, ``yolo11n-seg.yaml``, ``yolov5nu.pt``), an Ultralytics-format model YAML,

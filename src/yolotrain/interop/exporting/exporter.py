@@ -46,7 +46,7 @@ from torch import nn
 
 from ...boxes import MAX_IMG_SIZE
 from ...checkpoint import CheckpointError
-from ...family import family_of
+from ...family import family_of, nms_iou
 from ...model import Yolov5
 from ...model.classify import Classifier
 from ...nms import NMSConfig, check_nms_limits
@@ -102,7 +102,8 @@ class ExportConfig:
     nms: bool = setting(False, "build NMS into the graph: outputs the final [B, max-det, 6] detections "
                         f"({', '.join(sorted(NMS_FORMATS))})")
     conf: float = setting(NMSConfig.conf, "score threshold of --nms", flags=("--conf", "--conf-thres"))
-    iou: float = setting(NMSConfig.iou, "IoU threshold of --nms", flags=("--iou", "--iou-thres"))
+    iou: float | None = setting(NMSConfig.iou, "IoU threshold of --nms (default: the model family's for prediction: "
+                                "0.45 for YOLOv5, 0.7 for anchor-free models)", flags=("--iou", "--iou-thres"))
     max_det: int = setting(300, "detections per image of --nms", flags=("--max-det", "--topk-all"))
     multi_label: bool = setting(False, "--nms keeps a box once per class above --conf (as val does), not only "
                                 "its best class")
@@ -250,7 +251,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
            dynamic_size: bool = _DEFAULTS.dynamic_size, simplify: bool = _DEFAULTS.simplify, raw: bool = _DEFAULTS.raw,
            opset: int = _DEFAULTS.opset, half: bool = _DEFAULTS.half, int8: bool = _DEFAULTS.int8,
            data: str | os.PathLike | None = _DEFAULTS.data, calibration_images: int = _DEFAULTS.calibration_images,
-           nms: bool = _DEFAULTS.nms, conf: float = _DEFAULTS.conf, iou: float = _DEFAULTS.iou,
+           nms: bool = _DEFAULTS.nms, conf: float = _DEFAULTS.conf, iou: float | None = _DEFAULTS.iou,
            max_det: int = _DEFAULTS.max_det, multi_label: bool = _DEFAULTS.multi_label,
            force: bool = _DEFAULTS.force) -> Path:
     """Export a checkpoint path or a :class:`Yolov5` to ``fmt`` (one of :data:`FORMATS`); the options are those of
@@ -271,7 +272,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     _check_options(fmt, half, int8, raw, nms, data)
     if opset < DEFAULT_OPSET:
         raise ValueError(f"opset must be {DEFAULT_OPSET} or later, got {opset}")
-    if not (0.0 <= conf <= 1.0 and 0.0 <= iou <= 1.0):
+    if not (0.0 <= conf <= 1.0 and (iou is None or 0.0 <= iou <= 1.0)):
         raise ValueError(f"NMS settings out of range: conf {conf} and iou {iou} in [0, 1]")
     check_nms_limits(max_det)
     if out is None and isinstance(weights_or_model, nn.Module):
@@ -282,6 +283,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
         raise ValueError(f"{fmt} output must end in {spec.suffix}, got {out.name}")
     model = _load(weights_or_model)
     _check_task(model, fmt, half, int8, raw, nms)
+    iou = nms_iou(iou, model, "predict")
     size = _image_size(model.default_img_size if img_size is None else img_size, model.size_multiple)
     calibration_set = calibration_files(data, calibration_images) if int8 else []
     calibration = CalibrationImages(calibration_set, size) if int8 else None
