@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 from yolotrain.cli import main
@@ -85,3 +86,75 @@ def test_loads_through_get_loaders(tmp_path, monkeypatch):
     imgs, targets = next(iter(train))
     assert imgs.shape == (3, 3, 64, 64) and len(targets) > 0
     assert len(val.dataset) == 3
+
+
+def _rows(root: Path, split: str = "train") -> list[np.ndarray]:
+    return [np.loadtxt(f, ndmin=2) for f in sorted((root / "labels" / split).glob("*.txt"))]
+
+
+def test_the_pose_variant_labels_each_objects_corners_as_keypoints(tmp_path):
+    root = generate_shapes_dataset(tmp_path, n_train=30, n_val=2, img_size=96, labels="pose")
+    cfg = yaml.safe_load((root / "data.yaml").read_text())
+    assert cfg["kpt_shape"] == [4, 3] and cfg["flip_idx"] == [1, 0, 3, 2] and cfg["names"] == ["circle", "rectangle"]
+    rows = np.concatenate(_rows(root))
+    assert rows.shape[1] == 5 + 4 * 3
+    cls, box, kpts = rows[:, 0], rows[:, 1:5], rows[:, 5:].reshape(-1, 4, 3)
+    corners = np.stack([box[:, :2] + box[:, 2:] / 2 * sign for sign in np.array([[-1, -1], [1, -1], [1, 1],
+                                                                                  [-1, 1]])], 1)
+    rectangles, circles = cls == 1, cls == 0
+    assert rectangles.any() and circles.any()
+    np.testing.assert_allclose(kpts[rectangles, :, :2], corners[rectangles], atol=2e-6)
+    # A circle's keypoints are on its ellipse: ((x - cx) / (w / 2))^2 + ((y - cy) / (h / 2))^2 = 1.
+    on_ellipse = (((kpts[circles, :, :2] - box[circles, None, :2]) / (box[circles, None, 2:] / 2)) ** 2).sum(-1)
+    np.testing.assert_allclose(on_ellipse, 1.0, atol=1e-4)
+    assert set(np.unique(kpts[..., 2])) == {1.0, 2.0}  # some keypoints lie under a later object's box
+    # The same drawings as the polygon labels' dataset: only the label files differ.
+    polygons = generate_shapes_dataset(tmp_path, n_train=30, n_val=2, img_size=96)
+    assert (polygons / "images/train/00003.jpg").read_bytes() == (root / "images/train/00003.jpg").read_bytes()
+    objects = sum(len(f.read_text().splitlines()) for f in (polygons / "labels" / "train").glob("*.txt"))
+    assert objects == len(rows)
+
+
+def test_the_obb_variant_labels_turned_objects_by_their_rotated_boxes(tmp_path):
+    import cv2
+
+    size = 128
+    root = generate_shapes_dataset(tmp_path, n_train=20, n_val=2, img_size=size, labels="obb")
+    assert "kpt_shape" not in yaml.safe_load((root / "data.yaml").read_text())
+    files = _rows(root)
+    rows = np.concatenate(files)
+    assert rows.shape[1] == 9 and set(rows[:, 0].astype(int)) == {0, 1}
+    corners = rows[:, 1:].reshape(-1, 4, 2) * size
+    assert (corners >= -1e-3).all() and (corners <= size + 1e-3).all()
+    sides = np.roll(corners, -1, 1) - corners
+    lengths = np.linalg.norm(sides, axis=-1)
+    np.testing.assert_allclose(lengths[:, 0], lengths[:, 2], atol=1e-3)  # a rectangle: opposite sides equal,
+    np.testing.assert_allclose((sides[:, 0] * sides[:, 1]).sum(-1), 0, atol=1e-2)  # and square corners
+    angles = np.degrees(np.arctan2(sides[:, 0, 1], sides[:, 0, 0])) % 90
+    assert np.ptp(angles) > 60  # turned by any angle, not axis-aligned
+    # Each rectangle's dark outline runs along its rotated box: its sides' middles are dark where no later object
+    # covers them.
+    dark, seen = 0, 0
+    for i, labels in enumerate(files):
+        im = cv2.imread(str(root / "images" / "train" / f"{i:05d}.jpg"))
+        for row in labels[labels[:, 0] == 1]:
+            quad = row[1:].reshape(4, 2) * size
+            middles = (quad + np.roll(quad, -1, 0)) / 2
+            pixels = im[np.clip(middles[:, 1].round().astype(int), 0, size - 1),
+                        np.clip(middles[:, 0].round().astype(int), 0, size - 1)]
+            dark += int((pixels.max(-1) < 100).sum())
+            seen += 4
+    assert seen >= 20 and dark / seen > 0.8
+
+
+def test_an_unknown_label_kind_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match="labels must be one of polygons, pose, obb, got 'keypoints'"):
+        generate_shapes_dataset(tmp_path, labels="keypoints", **SMALL)
+
+
+def test_command_line_makes_each_variant(tmp_path, capsys):
+    for kind in ("pose", "obb"):
+        assert main(["data", "shapes", "--root", str(tmp_path), "--labels", kind, "--n-train", "2", "--n-val", "1",
+                     "--img-size", "64"]) == 0
+        path = Path(capsys.readouterr().out.strip())
+        assert path.name.startswith(f"shapes-{kind}-") and (path / "labels" / "val" / "00000.txt").is_file()

@@ -19,6 +19,7 @@ import cv2
 from .checkpoint import CheckpointError
 from .data import generate_shapes_dataset
 from .data.check import check_dataset
+from .data.shapes import LABEL_KINDS
 from .devices import check_gpu_list, gpu_list
 from .doctor.cli import main as doctor_main
 from .engine import train
@@ -178,6 +179,9 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     shapes.add_argument("--n-val", type=int, default=40, help="validation images")
     shapes.add_argument("--img-size", type=int, default=256, help="side of the square images")
     shapes.add_argument("--seed", type=int, default=0, help="seed of the shapes, colours and positions")
+    shapes.add_argument("--labels", choices=LABEL_KINDS, default=LABEL_KINDS[0],
+                        help="what the labels hold: polygons (detection, segmentation), pose (boxes with four "
+                             "keypoints) or obb (objects turned by any angle, their rotated boxes)")
     shapes.set_defaults(run=_run_data_shapes)
 
 
@@ -187,7 +191,7 @@ def _run_data_check(args: argparse.Namespace) -> int:
 
 
 def _run_data_shapes(args: argparse.Namespace) -> int:
-    print(generate_shapes_dataset(args.root, args.n_train, args.n_val, args.img_size, args.seed))
+    print(generate_shapes_dataset(args.root, args.n_train, args.n_val, args.img_size, args.seed, args.labels))
     return 0
 
 

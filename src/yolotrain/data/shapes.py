@@ -3,10 +3,14 @@
 Images have textured, noisy backgrounds and 1-6 objects of varied size, aspect ratio and colour,
 with some partial occlusion. Labels are YOLO-seg polygons (an ellipse's outline, a rectangle's corners)
 whose bounding boxes are the objects' boxes, so detection and segmentation models both train on it.
+Two variants serve the other box tasks: ``labels="pose"`` writes each object's box and four keypoints
+(:data:`KEYPOINT_NAMES`: a rectangle's corners, the points of an ellipse on its box's diagonals), with
+``kpt_shape`` and ``flip_idx`` in ``data.yaml``; ``labels="obb"`` draws the objects turned by any angle
+and writes each one's rotated box as its four corners (DOTA's ``class x1 y1 ... x4 y4``).
 Generation is deterministic: the same parameters give byte-identical files. The dataset is written
 once to a cache folder keyed by its parameters and reused after.
 
-Run ``yolotrain data shapes [--root DIR]`` to generate it and print its path.
+Run ``yolotrain data shapes [--labels pose|obb] [--root DIR]`` to generate it and print its path.
 """
 
 from __future__ import annotations
@@ -32,6 +36,13 @@ MAX_OBJECTS = 4
 MAX_OCCLUSION = 0.4
 OUTLINE = (20, 20, 20)
 HATCH_PERIOD = 3  # pixels per stripe of the rectangles' fill
+# What the label files hold: YOLO-seg polygons (detection and segmentation), boxes with keypoints, rotated boxes.
+LABEL_KINDS = ("polygons", "pose", "obb")
+# The pose variant's keypoints of every object, in label order; a left-right flip swaps the left and right ones.
+KEYPOINT_NAMES = ("top-left", "top-right", "bottom-right", "bottom-left")
+FLIP_IDX = (1, 0, 3, 2)
+# Keypoint visibility as COCO writes it: 2 visible, 1 labelled but hidden (here: under a later object's box).
+VISIBLE, HIDDEN = 2, 1
 
 
 def _background(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -63,24 +74,76 @@ def _hatched_rectangle(im: np.ndarray, p1: tuple[int, int], p2: tuple[int, int],
     region[...] = np.where(stripe[..., None], fill // 3, fill)
 
 
+def _rotated_corners(centre: np.ndarray, w: float, h: float, angle: float) -> np.ndarray:
+    """The corners ``(4, 2)`` of a ``w`` x ``h`` rectangle about ``centre`` turned by ``angle`` (radians, clockwise
+    in image coordinates), from its top-left corner before turning, clockwise."""
+    half = np.array([[-w, -h], [w, -h], [w, h], [-w, h]]) / 2
+    cos, sin = np.cos(angle), np.sin(angle)
+    return centre + half @ np.array([[cos, sin], [-sin, cos]])
+
+
+def _draw_rotated(im: np.ndarray, cls: int, corners: np.ndarray, w: float, h: float, angle: float,
+                  colour: tuple[int, ...]) -> None:
+    """Draw a turned object: an ellipse inscribed in ``corners`` (circles, flat fill) or the hatched rectangle."""
+    if cls == 0:
+        ellipse = (tuple(corners.mean(0)), (w, h), float(np.degrees(angle)))
+        cv2.ellipse(im, ellipse, colour, -1, cv2.LINE_AA)
+        cv2.ellipse(im, ellipse, OUTLINE, 2, cv2.LINE_AA)
+        return
+    inside = np.zeros(im.shape[:2], np.uint8)
+    cv2.fillPoly(inside, [np.round(corners).astype(np.int32)], 1, cv2.LINE_8)
+    yy, xx = np.mgrid[0:im.shape[0], 0:im.shape[1]]
+    fill = np.array(colour, dtype=np.uint8)
+    hatched = np.where((((xx + yy) // HATCH_PERIOD) % 2 == 0)[..., None], fill // 3, fill)
+    im[inside == 1] = hatched[inside == 1]
+    cv2.polylines(im, [np.round(corners).astype(np.int32)], True, OUTLINE, 2, cv2.LINE_AA)
+
+
 def draw_sample(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
     """One image (BGR uint8) and its labels ``(n, 5)`` = class, cx, cy, w, h normalised (the polygons are
     :func:`object_polygon` of each label)."""
+    im, labels, _ = _draw_objects(rng, size, turned=False)
+    return im, labels
+
+
+def draw_turned_sample(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One image (BGR uint8) of objects turned by any angle, their labels ``(n, 5)`` = class and the axis-aligned
+    box of the turned object (cx, cy, w, h normalised), and their rotated boxes' corners ``(n, 4, 2)`` normalised."""
+    return _draw_objects(rng, size, turned=True)
+
+
+def _draw_objects(rng: np.random.Generator, size: int, turned: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     im = _background(rng, size)
     boxes: list[np.ndarray] = []
     classes: list[int] = []
+    turned_corners: list[np.ndarray] = []
     for _ in range(int(rng.integers(1, MAX_OBJECTS + 1))):
         for _attempt in range(20):
             cls = int(rng.integers(0, len(CLASS_NAMES)))
             side = rng.uniform(0.15, 0.5) * size
             aspect = np.exp(rng.uniform(-0.6, 0.6))
             w, h = max(8.0, side * aspect), max(8.0, side / aspect)
-            x1, y1 = rng.uniform(0, size - w), rng.uniform(0, size - h)
-            box = np.array([x1, y1, x1 + w, y1 + h])
+            if turned:  # the turned object's axis-aligned box must fit the image
+                angle = rng.uniform(0, np.pi)
+                corners = _rotated_corners(np.zeros(2), w, h, angle)
+                span = corners.max(0) - corners.min(0)
+                centre = rng.uniform(span / 2, size - span / 2)
+                corners = corners + centre
+                box = np.concatenate([corners.min(0), corners.max(0)])
+            else:
+                x1, y1 = rng.uniform(0, size - w), rng.uniform(0, size - h)
+                box = np.array([x1, y1, x1 + w, y1 + h])
             if not boxes or (_ioa(box, np.stack(boxes)) <= MAX_OCCLUSION).all():
                 break
         else:
             continue  # no free spot: fewer objects in this image
+        if turned:
+            colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+            _draw_rotated(im, cls, corners, w, h, angle, colour)
+            boxes.append(box)
+            classes.append(cls)
+            turned_corners.append(corners / size)
+            continue
         colour = tuple(int(c) for c in rng.integers(0, 256, 3))
         p1, p2 = tuple(int(v) for v in np.round(box[:2])), tuple(int(v) for v in np.round(box[2:]) - 1)
         # A dark outline makes the object's edge stand out from any background colour, and the two
@@ -98,10 +161,27 @@ def draw_sample(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.nda
         boxes.append(box)
         classes.append(cls)
     if not boxes:
-        return im, np.zeros((0, 5))
+        return im, np.zeros((0, 5)), np.zeros((0, 4, 2))
     b = np.stack(boxes) / size
     labels = np.column_stack([classes, (b[:, :2] + b[:, 2:]) / 2, b[:, 2:] - b[:, :2]])
-    return im, labels
+    return im, labels, np.stack(turned_corners) if turned else np.zeros((0, 4, 2))
+
+
+def object_keypoints(labels: np.ndarray) -> np.ndarray:
+    """The keypoints ``(n, 4, 3)`` (x, y normalised, visibility) of drawn objects from their label rows, in the
+    order of :data:`KEYPOINT_NAMES`: a rectangle's corners, an ellipse's points on its box's diagonals. A
+    keypoint inside the box of an object drawn later (a later row) is :data:`HIDDEN`, else :data:`VISIBLE`."""
+    cls, cx, cy, w, h = labels.T[:, :, None]
+    corners = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]], np.float64)  # in KEYPOINT_NAMES' order
+    reach = np.where(cls == 0, np.sqrt(0.5), 1.0)  # an ellipse meets its box's diagonals at 1/sqrt(2) of them
+    xy = np.stack([cx + corners[:, 0] * reach * w / 2, cy + corners[:, 1] * reach * h / 2], -1)
+    x1, y1, x2, y2 = (labels[:, 1] - labels[:, 3] / 2, labels[:, 2] - labels[:, 4] / 2,
+                      labels[:, 1] + labels[:, 3] / 2, labels[:, 2] + labels[:, 4] / 2)
+    # covered[i, k, j]: keypoint k of object i lies in the box of object j, drawn after it (j > i).
+    covered = ((xy[..., 0, None] > x1) & (xy[..., 0, None] < x2) & (xy[..., 1, None] > y1) & (xy[..., 1, None] < y2)
+               & np.triu(np.ones((len(labels), len(labels)), bool), 1)[:, None, :])
+    visibility = np.where(covered.any(-1), HIDDEN, VISIBLE)
+    return np.concatenate([xy, visibility[..., None].astype(np.float64)], -1)
 
 
 def object_polygon(label: np.ndarray) -> np.ndarray:
@@ -117,18 +197,31 @@ def object_polygon(label: np.ndarray) -> np.ndarray:
     return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]])
 
 
-def _write_split(root: Path, split: str, n: int, size: int, seed: int, split_id: int) -> None:
+def _label_rows(labels: np.ndarray, corners: np.ndarray, kind: str) -> list[np.ndarray]:
+    """Each object's values after its class in a label file of ``kind`` (see :data:`LABEL_KINDS`)."""
+    if kind == "obb":
+        return list(corners.reshape(len(corners), 8))
+    if kind == "pose":
+        return list(np.concatenate([labels[:, 1:], object_keypoints(labels).reshape(len(labels), -1)], 1))
+    return [object_polygon(row).ravel() for row in labels]
+
+
+def _write_split(root: Path, split: str, n: int, size: int, seed: int, split_id: int, kind: str) -> None:
     (root / "images" / split).mkdir(parents=True)
     (root / "labels" / split).mkdir(parents=True)
     for i in range(n):
         # One generator per image: a split's images do not depend on the other split's size.
-        im, labels = draw_sample(np.random.default_rng([seed, split_id, i]), size)
+        rng = np.random.default_rng([seed, split_id, i])
+        if kind == "obb":
+            im, labels, corners = draw_turned_sample(rng, size)
+        else:
+            (im, labels), corners = draw_sample(rng, size), None
         ok, buf = cv2.imencode(".jpg", im, [cv2.IMWRITE_JPEG_QUALITY, 92])
         if not ok:
             raise OSError(f"JPEG encoding failed for {split} image {i}")
         (root / "images" / split / f"{i:05d}.jpg").write_bytes(buf.tobytes())
-        rows = "".join(f"{int(row[0])} " + " ".join(f"{v:.6f}" for v in object_polygon(row).ravel()) + "\n"
-                       for row in labels)
+        rows = "".join(f"{int(row[0])} " + " ".join(f"{v:.6f}" for v in values) + "\n"
+                       for row, values in zip(labels, _label_rows(labels, corners, kind)))
         (root / "labels" / split / f"{i:05d}.txt").write_text(rows)
 
 
@@ -138,27 +231,33 @@ def generate_shapes_dataset(
     n_val: int = 40,
     img_size: int = 256,
     seed: int = 0,
+    labels: str = "polygons",
 ) -> Path:
     """Generate (or reuse) the shapes dataset and return its folder.
 
     The folder holds ``images/{train,val}``, ``labels/{train,val}`` and ``data.yaml``. It lives in
     ``root`` (default ``$YOLOTRAIN_CACHE/shapes`` or ``~/.cache/yolotrain/shapes``) under a name made
     of the parameters, is built in a temporary folder and renamed into place, and is reused when it
-    already exists.
+    already exists. ``labels`` is what its label files hold (:data:`LABEL_KINDS`; see the module's docstring).
     """
     if n_train < 1 or n_val < 1 or img_size < 32:
         raise ValueError(f"need n_train, n_val >= 1 and img_size >= 32, got {n_train}, {n_val}, {img_size}")
+    if labels not in LABEL_KINDS:
+        raise ValueError(f"labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
     parent = Path(root).expanduser() if root is not None else cache_root() / "shapes"
-    final = parent / f"shapes-v{GENERATOR_VERSION}-n{n_train}-{n_val}-s{img_size}-seed{seed}"
+    variant = "" if labels == "polygons" else f"{labels}-"
+    final = parent / f"shapes-{variant}v{GENERATOR_VERSION}-n{n_train}-{n_val}-s{img_size}-seed{seed}"
     if (final / "data.yaml").is_file():
         return final
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=parent))
     try:
-        _write_split(tmp, "train", n_train, img_size, seed, 0)
-        _write_split(tmp, "val", n_val, img_size, seed, 1)
+        _write_split(tmp, "train", n_train, img_size, seed, 0, labels)
+        _write_split(tmp, "val", n_val, img_size, seed, 1, labels)
         cfg = {"path": ".", "train": "images/train", "val": "images/val", "nc": len(CLASS_NAMES),
                "names": list(CLASS_NAMES)}
+        if labels == "pose":
+            cfg |= {"kpt_shape": [len(KEYPOINT_NAMES), 3], "flip_idx": list(FLIP_IDX)}
         (tmp / "data.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it 0700; give it a plain mkdir's mode
         try:
