@@ -20,8 +20,11 @@ pytest.importorskip("onnxruntime", reason="needs the export extra: pip install '
 
 SIZE = 96
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
-SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "tflite": ".tflite"}
-FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript"]
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param",
+          "tflite": ".tflite"}
+NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
+                          reason="pip install 'yolotrain[ncnn]'")
+FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript", pytest.param("ncnn", marks=NCNN)]
 # `make test` runs these in the LiteRT environment (.venv-litert) and deselects them elsewhere.
 TFLITE = (pytest.mark.litert, pytest.mark.skipif(
     importlib.util.find_spec("litert_torch") is None or importlib.util.find_spec("ai_edge_litert") is None,

@@ -39,7 +39,9 @@ TFLITE = (pytest.mark.litert,
           pytest.mark.skipif(not installed("litert_torch", "ai_edge_litert"), reason="pip install 'yolotrain[tflite]'"))
 COREML = pytest.mark.skipif(not installed("coremltools"), reason="pip install 'yolotrain[coreml]'")
 TENSORRT = pytest.mark.skipif(tensorrt_unavailable() is not None, reason="needs a CUDA GPU and tensorrt")
-SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "tflite": ".tflite", "engine": ".engine", "torchscript": ".torchscript"}
+NCNN = pytest.mark.skipif(not installed("pnnx", "ncnn"), reason="pip install 'yolotrain[ncnn]'")
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "tflite": ".tflite", "engine": ".engine", "torchscript": ".torchscript",
+          "ncnn": ".ncnn.param"}
 # (format, precision) → allowed |export - PyTorch| on scores and on boxes (px, 96 px input): fp32 runtimes
 # agree to float32 rounding, fp16 keeps ~3 significant digits, int8 a few percent of the value range.
 CASES = [
@@ -53,6 +55,8 @@ CASES = [
     pytest.param("tflite", "fp16", 5e-3, 0.5, id="tflite-fp16", marks=TFLITE),
     pytest.param("tflite", "int8", 0.05, 4.0, id="tflite-int8", marks=TFLITE),
     pytest.param("torchscript", "fp32", 1e-4, 1e-3, id="torchscript-fp32"),
+    pytest.param("ncnn", "fp32", 1e-4, 1e-3, id="ncnn-fp32", marks=NCNN),
+    pytest.param("ncnn", "fp16", 5e-3, 0.5, id="ncnn-fp16", marks=NCNN),
     # GPU float32 kernels sum in another order than the CPU's.
     pytest.param("engine", "fp32", 1e-3, 1e-2, id="engine-fp32", marks=TENSORRT),
     pytest.param("engine", "fp16", 5e-3, 0.5, id="engine-fp16", marks=TENSORRT),
@@ -119,6 +123,7 @@ def test_export_runs_in_its_runtime_like_torch(setup, fmt, precision, score_tol,
                                                 pytest.param("tflite", "fp32", marks=TFLITE),
                                                 pytest.param("tflite", "int8", marks=TFLITE),
                                                 ("torchscript", "fp32"),
+                                                pytest.param("ncnn", "fp32", marks=NCNN),
                                                 pytest.param("engine", "fp32", marks=TENSORRT)])
 def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision):
     model, data, _ = setup
@@ -328,7 +333,7 @@ def test_bad_export_requests_fail_in_one_line_without_files(setup, tmp_path, cap
     cases = [
         (["--format", "keras"], "unknown export format 'keras'"),
         (["--format", "torchscript", "--half"],
-         "fp16 (--half) export is available for coreml, engine, onnx, openvino, tflite"),
+         "fp16 (--half) export is available for coreml, engine, ncnn, onnx, openvino, tflite"),
         (["--format", "torchscript", "--nms"], "NMS inside (--nms) export is available for onnx, openvino"),
         (["--format", "onnx", "--int8"], "int8 export needs calibration images"),
         (["--format", "onnx", "--int8", "--data", str(tmp_path / "empty")], "no images to calibrate on"),
@@ -395,6 +400,16 @@ def test_exports_that_cannot_be_loaded_get_one_line_errors(tmp_path):
     with pytest.raises(CheckpointError) as info:
         load_exported(tmp_path / "garbage.torchscript", trust_code=True)
     assert "not a loadable TorchScript model" in str(info.value) and "\n" not in str(info.value)
+    if installed("ncnn"):
+        (tmp_path / "lonely.ncnn.param").write_text("7767517\n0 0\n")
+        with pytest.raises(CheckpointError, match="weights file lonely.ncnn.bin is missing"):
+            load_exported(tmp_path / "lonely.ncnn.param")
+        (tmp_path / "lonely.ncnn.bin").write_bytes(b"")
+        with pytest.raises(CheckpointError, match="metadata file lonely.ncnn.json is missing"):
+            load_exported(tmp_path / "lonely.ncnn.param")
+        (tmp_path / "lonely.ncnn.json").write_text("[]")
+        with pytest.raises(CheckpointError, match="NCNN file without yolotrain metadata"):
+            load_exported(tmp_path / "lonely.ncnn.param")
     foreign = tmp_path / "foreign.torchscript"
     with pytest.warns(FutureWarning):  # TorchScript is deprecated upstream
         torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(foreign))

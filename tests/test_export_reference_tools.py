@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import importlib.util
 import json
 import sys
@@ -29,6 +30,8 @@ IMG_SIZE = 320
 # padding is odd, which moves IoUs at the strict thresholds a little.
 TOLERANCE, MAP50_95_TOLERANCE = 0.002, 0.004
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
+NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
+                          reason="pip install 'yolotrain[ncnn]'")
 NAMES = ["circle", "rectangle"]
 
 
@@ -89,6 +92,24 @@ def test_openvino_folder_metadata_only_in_a_folder_of_one_model(model, tmp_path)
     assert sorted(p.name for p in shared.iterdir()) == ["a.bin", "a.xml", "a.yaml", "b.bin", "b.xml", "b.yaml",
                                                         "metadata.yaml"]
     assert _ultralytics_view(shared / "a.xml").names == dict(enumerate(NAMES))  # a's, not replaced by b's
+
+
+@NCNN
+def test_ultralytics_reads_our_ncnn_model_folder_and_we_run_it(model, tmp_path):
+    """An NCNN export into a ``*_ncnn_model`` folder (ultralytics' layout: the folder is the model) carries
+    ultralytics' ``metadata.yaml``; ours travels in the ``.ncnn.json`` beside the param file."""
+    model.names = NAMES
+    param = export(model, "ncnn", out=tmp_path / "model_ncnn_model" / "model.ncnn.param", img_size=(64, 96))
+    assert sorted(p.name for p in param.parent.iterdir()) == ["metadata.yaml", "model.ncnn.bin", "model.ncnn.json",
+                                                              "model.ncnn.param"]
+    view = _ultralytics_view(param.parent)
+    assert (view.stride, view.names, view.task, view.imgsz) == (32, dict(enumerate(NAMES)), "detect", [64, 96])
+    runtime = load_exported(param)
+    assert (runtime.names, runtime.img_size, runtime.precision) == (NAMES, (64, 96), "fp32")
+    imgs = torch.rand(2, 3, 64, 96, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = copy.deepcopy(model).eval().fuse()(imgs)  # the module's model stays unfused
+    torch.testing.assert_close(runtime(imgs), expected, atol=1e-3, rtol=1e-4)
 
 
 def _ultralytics_view(path) -> types.SimpleNamespace:

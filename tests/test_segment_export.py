@@ -21,8 +21,10 @@ pytest.importorskip("onnxruntime", reason="needs the export extra: pip install '
 
 SIZE = 128
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
-SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript"}
-FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript"]
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param"}
+NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
+                          reason="pip install 'yolotrain[ncnn]'")
+FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript", pytest.param("ncnn", marks=NCNN)]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,7 @@ def test_exports_return_decoded_predictions_and_prototypes_like_torch(segmenter,
 
 
 @pytest.mark.parametrize(("fmt", "options", "message"), [
-    ("tflite", {}, "segmentation models export to onnx, openvino, torchscript: tflite cannot carry"),
+    ("tflite", {}, "segmentation models export to ncnn, onnx, openvino, torchscript: tflite cannot carry"),
     ("onnx", {"raw": True}, "--raw is for detection models"),
     ("onnx", {"nms": True}, "--nms is for detection models"),
     ("openvino", {"int8": True, "data": "unused"}, "int8 export is for detection models"),
@@ -103,7 +105,7 @@ def test_val_and_predict_on_exports_score_as_pytorch(reference, tmp_path, fmt):
     model = our_segmenter(reference_segmenter(reference, YOLOV5N_WEIGHTS))
     data = coco128_subset(tmp_path / "data", 4, COCO128_SEG)
     runner_path = exported(model, tmp_path, fmt).path
-    rect = fmt != "torchscript"  # TorchScript graphs are fixed at one size: val letterboxes square
+    rect = fmt not in ("torchscript", "ncnn")  # graphs fixed at one size: val letterboxes square
     ours = val(model, data, img_size=SIZE, workers=0, rect=rect, verbose=False, plots=False, half=False)
     theirs = val(runner_path, data, img_size=SIZE, workers=0, verbose=False, plots=False, trust_code=True)
     assert ours.map50 > 0 and ours.masks.map50 > 0

@@ -6,10 +6,9 @@ need it."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from ..checkpoint import CheckpointError
-from .formats import REGISTRY
+from .formats import REGISTRY, suffix_of
 from .runtime import ExportedModel
 from .trust import needs_trust, require_trust
 
@@ -21,14 +20,14 @@ NOT_RUNNABLE: dict[str, str] = {spec.suffix: spec.not_runnable for spec in REGIS
 
 def is_exported(path: str | os.PathLike) -> bool:
     """Whether ``path`` names an export (by suffix) rather than a checkpoint."""
-    return Path(path).suffix.lower() in BACKENDS.keys() | NOT_RUNNABLE.keys()
+    return suffix_of(path) in BACKENDS.keys() | NOT_RUNNABLE.keys()
 
 
 def load_exported(path: str | os.PathLike, trust_code: bool = False) -> ExportedModel:
     """The runtime-backed detector for an exported file (``.onnx``, ``.xml``, ``.tflite``, ``.engine``,
     ``.torchscript``). TorchScript files and TensorRT engines run their own code when loaded, so they
     are refused unless ``trust_code`` (see :mod:`.trust`)."""
-    suffix = Path(path).suffix.lower()
+    suffix = suffix_of(path)
     if suffix in NOT_RUNNABLE:
         raise CheckpointError(f"{path}: {NOT_RUNNABLE[suffix]}")
     if suffix not in BACKENDS:

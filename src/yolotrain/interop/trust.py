@@ -28,7 +28,7 @@ class UntrustedModelError(CheckpointError):
 
 def needs_trust(path: str | os.PathLike) -> bool:
     """Whether loading ``path`` (by its suffix) runs code the file carries."""
-    return _runs_code(Path(path).suffix.lower()) is not None
+    return _runs_code(formats.suffix_of(path)) is not None
 
 
 def _runs_code(suffix: str) -> str | None:
@@ -49,13 +49,13 @@ def require_trust(path: str | os.PathLike, trust_code: bool) -> None:
     path = Path(path)
     if trust_code or not needs_trust(path) or not path.is_file():
         return
-    raise UntrustedModelError(f"{path}: not loaded: {_runs_code(path.suffix.lower())}; {describe_origin(path)}; "
+    raise UntrustedModelError(f"{path}: not loaded: {_runs_code(formats.suffix_of(path))}; {describe_origin(path)}; "
                               "pass --trust-model-code (Python: trust_code=True) only if you trust its source")
 
 
 def describe_origin(path: Path) -> str:
     """Where a program-format file says it came from, from its metadata read without running it."""
-    metadata = formats.export_metadata_of(path, formats.BY_SUFFIX[path.suffix.lower()])
+    metadata = formats.export_metadata_of(path, formats.BY_SUFFIX[formats.suffix_of(path)])
     if metadata is None:
         return "it carries no yolotrain export metadata (it was not written by yolotrain export)"
     # Written by whoever made the file: one short line of it, whatever it holds.

@@ -279,7 +279,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
         raise ValueError("out= is required when exporting a model object")
     out = Path(out) if out is not None else default_output(weights_or_model, fmt, half, int8)
     spec = REGISTRY[fmt]
-    if spec.exact_suffix and out.suffix != spec.suffix:
+    if spec.exact_suffix and not out.name.endswith(spec.suffix):
         raise ValueError(f"{fmt} output must end in {spec.suffix}, got {out.name}")
     model = _load(weights_or_model)
     _check_task(model, fmt, half, int8, raw, nms)

@@ -105,4 +105,13 @@ REGISTRY: dict[str, ExportFormat] = _discover()
 BY_SUFFIX: dict[str, ExportFormat] = {spec.suffix: spec for spec in REGISTRY.values()}
 
 
-__all__ = ["BY_SUFFIX", "REGISTRY", "ExportFormat", "ExportJob", "export_metadata_of"]
+
+
+def suffix_of(path: str | Path) -> str:
+    """The export suffix ``path``'s name ends with, lower-cased: the longest registered one it ends with (NCNN's
+    ``.ncnn.param``), else its last suffix."""
+    name = Path(path).name.lower()
+    return max((suffix for suffix in BY_SUFFIX if name.endswith(suffix)), key=len, default=Path(path).suffix.lower())
+
+
+__all__ = ["BY_SUFFIX", "REGISTRY", "ExportFormat", "ExportJob", "export_metadata_of", "suffix_of"]

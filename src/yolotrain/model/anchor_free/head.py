@@ -80,14 +80,15 @@ class AnchorFreeDetect(nn.Module):
         data-dependent control flow: differentiable and traceable for export."""
         dtype = torch.float32 if maps[0].dtype == torch.bfloat16 else maps[0].dtype
         flat = torch.cat([p.flatten(2) for p in maps], 2).to(dtype)  # [B, no, N]
-        box, scores, coefficients = flat.split((4 * self.reg_max, self.nc, self.nm), 1)
+        # No empty part for a model without masks: converters such as PNNX refuse a zero-sized slice.
+        box, scores, *coefficients = flat.split((4 * self.reg_max, self.nc) + ((self.nm,) if self.nm else ()), 1)
         points, strides = self._anchor_points(maps, dtype)
         left_top, right_bottom = self.dfl(box).chunk(2, 1)  # distances in grid units
         top_left = points - left_top
         bottom_right = points + right_bottom
         centre = (top_left + bottom_right) / 2 * strides
         size = (bottom_right - top_left) * strides
-        columns = [centre, size, torch.ones_like(centre[:, :1]), scores.sigmoid(), coefficients]
+        columns = [centre, size, torch.ones_like(centre[:, :1]), scores.sigmoid(), *coefficients]
         return torch.cat([c.transpose(1, 2) for c in columns], 2)
 
     def _anchor_points(self, maps: list[torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
