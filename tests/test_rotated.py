@@ -1,5 +1,6 @@
-"""Rotated-box geometry (rotated.py) against ultralytics 8's ``xyxyxyxy2xywhr``, ``xywhr2xyxyxyxy``,
-``regularize_rboxes``, ``batch_probiou`` and ``probiou`` (the oracle), on random boxes."""
+"""Rotated-box geometry (rotated.py) and rotated NMS against ultralytics 8's ``xyxyxyxy2xywhr``,
+``xywhr2xyxyxyxy``, ``regularize_rboxes``, ``batch_probiou``, ``probiou`` and ``non_max_suppression(rotated=True)``
+(the oracle), on random boxes."""
 
 import math
 from types import SimpleNamespace
@@ -9,17 +10,18 @@ import pytest
 import torch
 from conftest import offline_ultralytics
 
+from yolotrain.nms import rotated_non_max_suppression
 from yolotrain.rotated import corners_to_xywhr, probiou, probiou_pairs, regularize_xywhr, xywhr_to_corners
 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
     with offline_ultralytics(tmp_path_factory):
-        from ultralytics.utils import metrics, ops
+        from ultralytics.utils import metrics, nms, ops
 
         yield SimpleNamespace(to_xywhr=ops.xyxyxyxy2xywhr, to_corners=ops.xywhr2xyxyxyxy,
                               regularize=ops.regularize_rboxes, batch_probiou=metrics.batch_probiou,
-                              probiou=metrics.probiou)
+                              probiou=metrics.probiou, nms=nms.non_max_suppression)
 
 
 def random_xywhr(generator: torch.Generator, n: int, dtype=torch.float64) -> torch.Tensor:
@@ -120,3 +122,55 @@ def test_probiou_pairs_broadcasts_and_is_symmetric_with_one_for_identical_boxes(
     torch.testing.assert_close(probiou_pairs(first[:, None], second[None]), probiou(first, second))
     torch.testing.assert_close(probiou(first, second), probiou(second, first).T)
     assert torch.allclose(probiou_pairs(first, first), torch.ones(20, dtype=torch.float64), atol=1e-3)
+
+
+def rotated_predictions(seed: int, images: int = 3, n: int = 300, nc: int = 3) -> torch.Tensor:
+    """Decoded OBB output ``[B, N, 5+nc+1]``: boxes in clusters around a few centres (so that they overlap),
+    objectness 1, class probabilities, angles in the head's range; the last image has no score above 0.001 (empty)."""
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.rand(images, 8, 2, generator=generator) * 300
+    cluster = torch.randint(0, 8, (images, n), generator=generator)
+    xy = centres.gather(1, cluster[..., None].expand(-1, -1, 2)) + torch.randn(images, n, 2, generator=generator) * 6
+    wh = 10 + torch.rand(images, n, 2, generator=generator) * 40
+    angle = (torch.rand(images, n, 1, generator=generator) - 0.25) * math.pi
+    probabilities = torch.rand(images, n, nc, generator=generator)
+    probabilities[-1] *= 5e-4
+    return torch.cat((xy, wh, torch.ones(images, n, 1), probabilities, angle), 2)
+
+
+def their_layout(prediction: torch.Tensor) -> torch.Tensor:
+    """Ours ``[B, N, 5+nc+1]`` → ultralytics' ``[B, 4+nc+1, N]`` (no objectness)."""
+    return torch.cat((prediction[..., :4], prediction[..., 5:]), 2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("options", [
+    dict(conf=0.25, iou=0.45),
+    dict(conf=0.001, iou=0.7, multi_label=True, max_det=1000),
+    dict(conf=0.1, iou=0.3, classes=[0, 2]),
+    dict(conf=0.25, iou=0.5, agnostic=True),
+    dict(conf=0.05, iou=0.6, max_det=20, max_nms=100),
+])
+def test_rotated_nms_keeps_the_references_boxes(oracle, options):
+    prediction = rotated_predictions(sum(map(ord, str(options))))
+    ours = rotated_non_max_suppression(prediction, **options)
+    theirs = oracle.nms(their_layout(prediction), options.pop("conf"), options.pop("iou"), nc=3, rotated=True,
+                        **options)
+    assert len(ours) == 3 and ours[-1].shape == (0, 7) and all(len(image) > 1 for image in ours[:2])
+    for mine, reference in zip(ours, theirs):
+        torch.testing.assert_close(mine, reference, rtol=0, atol=0)
+
+
+def test_rotated_nms_suppresses_within_a_class_and_by_probiou():
+    """Two near-identical boxes of one class: the lower score goes; the same boxes in two classes both stay;
+    a box rotated across its twin (low ProbIoU) stays too."""
+    rows = torch.tensor([[[50.0, 50, 40, 10, 1, 0.9, 0, 0.1],
+                          [51.0, 50, 40, 10, 1, 0.8, 0, 0.1],
+                          [50.0, 50, 40, 10, 1, 0.7, 0, 0.1 + math.pi / 2],
+                          [51.0, 50, 40, 10, 1, 0, 0.6, 0.1]]])
+    kept = rotated_non_max_suppression(rows, conf=0.25, iou=0.5)[0]
+    torch.testing.assert_close(kept[:, 4], torch.tensor([0.9, 0.7, 0.6]))
+    torch.testing.assert_close(kept[:, 5], torch.tensor([0.0, 0, 1]))
+    assert rotated_non_max_suppression(rows, conf=0.25, iou=0.5, agnostic=True)[0].shape == (2, 7)
+    assert rotated_non_max_suppression(torch.zeros(2, 0, 8))[0].shape == (0, 7)
+    with pytest.raises(ValueError, match="5\\+nc\\+1"):
+        rotated_non_max_suppression(torch.zeros(1, 4, 6))
