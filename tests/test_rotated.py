@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import offline_ultralytics
 
-from yolotrain.nms import rotated_non_max_suppression
+from yolotrain import nms as nms_module
+from yolotrain.nms import ROTATED_NMS_BLOCK, rotated_non_max_suppression
 from yolotrain.rotated import corners_to_xywhr, probiou, probiou_pairs, regularize_xywhr, xywhr_to_corners
 
 
@@ -174,3 +175,15 @@ def test_rotated_nms_suppresses_within_a_class_and_by_probiou():
     assert rotated_non_max_suppression(torch.zeros(2, 0, 8))[0].shape == (0, 7)
     with pytest.raises(ValueError, match="5\\+nc\\+1"):
         rotated_non_max_suppression(torch.zeros(1, 4, 6))
+
+
+@pytest.mark.parametrize("block", [1, 7, 1000])
+def test_rotated_nms_keeps_the_same_boxes_whatever_rows_of_overlaps_it_takes_at_once(monkeypatch, block):
+    """The multi-label case has more candidates per image than one block of rows of the overlap matrix."""
+    prediction = rotated_predictions(9)
+    expected = rotated_non_max_suppression(prediction, conf=0.001, iou=0.6, multi_label=True, max_det=1000)
+    assert (prediction[0, :, 5:-1] > 0.001).sum() > 3 * ROTATED_NMS_BLOCK
+    monkeypatch.setattr(nms_module, "ROTATED_NMS_BLOCK", block)
+    found = rotated_non_max_suppression(prediction, conf=0.001, iou=0.6, multi_label=True, max_det=1000)
+    for mine, reference in zip(found, expected):
+        torch.testing.assert_close(mine, reference, rtol=0, atol=0)
