@@ -36,20 +36,18 @@ def random_xywhr(generator: torch.Generator, n: int, dtype=torch.float64) -> tor
     return torch.cat((centre, sides, angle), 1)
 
 
-def same_rectangles(a: np.ndarray, b: np.ndarray, atol: float) -> None:
-    """Equal canonical xywhr, the angles compared modulo pi (an angle at the range's ends may land on either)."""
-    np.testing.assert_allclose(a[:, :4], b[:, :4], atol=atol, rtol=1e-5)
-    difference = np.remainder(a[:, 4] - b[:, 4] + math.pi / 2, math.pi) - math.pi / 2
-    np.testing.assert_allclose(difference, 0, atol=atol)
-
-
 def test_corners_to_xywhr_matches_the_reference_on_rectangles(oracle):
+    """Random rectangles, and ones at the angles where the range ends or w and h trade places (squares too)."""
     boxes = random_xywhr(torch.Generator().manual_seed(0), 200)
+    ends = torch.tensor([0, math.pi / 4, -math.pi / 4, math.pi / 2, 3 * math.pi / 4, math.pi], dtype=torch.float64)
+    at_ends = torch.cat((torch.tensor([[40.0, 30, 20, 10], [40, 30, 10, 20], [40, 30, 15, 15]],
+                                      dtype=torch.float64).repeat_interleave(len(ends), 0), ends.repeat(3)[:, None]), 1)
+    boxes = torch.cat((boxes, at_ends))
     corners = xywhr_to_corners(boxes.numpy())
     ours = corners_to_xywhr(corners.reshape(-1, 8))
     theirs = oracle.to_xywhr(corners.reshape(-1, 8))
-    assert ours.dtype == np.float64 and ours.shape == (200, 5)
-    same_rectangles(ours, theirs, atol=1e-9)
+    assert ours.dtype == np.float64 and ours.shape == (218, 5)
+    np.testing.assert_array_equal(ours, theirs)
     assert (ours[:, 2] >= ours[:, 3]).all()
     assert ((ours[:, 4] >= -math.pi / 4) & (ours[:, 4] < 3 * math.pi / 4)).all()
 
@@ -61,7 +59,7 @@ def test_corners_to_xywhr_matches_the_reference_on_quadrilaterals_and_polygons(o
     boxes = random_xywhr(torch.Generator().manual_seed(1), 100).numpy()
     quadrilaterals = xywhr_to_corners(boxes) + rng.uniform(-3, 3, (100, 4, 2))
     for points in (quadrilaterals, rng.uniform(0, 50, (300, 4, 2)), rng.uniform(0, 50, (100, 6, 2))):
-        same_rectangles(corners_to_xywhr(points), oracle.to_xywhr(points), atol=1e-9)
+        np.testing.assert_array_equal(corners_to_xywhr(points), oracle.to_xywhr(points))
 
 
 def test_corners_to_xywhr_keeps_a_tensors_dtype_and_device_and_an_empty_shape(oracle):
@@ -69,7 +67,7 @@ def test_corners_to_xywhr_keeps_a_tensors_dtype_and_device_and_an_empty_shape(or
     corners = xywhr_to_corners(boxes)
     ours = corners_to_xywhr(corners)
     assert ours.dtype == torch.float32 and ours.device == corners.device
-    same_rectangles(ours.numpy(), oracle.to_xywhr(corners).numpy(), atol=1e-6)
+    torch.testing.assert_close(ours, oracle.to_xywhr(corners), rtol=0, atol=0)
     assert corners_to_xywhr(np.zeros((0, 8))).shape == (0, 5)
     assert corners_to_xywhr(torch.zeros(0, 4, 2)).shape == (0, 5)
 

@@ -207,8 +207,8 @@ def rotated_non_max_suppression(
             class probabilities, angle (radians).
         conf, iou, classes, agnostic, multi_label, max_det, max_nms: as in :func:`non_max_suppression`;
             the overlap is ProbIoU and every candidate's suppressors are all higher-scoring candidates of its
-            class (Fast NMS, the reference's rotated rule). Its ``[n, n]`` overlap matrix is why ``max_nms``
-            matters more here.
+            class (Fast NMS, the reference's rotated rule): its time grows with the square of the candidates,
+            which ``max_nms`` bounds.
 
     Returns:
         One ``[n, 7]`` tensor per image: cx, cy, w, h (input pixels), score, class, angle; sorted by score.

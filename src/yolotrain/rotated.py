@@ -27,12 +27,15 @@ def corners_to_xywhr(corners: np.ndarray | torch.Tensor) -> np.ndarray | torch.T
     is_tensor = isinstance(corners, torch.Tensor)
     points = np.asarray(corners.detach().cpu() if is_tensor else corners, dtype=np.float32)
     rectangles = [cv2.minAreaRect(polygon.reshape(-1, 2)) for polygon in points]
-    boxes = np.array([(cx, cy, w, h, math.radians(degrees)) for (cx, cy), (w, h), degrees in rectangles],
+    boxes = np.array([(cx, cy, w, h, degrees / 180 * math.pi) for (cx, cy), (w, h), degrees in rectangles],
                      dtype=np.float64).reshape(-1, 5)
     longer_across = boxes[:, 2] < boxes[:, 3]
     boxes[:, 2:4] = np.where(longer_across[:, None], boxes[:, 3:1:-1], boxes[:, 2:4])
     angle = np.where(longer_across, boxes[:, 4] + math.pi / 2, boxes[:, 4])
-    boxes[:, 4] = np.remainder(angle + math.pi / 4, math.pi) - math.pi / 4
+    # OpenCV's angles lie within a half turn of the range, so one step of pi brings them in (the reference's
+    # steps: the same bits).
+    angle = np.where(angle >= 3 * math.pi / 4, angle - math.pi, angle)
+    boxes[:, 4] = np.where(angle < -math.pi / 4, angle + math.pi, angle)
     return torch.as_tensor(boxes, dtype=corners.dtype, device=corners.device) if is_tensor else boxes
 
 
