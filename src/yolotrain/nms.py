@@ -18,6 +18,7 @@ from torchvision.ops import nms
 from .boxes import xywh_to_xyxy
 from .family import ModelFamily
 from .messages import brief
+from .rotated import probiou
 from .settings import setting
 
 # Boxes entering NMS per image at most: beyond this NMS time grows quadratically for no gain.
@@ -28,6 +29,8 @@ MAX_WH = 7680
 # at val's thresholds on a 2-core x86 CPU (per-class: 0.5x the time at 5000 candidates, 1.5x at 1000,
 # where its per-class calls cost more than they save).
 PER_CLASS_NMS_FROM = 3000
+# Rows of the rotated NMS's overlap matrix taken at once: a few hundred MB of temporaries at MAX_NMS candidates.
+ROTATED_NMS_BLOCK = 256
 
 
 def check_nms_limits(max_det: int, classes: Sequence[int] | None = None, num_classes: int | None = None) -> None:
@@ -169,6 +172,69 @@ def non_max_suppression(
         if num_extra:  # the extra columns of the kept detections only, taken from the rows they came from
             det = torch.cat((det, x[source[kept], 5 + num_classes:]), 1)
         output.append(det)
+    return output
+
+
+def _fast_rotated_nms(boxes: torch.Tensor, iou: float) -> torch.Tensor:
+    """Rows of ``boxes`` (``[n, 5]`` xywhr, sorted by score, highest first) that no higher-scoring box overlaps
+    by more than ``iou`` (ProbIoU), ascending: Fast NMS (Bolya et al., 2019), as the reference's rotated NMS,
+    where a box that is itself suppressed still suppresses the boxes below it.
+
+    The reference builds the whole ``[n, n]`` ProbIoU matrix (gigabytes, times its temporaries, at
+    :data:`MAX_NMS` candidates); the same overlaps are taken here :data:`ROTATED_NMS_BLOCK` suppressing rows at a time.
+    """
+    n = boxes.shape[0]
+    suppressed = torch.zeros(n, dtype=torch.bool, device=boxes.device)
+    columns = torch.arange(n, device=boxes.device)
+    for start in range(0, n, ROTATED_NMS_BLOCK):
+        rows = columns[start:start + ROTATED_NMS_BLOCK, None]
+        above = probiou(boxes[start:start + ROTATED_NMS_BLOCK], boxes) > iou
+        suppressed = suppressed | (above & (columns[None] > rows)).any(0)
+    return (~suppressed).nonzero().view(-1)
+
+
+def rotated_non_max_suppression(
+    prediction: torch.Tensor,
+    conf: float = NMSConfig.conf,
+    iou: float = NMSConfig.iou,
+    classes: Sequence[int] | None = None,
+    agnostic: bool = False,
+    multi_label: bool = False,
+    max_det: int = VAL_NMS.max_det,
+    max_nms: int = MAX_NMS,
+) -> list[torch.Tensor]:
+    """Filter and suppress decoded rotated detections, as :func:`non_max_suppression` with ProbIoU.
+
+    Args:
+        prediction: ``[B, N, 5+nc+1]`` from an OBB model in eval mode: cx, cy, w, h (pixels), objectness,
+            class probabilities, angle (radians).
+        conf, iou, classes, agnostic, multi_label, max_det, max_nms: as in :func:`non_max_suppression`;
+            the overlap is ProbIoU and every candidate's suppressors are all higher-scoring candidates of its
+            class (Fast NMS, the reference's rotated rule): its time grows with the square of the candidates,
+            which ``max_nms`` bounds.
+
+    Returns:
+        One ``[n, 7]`` tensor per image: cx, cy, w, h (input pixels), score, class, angle; sorted by score.
+    """
+    _check_thresholds(conf, iou)
+    if prediction.ndim != 3 or prediction.shape[2] < 7:
+        raise ValueError(f"expected decoded rotated predictions [B, N, 5+nc+1], got shape {tuple(prediction.shape)}")
+    num_classes = prediction.shape[2] - 6
+    multi_label = multi_label and num_classes > 1
+    class_filter = None if classes is None else torch.as_tensor(list(classes), device=prediction.device)
+    output = []
+    for x in prediction:
+        x = x[x[:, 4] > conf]
+        scored, source = _candidates(x, conf, multi_label, num_classes)
+        if class_filter is not None:
+            wanted = torch.isin(scored[:, 5].long(), class_filter)
+            scored, source = scored[wanted], source[wanted]
+        order = scored[:, 4].argsort(descending=True)[:max_nms]
+        # The candidates' own xywhr (not _candidates' xyxy), with their scores and classes.
+        det = torch.cat((x[source[order], :4], scored[order, 4:6], x[source[order], -1:]), 1)
+        offsets = det[:, 5:6] * (0 if agnostic else MAX_WH)  # classes far apart, as non_max_suppression's
+        shifted = torch.cat((det[:, :2] + offsets, det[:, 2:4], det[:, 6:7]), 1)
+        output.append(det[_fast_rotated_nms(shifted, iou)[:max_det]])
     return output
 
 

@@ -250,6 +250,7 @@ class Metrics:
     confusion: ConfusionMatrix | None = None
     coco: list[float] | None = None  # the 12 COCO summary numbers when --save-json evaluated them
     masks: Metrics | None = None  # a segmentation model's mask results (same images and labels)
+    keypoints: Metrics | None = None  # a pose model's keypoint results, matched by OKS (same images and labels)
 
     @property
     def mp(self) -> float:
@@ -270,11 +271,15 @@ class Metrics:
         """mAP50-95."""
         return float(self.ap.mean()) if self.ap.size else 0.0
 
+    def _parts(self) -> list[tuple[str, Metrics]]:
+        """The results beside the boxes' (masks, keypoints) that this model has, with their table labels."""
+        return [(label, part) for label, part in (("Mask", self.masks), ("Pose", self.keypoints)) if part is not None]
+
     def fitness(self) -> float:
         """The reference's model-selection score: 0.1 mAP50 + 0.9 mAP50-95, of the boxes plus (for a
-        segmentation model) the same of the masks."""
+        segmentation or pose model) the same of the masks or keypoints."""
         box = 0.1 * self.map50 + 0.9 * self.map
-        return box + (self.masks.fitness() if self.masks is not None else 0.0)
+        return box + sum(part.fitness() for _, part in self._parts())
 
     def _row_values(self, index: int | None) -> list[float]:
         """P, R, mAP50, mAP50-95 overall (``index`` None) or of the ``index``-th class with labels; zeros
@@ -295,10 +300,12 @@ class Metrics:
     def table(self, per_class: bool = True) -> str:
         """The familiar results table: header, the ``all`` row, then one row per class with labels."""
         columns = ["P", "R", "mAP50", "mAP50-95"]
-        if self.masks is not None:  # the reference's segmentation header
-            columns = ["Box(P", "R", "mAP50", "mAP50-95)", "Mask(P", "R", "mAP50", "mAP50-95)"]
+        if self._parts():  # the reference's segmentation and pose headers
+            columns = [f"{label}(P" if i == 0 else f"{column})" if i == 3 else column
+                       for label in ["Box", *(label for label, _ in self._parts())]
+                       for i, column in enumerate(columns)]
         head = f"{'Class':>22}" + "".join(f"{h:>11}" for h in ["Images", "Instances", *columns])
-        parts = [self] if self.masks is None else [self, self.masks]
+        parts = [self, *(part for _, part in self._parts())]
 
         def row(name: str, n: int, index: int | None) -> str:
             values = [v for part in parts for v in part._row_values(index)]
@@ -312,8 +319,8 @@ class Metrics:
     def as_dict(self) -> dict[str, float]:
         """Flat summary for logs and checkpoints."""
         out = {"precision": self.mp, "recall": self.mr, "mAP50": self.map50, "mAP50-95": self.map}
-        if self.masks is not None:
-            out.update({f"mask_{k}": v for k, v in self.masks.as_dict().items()})
+        for label, part in self._parts():
+            out.update({f"{label.lower()}_{k}": v for k, v in part.as_dict().items()})
         out.update({f"val/{k}_loss": v for k, v in (self.loss or {}).items()})
         out.update({f"speed/{k}_ms": v for k, v in self.speed.items()})
         return out
@@ -336,9 +343,14 @@ class DetectionStats:
 
     def update(self, detections: torch.Tensor, gt_boxes: torch.Tensor, gt_cls: torch.Tensor) -> None:
         """Add one image: ``detections [n, 6]`` sorted by score and labels, both in the same pixel space."""
-        self.images += 1
         tp = match_predictions(detections[:, :4], detections[:, 5], gt_boxes, gt_cls,
                                self.iou_thresholds.to(detections.device), self.rules.greedy_matching)
+        self._add(tp, detections, gt_cls)
+
+    def _add(self, tp: torch.Tensor, detections: torch.Tensor, gt_cls: torch.Tensor) -> None:
+        """One image's true-positive flags ``[n, T]``, its detections' scores (column 4) and classes (column 5),
+        and its labels' classes."""
+        self.images += 1
         self._tp.append(tp.cpu())
         self._conf.append(detections[:, 4].cpu())
         self._pred_cls.append(detections[:, 5].cpu())
