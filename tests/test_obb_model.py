@@ -10,7 +10,9 @@ import torch
 from conftest import offline_ultralytics
 from test_anchor_free_model import randomised
 
-from yolotrain.interop import load_model
+from yolotrain.checkpoint import CheckpointError
+from yolotrain.interop import load_model, read_torch_file
+from yolotrain.interop.loading.ultralytics import read_ultralytics
 from yolotrain.model.anchor_free import AnchorFreeOBB, AnchorFreeYolo, angle_from_logits, build_layers, builtin_spec
 from yolotrain.model.anchor_free.spec import PUBLISHED, SCALE_NAMES, matching_name, read_model_yaml
 
@@ -151,6 +153,10 @@ def test_an_ultralytics_obb_checkpoint_loads_through_the_restricted_loader(ultra
         decoded, expected = model(imgs), reference(imgs)[0].transpose(1, 2)
     torch.testing.assert_close(decoded[..., :4], expected[..., :4], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(decoded[..., 5:], expected[..., 4:], atol=1e-4, rtol=1e-4)
+    contents = read_torch_file(path)
+    contents["ema"].get("_modules")["model"].get("_modules")["22"].state["ne"] = 2
+    with pytest.raises(CheckpointError, match=r"^edited: the OBB head predicts 2 angles .* one angle per box"):
+        read_ultralytics(contents, "edited")
 
 
 def test_the_oracles_obb_yamls_are_the_published_models(ultralytics, tmp_path):
