@@ -31,11 +31,11 @@ SUPPORTED = {
     "yolo11n.yaml": ("DetectionModel", "detect", 23),
     "yolov5nu.yaml": ("DetectionModel", "detect", 24),
     "yolov8n-seg.yaml": ("SegmentationModel", "segment", 22),
+    "yolov8n-obb.yaml": ("OBBModel", "obb", 22),
     "yolov8n-cls.yaml": ("ClassificationModel", "classify", 9),
 }
 UNSUPPORTED = {
     "yolov8n-pose.yaml": ("PoseModel", "a pose (keypoint) model (ultralytics.nn.tasks.PoseModel)"),
-    "yolov8n-obb.yaml": ("OBBModel", "an oriented bounding box (OBB) model (ultralytics.nn.tasks.OBBModel)"),
     "yolo26n.yaml": ("DetectionModel", "an end-to-end (NMS-free) model: its ultralytics.nn.modules.head.Detect head"),
     "yolov10n.yaml": ("DetectionModel", "an end-to-end (NMS-free) model: its ultralytics.nn.modules.head.v10Detect"),
 }
@@ -156,8 +156,8 @@ def test_unsupported_models_are_named_in_one_line(made, yaml_name):
         read(path)
     message = str(info.value)
     assert message.startswith(f"{path}: unsupported checkpoint: {UNSUPPORTED[yaml_name][1]}") and "\n" not in message
-    assert message.endswith("; YOLOv8, YOLO11 and YOLOv5u detection, segmentation and classification models are "
-                            "supported")
+    assert message.endswith("; YOLOv8, YOLO11 and YOLOv5u detection, segmentation, oriented-box (OBB) and "
+                            "classification models are supported")
 
 
 def test_a_head_that_does_not_fit_its_tensors_is_refused(made):

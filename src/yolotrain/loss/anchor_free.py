@@ -72,9 +72,10 @@ class Predictions:
         self.points = torch.cat(points)
         self.strides = torch.cat(point_strides)
         bins = torch.arange(reg_max, device=flat.device, dtype=flat.dtype)
-        # Each side's distance is the expectation of its distribution; boxes xyxy, in strides.
-        distances = self.distributions.softmax(-1) @ bins
-        self.boxes = torch.cat((self.points - distances[..., :2], self.points + distances[..., 2:]), -1)
+        # Each side's distance (left, top, right, bottom) is the expectation of its distribution; boxes xyxy, in
+        # strides.
+        self.distances = self.distributions.softmax(-1) @ bins
+        self.boxes = torch.cat((self.points - self.distances[..., :2], self.points + self.distances[..., 2:]), -1)
 
 
 class AnchorFreeLoss:
@@ -128,7 +129,7 @@ class AnchorFreeLoss:
         self._check_outputs(outputs, pred_size)
         # Half-precision maps (autocast) are scored in float32, as YoloLoss scores them.
         maps = [o.float() if o.dtype in (torch.float16, torch.bfloat16) else o for o in outputs]
-        targets = targets_to_tensor(targets, maps[0].device)
+        targets = self._targets_tensor(targets, maps[0].device)
         if not torch.isfinite(targets).all():
             raise ValueError("targets contain NaN or infinite values")
         if targets.shape[0]:
@@ -141,15 +142,23 @@ class AnchorFreeLoss:
         self.step += 1
         return maps, targets
 
+    # The targets as one tensor, ``[N, 6]`` (image index, class, cx, cy, w, h).
+    _targets_tensor = staticmethod(targets_to_tensor)
+
+    def _extra_channels(self) -> tuple[int, str]:
+        """How many channels follow the class logits in each map, and what they are."""
+        return self.nm, "mask coefficients"
+
     def _check_outputs(self, outputs: Sequence[torch.Tensor], pred_size: Sequence[int] | None) -> None:
-        channels = 4 * self.reg_max + self.nc + self.nm
+        extra, what = self._extra_channels()
+        channels = 4 * self.reg_max + self.nc + extra
         if isinstance(outputs, torch.Tensor) or len(outputs) != self.nl:
             raise ValueError(f"expected the {self.nl} raw head maps of a model in train() mode; "
                              "got decoded eval() output (call model.train())")
         for level in outputs:
             if level.ndim != 4 or level.shape[1] != channels:
                 raise ValueError(f"head map of shape {tuple(level.shape)} does not match [B, {channels}, H, W] "
-                                 f"(4 x {self.reg_max} box bins, {self.nc} classes, {self.nm} mask coefficients)")
+                                 f"(4 x {self.reg_max} box bins, {self.nc} classes, {extra} {what})")
         height, width = self._image_size(outputs, pred_size)
         if not self.rect_training and height != width:
             raise ValueError(f"non-square batch {height}x{width}: pass rect_training=True to train on "
@@ -194,19 +203,24 @@ def padded_targets(targets: torch.Tensor, batch_size: int, pixels: torch.Tensor)
     """The ``[N, 6]`` targets as the assigner takes them (boxes: the normalised ones times ``pixels``, width,
     height, width, height). Each image's targets keep their order: an entry's position is the 1-based index of its
     overlap mask minus one."""
-    image = targets[:, 0].long()
-    counts = torch.bincount(image, minlength=batch_size)
-    order = torch.argsort(image, stable=True)
-    image_sorted = image[order]
-    position = torch.arange(image.shape[0], device=image.device) - (counts.cumsum(0) - counts)[image_sorted]
-    most = int(counts.max()) if image.numel() else 0
-    rows = torch.full((batch_size, most), -1, dtype=torch.long, device=targets.device)
-    rows = rows.index_put((image_sorted, position), order)
+    rows = padded_rows(targets[:, 0].long(), batch_size)
     valid = rows >= 0
     chosen = targets[rows.clamp(min=0)]                                                      # [B, M, 6]
     labels = torch.where(valid, chosen[..., 1], 0.0)
     boxes = torch.where(valid[..., None], xywh_to_xyxy(chosen[..., 2:6] * pixels), 0.0)
     return PaddedTargets(labels, boxes, valid, rows)
+
+
+def padded_rows(image: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``[B, M]``: the rows of each image's targets (``image`` holds each row's image index) in their order, padded
+    with -1 to the largest count of any image."""
+    counts = torch.bincount(image, minlength=batch_size)
+    order = torch.argsort(image, stable=True)
+    image_sorted = image[order]
+    position = torch.arange(image.shape[0], device=image.device) - (counts.cumsum(0) - counts)[image_sorted]
+    most = int(counts.max()) if image.numel() else 0
+    rows = torch.full((batch_size, most), -1, dtype=torch.long, device=image.device)
+    return rows.index_put((image_sorted, position), order)
 
 
 def _distribution_focal_loss(distributions: torch.Tensor, distances: torch.Tensor) -> torch.Tensor:

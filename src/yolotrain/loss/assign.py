@@ -10,7 +10,8 @@ Semantics follow ultralytics' ``TaskAlignedAssigner`` (``utils/tal.py``), the as
 YOLOv5u are trained with, including its details: sides of targets narrower than ``min_side`` are widened to it
 about the centre when choosing the points inside, and a point claimed twice goes to the largest overlap among
 all targets whose (widened) box holds it. Every image is assigned at once, on targets padded to the largest
-count of any image.
+count of any image. :class:`RotatedTaskAlignedAssigner` is the same assignment of rotated boxes (ultralytics'
+``RotatedTaskAlignedAssigner``): the points inside a rotated box, ProbIoU for the overlap.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from typing import NamedTuple
 import torch
 
 from ..boxes import xywh_to_xyxy, xyxy_to_xywh
+from ..rotated import probiou_pairs, xywhr_to_corners
 
 # Margins of the assigner's divisions and of the inside-the-box test, the reference's values.
 ALIGN_EPS = 1e-9
 
 
 class Assignment(NamedTuple):
-    """Per image and anchor point (``[B, A]`` leading dimensions): the assigned target's class, its box (xyxy, in
-    the units of the targets), the soft class targets ``[B, A, nc]`` (zero off the foreground), whether the point is
-    foreground, and the assigned target's position among its image's targets (0 off the foreground)."""
+    """Per image and anchor point (``[B, A]`` leading dimensions): the assigned target's class, its box (as the
+    targets give it: xyxy, or xywhr for the rotated assigner), the soft class targets ``[B, A, nc]`` (zero off the
+    foreground), whether the point is foreground, and the assigned target's position among its image's targets (0
+    off the foreground)."""
 
     labels: torch.Tensor
     boxes: torch.Tensor
@@ -107,7 +110,7 @@ class TaskAlignedAssigner:
         target_positions = torch.arange(positive.shape[1], device=positive.device)[:, None]     # [M, 1]
         target_index = torch.where(positive, target_positions, 0).sum(1)                       # 0 off the foreground
         labels = gt_labels.gather(1, target_index)
-        assigned_boxes = gt_boxes.gather(1, target_index[..., None].expand(-1, -1, 4))
+        assigned_boxes = gt_boxes.gather(1, target_index[..., None].expand(-1, -1, gt_boxes.shape[-1]))
 
         # Soft class targets: each positive's alignment over its target's best alignment, times the target's best
         # overlap; a point keeps the largest of these over its targets (one, after the step above).
@@ -134,16 +137,21 @@ class TaskAlignedAssigner:
 
     def _alignment(self, scores: torch.Tensor, boxes: torch.Tensor, gt_labels: torch.Tensor, gt_boxes: torch.Tensor,
                    candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[B, M, A]`` alignment metric and CIoU (clamped at 0) of each candidate pair, zero elsewhere; computed
-        only for the candidates."""
+        """``[B, M, A]`` alignment metric and overlap (clamped at 0) of each candidate pair, zero elsewhere;
+        computed only for the candidates."""
         image, target, point = candidates.nonzero(as_tuple=True)
         class_scores = scores[image, point, gt_labels[image, target]]
-        overlap = complete_iou_xyxy(gt_boxes[image, target], boxes[image, point]).clamp(min=0)
+        overlap = self._overlap(gt_boxes[image, target], boxes[image, point]).clamp(min=0)
         overlaps = torch.zeros(candidates.shape, dtype=boxes.dtype, device=boxes.device)
         overlaps = overlaps.index_put((image, target, point), overlap)
         alignment = torch.zeros(candidates.shape, dtype=scores.dtype, device=scores.device)
         alignment = alignment.index_put((image, target, point), class_scores.pow(self.alpha) * overlap.pow(self.beta))
         return alignment, overlaps
+
+    @staticmethod
+    def _overlap(gt_boxes: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """The overlap of aligned target and predicted boxes ``[n, 4]``: their CIoU."""
+        return complete_iou_xyxy(gt_boxes, boxes)
 
     @staticmethod
     def _one_target_per_point(positive: torch.Tensor, overlaps: torch.Tensor) -> torch.Tensor:
@@ -152,3 +160,30 @@ class TaskAlignedAssigner:
         targets = torch.arange(overlaps.shape[1], device=overlaps.device)[:, None]              # [M, 1]
         best = targets == overlaps.max(1, keepdim=True).indices                                 # [B, M, A]
         return torch.where(claimed_twice, best, positive)
+
+
+class RotatedTaskAlignedAssigner(TaskAlignedAssigner):
+    """:class:`TaskAlignedAssigner` of rotated boxes: ``boxes`` ``[B, A, 5]`` and ``gt_boxes`` ``[B, M, 5]`` are
+    xywhr (pixels, radians); a point is inside a target when it lies in its rotated rectangle (edges included, as
+    the reference tests it), and the overlap is the boxes' ProbIoU."""
+
+    def _points_inside(self, points: torch.Tensor, gt_boxes: torch.Tensor, gt_valid: torch.Tensor) -> torch.Tensor:
+        """``[B, M, A]``: the points inside each target's rotated box, its sides widened to ``min_side`` at least
+        (about its centre): the projection of the point from a corner onto both sides from that corner lies within
+        the side."""
+        narrow = (gt_boxes[..., 2:4] < self.min_side) & gt_valid[..., None]
+        sides = torch.where(narrow, torch.full_like(gt_boxes[..., 2:4], self.min_side), gt_boxes[..., 2:4])
+        corners = xywhr_to_corners(torch.cat((gt_boxes[..., :2], sides, gt_boxes[..., 4:]), -1))  # [B, M, 4, 2]
+        corner, side_end, other_end = corners[..., 0, None, :], corners[..., 1, None, :], corners[..., 3, None, :]
+        side, other = side_end - corner, other_end - corner                                     # [B, M, 1, 2]
+        from_x = points[:, 0] - corner[..., 0]                                                # [B, M, A]
+        from_y = points[:, 1] - corner[..., 1]
+        along_side = from_x * side[..., 0] + from_y * side[..., 1]
+        along_other = from_x * other[..., 0] + from_y * other[..., 1]
+        side_sq, other_sq = (side * side).sum(-1), (other * other).sum(-1)
+        return (along_side >= 0) & (along_side <= side_sq) & (along_other >= 0) & (along_other <= other_sq)
+
+    @staticmethod
+    def _overlap(gt_boxes: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """The ProbIoU of aligned target and predicted xywhr boxes ``[n, 5]``."""
+        return probiou_pairs(gt_boxes, boxes)

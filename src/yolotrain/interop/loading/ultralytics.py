@@ -3,11 +3,11 @@
 
 Ultralytics 8.x saves a dict whose ``model`` (a released file, stripped of its training state) or ``ema`` (a
 trainer's ``last.pt``/``best.pt``, whose ``model`` is None) entry is a pickled ``ultralytics.nn.tasks``
-``DetectionModel``, ``SegmentationModel`` or ``ClassificationModel`` in half precision, beside ``train_args``,
-``date``, ``version`` .... Here the model arrives as a tree of :class:`~.unpickler.PickledObject` placeholders
-whose state is the modules' ``__dict__``: the weights are read off it the way ``nn.Module.state_dict`` would
-name them (:func:`.official.module_state_dict`), the architecture off the model's ``yaml`` attribute (the model
-YAML as Ultralytics loaded it, with ``scale`` and ``yaml_file``), the class names off ``names``
+``DetectionModel``, ``SegmentationModel``, ``OBBModel`` or ``ClassificationModel`` in half precision, beside
+``train_args``, ``date``, ``version`` .... Here the model arrives as a tree of :class:`~.unpickler.PickledObject`
+placeholders whose state is the modules' ``__dict__``: the weights are read off it the way ``nn.Module.state_dict``
+would name them (:func:`.official.module_state_dict`), the architecture off the model's ``yaml`` attribute (the
+model YAML as Ultralytics loaded it, with ``scale`` and ``yaml_file``), the class names off ``names``
 (``{0: 'person', ...}``), and ``nc``/``reg_max``/``stride`` off the head, checked against its tensors.
 """
 
@@ -28,14 +28,14 @@ from .unpickler import PickledObject
 ULTRALYTICS_PREFIX = "ultralytics."
 # The pickled model class (its qualname: the module moved between Ultralytics versions) → the task it serves,
 # and the head class each task's model ends with.
-MODEL_TASKS: dict[str, str] = {"DetectionModel": "detect", "SegmentationModel": "segment",
+MODEL_TASKS: dict[str, str] = {"DetectionModel": "detect", "SegmentationModel": "segment", "OBBModel": "obb",
                                "ClassificationModel": "classify"}
-TASK_HEADS: dict[str, str] = {"detect": "Detect", "segment": "Segment", "classify": "Classify"}
-SUPPORTED = "YOLOv8, YOLO11 and YOLOv5u detection, segmentation and classification models are supported"
+TASK_HEADS: dict[str, str] = {"detect": "Detect", "segment": "Segment", "obb": "OBB", "classify": "Classify"}
+SUPPORTED = ("YOLOv8, YOLO11 and YOLOv5u detection, segmentation, oriented-box (OBB) and classification models are "
+             "supported")
 # Ultralytics model classes this library does not implement, by qualname, as a message names them.
 UNSUPPORTED_MODELS: dict[str, str] = {
     "PoseModel": "a pose (keypoint) model",
-    "OBBModel": "an oriented bounding box (OBB) model",
     "RTDETRDetectionModel": "an RT-DETR model",
     "WorldModel": "a YOLO-World model",
     "YOLOEModel": "a YOLOE model",
@@ -59,7 +59,7 @@ class UltralyticsWeights:
     """What an official Ultralytics checkpoint holds, read as data: enough to build the model its ``yaml`` describes
     (whose ``model`` layers have Ultralytics' indices) and load ``state_dict`` into it."""
 
-    task: str  # "detect", "segment" or "classify"
+    task: str  # "detect", "segment", "obb" or "classify"
     yaml: dict[str, Any]  # the model YAML as Ultralytics kept it: backbone, head, nc, scales, scale, yaml_file ...
     state_dict: dict[str, torch.Tensor]  # Ultralytics' ``model.state_dict()`` names, tensors as stored (half)
     names: list[str]  # class names, index = class id
@@ -84,7 +84,7 @@ def read_ultralytics(obj: Any, source: str, use_ema: bool = True) -> Ultralytics
     weights when the file has them and ``use_ema`` (a released file has only ``model``).
 
     Raises:
-        UnsupportedCheckpointError: a model family, task or head this library does not implement (pose, OBB,
+        UnsupportedCheckpointError: a model family, task or head this library does not implement (pose,
             RT-DETR, YOLO-World, end-to-end YOLOv10/YOLO26 heads ...), one line naming it and what is supported.
         CheckpointError: a model whose description does not fit its tensors.
     """
@@ -180,6 +180,18 @@ def _detection_head(head: PickledObject, state: Mapping[str, torch.Tensor], inde
     return nc, reg_max, tuple(float(s) for s in stride.float().tolist())
 
 
+def _obb_head(head: PickledObject, state: Mapping[str, torch.Tensor], index: int,
+              source: str) -> tuple[int, int, tuple[float, ...]]:
+    """(nc, reg_max, stride) of an OBB head: a detection head whose angle branch ends in one channel per level."""
+    nc, reg_max, stride = _detection_head(head, state, index, source)
+    for level in range(len(stride)):
+        found = _last_conv_outputs(state, f"model.{index}.cv4.{level}.")
+        if head.get("ne", 1) != 1 or found != 1:
+            raise CheckpointError(f"{source}: the OBB head predicts {head.get('ne')} angles (its cv4.{level} ends in "
+                                  f"{found} channels); one angle per box is supported")
+    return nc, reg_max, stride
+
+
 def _last_conv_outputs(state: Mapping[str, torch.Tensor], prefix: str) -> int | None:
     """Output channels of the last convolution weight under ``prefix`` (a head branch's ``nn.Sequential``)."""
     weights = [key for key in state if key.startswith(prefix) and key.endswith(".weight") and state[key].ndim == 4]
@@ -242,4 +254,5 @@ def _names(names: Any, nc: int) -> list[str]:
 
 
 # Each head kind's reader: (nc, reg_max, strides) from the pickled head and the model's tensors.
-HEAD_READERS = {"Detect": _detection_head, "Segment": _detection_head, "Classify": _classifier_head}
+HEAD_READERS = {"Detect": _detection_head, "Segment": _detection_head, "OBB": _obb_head,
+                "Classify": _classifier_head}

@@ -1,5 +1,6 @@
-"""The anchor-free YOLO detector and instance segmenter (YOLOv5u, YOLOv8, YOLO11, or any architecture written in
-the reference's anchor-free model-YAML format), with the interface of :class:`~yolotrain.model.Yolov5`."""
+"""The anchor-free YOLO detector, instance segmenter and oriented-box detector (YOLOv5u, YOLOv8, YOLO11, or any
+architecture written in the reference's anchor-free model-YAML format), with the interface of
+:class:`~yolotrain.model.Yolov5`."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from .spec import AnchorFreeSpec, build_layers, builtin_spec, matching_name, par
 
 
 class AnchorFreeYolo(LayeredDetector):
-    """Anchor-free YOLO detector, or instance segmenter when its head is a Segment one (``yolov8n-seg``).
+    """Anchor-free YOLO detector, or instance segmenter when its head is a Segment one (``yolov8n-seg``), or
+    oriented-box detector when it is an OBB one (``yolov8n-obb``).
 
     ``arch`` is a published name (``yolov5nu``, ``yolov5n6u``, ``yolov8n``, ``yolov8n-p6``, ``yolov8n-seg``,
     ``yolo11n``, ``yolo11n-seg`` …) or an :class:`AnchorFreeSpec` (see :meth:`from_yaml`). In ``train()`` mode
@@ -27,7 +29,9 @@ class AnchorFreeYolo(LayeredDetector):
     1, class scores: the YOLOv5 form, so its NMS, validation and exports apply unchanged). A segmentation model
     has :attr:`num_masks` mask coefficients after the class logits or scores (raw in both modes) and returns
     ``(maps, proto)`` in ``train()`` mode, ``(decoded, proto)`` in ``eval()`` mode, ``proto`` being the prototype
-    masks ``[B, nm, H/4, W/4]``. Input sides must be multiples of the largest stride.
+    masks ``[B, nm, H/4, W/4]``. An oriented-box model has one more channel, the rotation: its raw logit in the
+    maps, in eval mode the angle in radians after the class scores (``[B, N, 5+nc+1]``, the box's centre and sides
+    along its own axes). Input sides must be multiples of the largest stride.
 
     ``self.model`` keeps the reference's layer indices, so a reference ``state_dict`` loads unchanged.
     ``version`` is the published name, or ``'custom'`` for a spec that is not one of them.
@@ -46,9 +50,9 @@ class AnchorFreeYolo(LayeredDetector):
         else:
             self.version = parse_name(arch)
             self.spec = builtin_spec(self.version)
-        if self.spec.head_block not in ("Detect", "Segment"):
-            raise ValueError(f"{self.spec.where()} ends in {self.spec.head_block or 'no head'}, not Detect or "
-                             "Segment: a classifier is built by anchor_free_classifier")
+        if self.spec.head_block not in ("Detect", "Segment", "OBB"):
+            raise ValueError(f"{self.spec.where()} ends in {self.spec.head_block or 'no head'}, not Detect, "
+                             "Segment or OBB: a classifier is built by anchor_free_classifier")
         self.num_classes = int(num_classes)
         self.names = [str(n) for n in names] if names is not None else [str(i) for i in range(self.num_classes)]
         if len(self.names) != self.num_classes:
@@ -68,7 +72,8 @@ class AnchorFreeYolo(LayeredDetector):
         ``backbone``/``head``) at ``scale`` (else the one its file name says, else its first);
         ``num_classes`` overrides its ``nc``.
 
-        Blocks: Conv, C3, C2, C2f, C3k2, C2PSA, SPPF, Bottleneck, Concat, nn.Upsample, then Detect or Segment.
+        Blocks: Conv, C3, C2, C2f, C3k2, C2PSA, SPPF, Bottleneck, Concat, nn.Upsample, then Detect, Segment
+        or OBB.
         A bad entry raises a one-line ValueError naming ``file:line``.
         """
         spec = read_model_yaml(path, scale)

@@ -53,6 +53,7 @@ from ..spec import (
 )
 from .blocks import C2, C2PSA, Bottleneck, C2f, C3k2
 from .head import REG_MAX, AnchorFreeDetect
+from .obb import NUM_ANGLES, AnchorFreeOBB
 from .segment import NUM_MASKS, NUM_PROTOS, AnchorFreeSegment
 
 # Entries are [from, number, module, args]; "nc" in args stands for the spec's class count.
@@ -181,11 +182,17 @@ V11_HEAD: tuple[Entry, ...] = (
 V11_CLS_BACKBONE: tuple[Entry, ...] = (*V11_BACKBONE[:9], [-1, 2, "C2PSA", [1024]])
 
 SEGMENT_ARGS = ["nc", NUM_MASKS, NUM_PROTOS]
+OBB_ARGS = ["nc", NUM_ANGLES]
 
 
 def _segment_head(head: Sequence[Entry]) -> tuple[Entry, ...]:
     """``head`` with its Detect entry made a Segment one on the same levels (the references' -seg YAMLs)."""
     return (*head[:-1], [head[-1][0], 1, "Segment", SEGMENT_ARGS])
+
+
+def _obb_head(head: Sequence[Entry]) -> tuple[Entry, ...]:
+    """``head`` with its Detect entry made an OBB one on the same levels (the references' -obb YAMLs)."""
+    return (*head[:-1], [head[-1][0], 1, "OBB", OBB_ARGS])
 
 
 @dataclass(frozen=True)
@@ -200,25 +207,30 @@ class Layout:
 LAYOUTS: dict[str, Layout] = {
     "yolov5u": Layout(V5U_SCALES, V5U_BACKBONE, V5U_HEAD),
     "yolov5u-p6": Layout(V5U_SCALES, V5U_P6_BACKBONE, V5U_P6_HEAD),
+    # Not one of the reference's: YOLOv5u's backbone and neck with the OBB head of its -obb YAMLs.
+    "yolov5u-obb": Layout(V5U_SCALES, V5U_BACKBONE, _obb_head(V5U_HEAD)),
     "yolov8": Layout(V8_SCALES, V8_BACKBONE, V8_HEAD),
     "yolov8-p6": Layout(V8_SCALES, V8_P6_BACKBONE, V8_P6_HEAD),
     "yolov8-seg": Layout(V8_SCALES, V8_BACKBONE, _segment_head(V8_HEAD)),
     "yolov8-seg-p6": Layout(V8_SCALES, V8_P6_BACKBONE, _segment_head(V8_P6_HEAD)),
+    "yolov8-obb": Layout(V8_SCALES, V8_BACKBONE, _obb_head(V8_HEAD)),
     "yolov8-cls": Layout(V8_CLS_SCALES, V8_BACKBONE[:9], CLASSIFY_HEAD),
     "yolo11": Layout(V11_SCALES, V11_BACKBONE, V11_HEAD),
     "yolo11-seg": Layout(V11_SCALES, V11_BACKBONE, _segment_head(V11_HEAD)),
+    "yolo11-obb": Layout(V11_SCALES, V11_BACKBONE, _obb_head(V11_HEAD)),
     "yolo11-cls": Layout(V11_SCALES, V11_CLS_BACKBONE, CLASSIFY_HEAD),
 }
 
 
 def _published_names() -> dict[str, tuple[str, str]]:
     """Published name → (layout, scale), named as the reference names its weights (``yolov5nu``,
-    ``yolov5n6u``, ``yolov8n``, ``yolov8n-p6``, ``yolov8n-seg``, ``yolov8n-seg-p6``, ``yolov8n-cls``,
-    ``yolo11n``, ``yolo11n-seg``, ``yolo11n-cls``)."""
+    ``yolov5n6u``, ``yolov8n``, ``yolov8n-p6``, ``yolov8n-seg``, ``yolov8n-seg-p6``, ``yolov8n-obb``,
+    ``yolov8n-cls``, ``yolo11n``, ``yolo11n-seg``, ``yolo11n-obb``, ``yolo11n-cls``; and ``yolov5nu-obb``)."""
     names = {}
     for scale in SCALE_NAMES:
         names[f"yolov5{scale}u"] = ("yolov5u", scale)
         names[f"yolov5{scale}6u"] = ("yolov5u-p6", scale)
+        names[f"yolov5{scale}u-obb"] = ("yolov5u-obb", scale)
         for layout in LAYOUTS:
             for family in ("yolov8", "yolo11"):
                 if layout.startswith(family):
@@ -231,9 +243,9 @@ ARCHITECTURES: tuple[str, ...] = tuple(PUBLISHED)
 
 # The blocks a spec may name; the heads (the last layer of every architecture) by block name.
 BLOCKS = ("Conv", "C3", "C2", "C2f", "C3k2", "C2PSA", "SPPF", "Bottleneck", "Concat", "nn.Upsample",
-          "Detect", "Segment", "Classify")
+          "Detect", "Segment", "OBB", "Classify")
 HEAD_BLOCKS: dict[str, type[nn.Module]] = {"Detect": AnchorFreeDetect, "Segment": AnchorFreeSegment,
-                                           "Classify": Classify}
+                                           "OBB": AnchorFreeOBB, "Classify": Classify}
 # Blocks whose first argument is an output channel count scaled by the width (Classify's is the class count),
 # with the most arguments each takes after it here.
 _CHANNEL_BLOCKS: dict[str, int] = {"Conv": 4, "C3": 1, "C2": 1, "C2f": 1, "C3k2": 2, "C2PSA": 1, "SPPF": 1,
@@ -270,7 +282,7 @@ class AnchorFreeSpec:
 
     @property
     def head_block(self) -> str:
-        """The last entry's block name (Detect, Segment or Classify)."""
+        """The last entry's block name (Detect, Segment, OBB or Classify)."""
         last = self.layers[-1]
         return last[2] if isinstance(last, list) and len(last) == 4 else ""
 
@@ -369,8 +381,9 @@ def parse_name(name: str) -> str:
     the families otherwise."""
     key = str(name).lower().removesuffix(".yaml")
     if key not in PUBLISHED:
-        raise ValueError(f"unknown anchor-free architecture {name!r}: choose yolov5nu … yolov5xu, yolov5n6u …, "
-                         "yolov8n … yolov8x (-p6, -seg, -seg-p6, -cls) or yolo11n … yolo11x (-seg, -cls)")
+        raise ValueError(f"unknown anchor-free architecture {name!r}: choose yolov5nu … yolov5xu (-obb), "
+                         "yolov5n6u …, yolov8n … yolov8x (-p6, -seg, -seg-p6, -obb, -cls) or yolo11n … yolo11x "
+                         "(-seg, -obb, -cls)")
     return key
 
 
@@ -412,7 +425,7 @@ def _is_number_in(value: Any, high: float) -> bool:
 
 
 def build_layers(spec: AnchorFreeSpec, nc: int, in_channels: int, build: bool = True) -> BuiltLayers:
-    """The reference's ``parse_model`` on ``spec``: one module per entry, the head (Detect, Segment or Classify)
+    """The reference's ``parse_model`` on ``spec``: one module per entry, the head (Detect, Segment, OBB or Classify)
     last. Every entry is checked first (bounds, arguments, inputs) and each block built without memory to count
     the model's parameters; with ``build=False`` every layer stays on the "meta" device (a check, or a parameter
     count, that allocates nothing)."""
@@ -436,7 +449,7 @@ def build_layers(spec: AnchorFreeSpec, nc: int, in_channels: int, build: bool = 
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
             raise ValueError(f"{where}: number must be a positive integer, got {brief(number)}")
         resolved = resolve_inputs(source, i, where)
-        takes_list = name in ("Concat", "Detect", "Segment")
+        takes_list = name in ("Concat", "Detect", "Segment", "OBB")
         if takes_list != isinstance(resolved, list):
             expected = "a list of layers" if takes_list else "one layer"
             raise ValueError(f"{where}: {name} takes its input from {expected}, got from={brief(source)}")
@@ -471,7 +484,7 @@ def build_layers(spec: AnchorFreeSpec, nc: int, in_channels: int, build: bool = 
         channels.append(c_out)
         strides.append(stride)
     if not isinstance(modules[-1], tuple(HEAD_BLOCKS.values())):
-        raise ValueError(f"{spec.where(len(entries) - 1)}: the last layer must be Detect, Segment or Classify")
+        raise ValueError(f"{spec.where(len(entries) - 1)}: the last layer must be Detect, Segment, OBB or Classify")
     return BuiltLayers(modules, inputs, saved, strides)
 
 
@@ -575,9 +588,11 @@ def _depth_block(name: str, extra: list[Any], c_in: int, c_out: int, repeats: in
 
 def _head(name: str, args: list[Any], c_in: int, resolved: int | list[int], channels: list[int],
           strides: list[float], spec: AnchorFreeSpec, nc: int, legacy: bool) -> tuple[nn.Module, int, float]:
-    """Detect ``[nc]``, Segment ``[nc, masks, protos]`` (masks and protos optional) or Classify ``[nc]``."""
-    usage = "[nc, masks, protos]" if name == "Segment" else "[nc]"
-    if not (len(args) == 1 or (name == "Segment" and 1 <= len(args) <= 3)):
+    """Detect ``[nc]``, Segment ``[nc, masks, protos]`` (masks and protos optional), OBB ``[nc, angles]`` (angles
+    optional, 1 only) or Classify ``[nc]``."""
+    usage = {"Segment": "[nc, masks, protos]", "OBB": "[nc, angles]"}.get(name, "[nc]")
+    most_args = {"Segment": 3, "OBB": 2}.get(name, 1)
+    if not 1 <= len(args) <= most_args:
         raise ValueError(f"{name} takes {usage}, got {brief(args)}")
     if args[0] not in ("nc", spec.nc):
         raise ValueError(f"{name}'s class count {brief(args[0])} differs from the YAML's nc={spec.nc} (write 'nc')")
@@ -590,6 +605,11 @@ def _head(name: str, args: list[Any], c_in: int, resolved: int | list[int], chan
     level_strides_int = [int(s) for s in level_strides]
     if name == "Detect":
         return AnchorFreeDetect(nc, level_channels, level_strides_int, spec.reg_max, legacy), 0, 0.0
+    if name == "OBB":
+        # The loss and the decoded output know one rotation per box, the reference's ne=1.
+        if len(args) > 1 and args[1] != NUM_ANGLES:
+            raise ValueError(f"OBB predicts {NUM_ANGLES} angle per box, got {brief(args[1])}")
+        return AnchorFreeOBB(nc, level_channels, level_strides_int, NUM_ANGLES, spec.reg_max, legacy), 0, 0.0
     masks, protos = (list(args[1:]) + [NUM_MASKS, NUM_PROTOS][len(args) - 1:])[:2]
     if not is_int_in(masks, 1, MAX_MASKS):
         raise ValueError(f"Segment's mask count must be an integer from 1 to {MAX_MASKS}, got {brief(masks)}")
