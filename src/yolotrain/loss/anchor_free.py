@@ -47,7 +47,8 @@ class AnchorFreeLossConfig:
 
 class Predictions:
     """The head maps of a batch flattened over levels, anchor points last-but-one: box distributions
-    ``[B, A, 4, reg_max]``, class logits ``[B, A, nc]`` and mask coefficients ``[B, A, nm]`` (``nm`` may be 0),
+    ``[B, A, 4, reg_max]``, class logits ``[B, A, nc]`` and what follows them as ``coefficients`` (mask coefficients
+    ``[B, A, nm]``, or a pose head's keypoints ``[B, A, K*D]``; none for a detector),
     with each point's position ``[A, 2]`` (in strides, cell centres) and stride ``[A, 1]``, and the image size as
     ``pixels`` (width, height, width, height)."""
 
@@ -141,15 +142,20 @@ class AnchorFreeLoss:
         self.step += 1
         return maps, targets
 
+    def _map_channels(self) -> tuple[int, str]:
+        """Channels of each head map, and what they are (for the error naming a map that does not fit)."""
+        return (4 * self.reg_max + self.nc + self.nm,
+                f"4 x {self.reg_max} box bins, {self.nc} classes, {self.nm} mask coefficients")
+
     def _check_outputs(self, outputs: Sequence[torch.Tensor], pred_size: Sequence[int] | None) -> None:
-        channels = 4 * self.reg_max + self.nc + self.nm
+        channels, layout = self._map_channels()
         if isinstance(outputs, torch.Tensor) or len(outputs) != self.nl:
             raise ValueError(f"expected the {self.nl} raw head maps of a model in train() mode; "
                              "got decoded eval() output (call model.train())")
         for level in outputs:
             if level.ndim != 4 or level.shape[1] != channels:
                 raise ValueError(f"head map of shape {tuple(level.shape)} does not match [B, {channels}, H, W] "
-                                 f"(4 x {self.reg_max} box bins, {self.nc} classes, {self.nm} mask coefficients)")
+                                 f"({layout})")
         height, width = self._image_size(outputs, pred_size)
         if not self.rect_training and height != width:
             raise ValueError(f"non-square batch {height}x{width}: pass rect_training=True to train on "

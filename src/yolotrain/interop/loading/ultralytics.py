@@ -1,14 +1,15 @@
 """Interpret what :func:`.unpickler.read_torch_file` returns for an official Ultralytics checkpoint (``yolov8n.pt``,
-``yolo11n-seg.pt``, ``yolov5nu.pt``, ``yolov8n-cls.pt`` ...), never running its pickled code.
+``yolo11n-seg.pt``, ``yolov5nu.pt``, ``yolov8n-cls.pt``, ``yolov8n-pose.pt`` ...), never running its pickled code.
 
 Ultralytics 8.x saves a dict whose ``model`` (a released file, stripped of its training state) or ``ema`` (a
 trainer's ``last.pt``/``best.pt``, whose ``model`` is None) entry is a pickled ``ultralytics.nn.tasks``
-``DetectionModel``, ``SegmentationModel`` or ``ClassificationModel`` in half precision, beside ``train_args``,
-``date``, ``version`` .... Here the model arrives as a tree of :class:`~.unpickler.PickledObject` placeholders
-whose state is the modules' ``__dict__``: the weights are read off it the way ``nn.Module.state_dict`` would
-name them (:func:`.official.module_state_dict`), the architecture off the model's ``yaml`` attribute (the model
-YAML as Ultralytics loaded it, with ``scale`` and ``yaml_file``), the class names off ``names``
-(``{0: 'person', ...}``), and ``nc``/``reg_max``/``stride`` off the head, checked against its tensors.
+``DetectionModel``, ``SegmentationModel``, ``ClassificationModel`` or ``PoseModel`` in half precision, beside
+``train_args``, ``date``, ``version`` .... Here the model arrives as a tree of :class:`~.unpickler.PickledObject`
+placeholders whose state is the modules' ``__dict__``: the weights are read off it the way ``nn.Module.state_dict``
+would name them (:func:`.official.module_state_dict`), the architecture off the model's ``yaml`` attribute (the
+model YAML as Ultralytics loaded it, with ``scale`` and ``yaml_file``), the class names off ``names`` (``{0:
+'person', ...}``), and ``nc``/``reg_max``/``stride`` (and a pose head's ``kpt_shape``) off the head, checked against
+its tensors.
 """
 
 from __future__ import annotations
@@ -29,12 +30,11 @@ ULTRALYTICS_PREFIX = "ultralytics."
 # The pickled model class (its qualname: the module moved between Ultralytics versions) → the task it serves,
 # and the head class each task's model ends with.
 MODEL_TASKS: dict[str, str] = {"DetectionModel": "detect", "SegmentationModel": "segment",
-                               "ClassificationModel": "classify"}
-TASK_HEADS: dict[str, str] = {"detect": "Detect", "segment": "Segment", "classify": "Classify"}
-SUPPORTED = "YOLOv8, YOLO11 and YOLOv5u detection, segmentation and classification models are supported"
+                               "ClassificationModel": "classify", "PoseModel": "pose"}
+TASK_HEADS: dict[str, str] = {"detect": "Detect", "segment": "Segment", "classify": "Classify", "pose": "Pose"}
+SUPPORTED = "YOLOv8, YOLO11 and YOLOv5u detection, segmentation, classification and pose models are supported"
 # Ultralytics model classes this library does not implement, by qualname, as a message names them.
 UNSUPPORTED_MODELS: dict[str, str] = {
-    "PoseModel": "a pose (keypoint) model",
     "OBBModel": "an oriented bounding box (OBB) model",
     "RTDETRDetectionModel": "an RT-DETR model",
     "WorldModel": "a YOLO-World model",
@@ -59,7 +59,7 @@ class UltralyticsWeights:
     """What an official Ultralytics checkpoint holds, read as data: enough to build the model its ``yaml`` describes
     (whose ``model`` layers have Ultralytics' indices) and load ``state_dict`` into it."""
 
-    task: str  # "detect", "segment" or "classify"
+    task: str  # "detect", "segment", "classify" or "pose"
     yaml: dict[str, Any]  # the model YAML as Ultralytics kept it: backbone, head, nc, scales, scale, yaml_file ...
     state_dict: dict[str, torch.Tensor]  # Ultralytics' ``model.state_dict()`` names, tensors as stored (half)
     names: list[str]  # class names, index = class id
@@ -69,6 +69,7 @@ class UltralyticsWeights:
     nc: int  # the head's class count, checked against its tensors
     reg_max: int | None  # DFL bins of a detection head (None for a classifier)
     stride: tuple[float, ...]  # the detection levels' strides (empty for a classifier)
+    kpt_shape: tuple[int, int] | None = None  # a pose head's (keypoints, values each), checked against its tensors
 
 
 def is_ultralytics_checkpoint(obj: Any) -> bool:
@@ -84,7 +85,7 @@ def read_ultralytics(obj: Any, source: str, use_ema: bool = True) -> Ultralytics
     weights when the file has them and ``use_ema`` (a released file has only ``model``).
 
     Raises:
-        UnsupportedCheckpointError: a model family, task or head this library does not implement (pose, OBB,
+        UnsupportedCheckpointError: a model family, task or head this library does not implement (OBB,
             RT-DETR, YOLO-World, end-to-end YOLOv10/YOLO26 heads ...), one line naming it and what is supported.
         CheckpointError: a model whose description does not fit its tensors.
     """
@@ -109,13 +110,14 @@ def read_ultralytics(obj: Any, source: str, use_ema: bool = True) -> Ultralytics
     nc, reg_max, stride = HEAD_READERS[TASK_HEADS[task]](head, state, head_index, source)
     if yaml.get("nc") is not None and yaml.get("nc") != nc:
         raise CheckpointError(f"{source}: the model yaml says nc={yaml.get('nc')}, its head has {nc} classes")
+    kpt_shape = _keypoint_shape(head, yaml, state, head_index, source) if task == "pose" else None
     architecture = architecture_name(yaml)
     version = obj.get("version") if isinstance(obj, Mapping) else None
     made_by = f", ultralytics {version}" if isinstance(version, str) else ""
     kind = f"official Ultralytics {architecture or 'custom'} checkpoint ({model.pickled_name}{made_by})"
     return UltralyticsWeights(task=task, yaml=yaml, state_dict=state, names=_names(model.get("names"), nc),
                               in_channels=_in_channels(yaml, state), architecture=architecture, kind=kind, nc=nc,
-                              reg_max=reg_max, stride=stride)
+                              reg_max=reg_max, stride=stride, kpt_shape=kpt_shape)
 
 
 def architecture_name(yaml: Mapping[str, Any]) -> str | None:
@@ -180,6 +182,25 @@ def _detection_head(head: PickledObject, state: Mapping[str, torch.Tensor], inde
     return nc, reg_max, tuple(float(s) for s in stride.float().tolist())
 
 
+def _keypoint_shape(head: PickledObject, yaml: Mapping[str, Any], state: Mapping[str, torch.Tensor], index: int,
+                    source: str) -> tuple[int, int]:
+    """A Pose head's ``kpt_shape``: the head's own, equal to its model yaml's and to its keypoint convolutions'
+    outputs."""
+    shape = head.get("kpt_shape")
+    if not (isinstance(shape, (list, tuple)) and len(shape) == 2 and all(isinstance(v, int) for v in shape)):
+        raise CheckpointError(f"{source}: the pickled {head.pickled_name} head lacks its kpt_shape")
+    if list(yaml.get("kpt_shape") or []) != list(shape):
+        raise CheckpointError(f"{source}: the model yaml says kpt_shape={yaml.get('kpt_shape')}, its head "
+                              f"{list(shape)}")
+    keypoints, dimensions = shape
+    for level in range(len(head.get("stride"))):
+        found = _last_conv_outputs(state, f"model.{index}.cv4.{level}.")
+        if found != keypoints * dimensions:
+            raise CheckpointError(f"{source}: the head's cv4.{level} ends in {found} channels, {keypoints * dimensions}"
+                                  f" expected for kpt_shape={list(shape)}")
+    return keypoints, dimensions
+
+
 def _last_conv_outputs(state: Mapping[str, torch.Tensor], prefix: str) -> int | None:
     """Output channels of the last convolution weight under ``prefix`` (a head branch's ``nn.Sequential``)."""
     weights = [key for key in state if key.startswith(prefix) and key.endswith(".weight") and state[key].ndim == 4]
@@ -242,4 +263,5 @@ def _names(names: Any, nc: int) -> list[str]:
 
 
 # Each head kind's reader: (nc, reg_max, strides) from the pickled head and the model's tensors.
-HEAD_READERS = {"Detect": _detection_head, "Segment": _detection_head, "Classify": _classifier_head}
+HEAD_READERS = {"Detect": _detection_head, "Segment": _detection_head, "Pose": _detection_head,
+                "Classify": _classifier_head}
