@@ -181,7 +181,7 @@ def test_models_are_box_detectors():
     # A spec survives its mapping form (what a checkpoint stores) as the same published architecture.
     stored = json.loads(json.dumps(model.spec.to_dict()))
     assert matching_name(AnchorFreeSpec.from_mapping(stored)) == "yolo11n-seg"
-    with pytest.raises(ValueError, match="not Detect, Segment or Pose: a classifier is built by anchor_free_classifier"):
+    with pytest.raises(ValueError, match="not Detect, Segment or Pose: a classifier is built by anchor_free_"):
         AnchorFreeYolo("yolov8n-cls")
 
 
