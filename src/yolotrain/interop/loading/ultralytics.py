@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -107,10 +107,9 @@ def read_ultralytics(obj: Any, source: str, use_ema: bool = True) -> Ultralytics
         raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {problem}; {SUPPORTED}")
     yaml = _plain_yaml(model.get("yaml"), source)
     state = module_state_dict(model)
-    nc, reg_max, stride = HEAD_READERS[TASK_HEADS[task]](head, state, head_index, source)
+    nc, reg_max, stride, kpt_shape = HEAD_READERS[TASK_HEADS[task]](head, yaml, state, head_index, source)
     if yaml.get("nc") is not None and yaml.get("nc") != nc:
         raise CheckpointError(f"{source}: the model yaml says nc={yaml.get('nc')}, its head has {nc} classes")
-    kpt_shape = _keypoint_shape(head, yaml, state, head_index, source) if task == "pose" else None
     architecture = architecture_name(yaml)
     version = obj.get("version") if isinstance(obj, Mapping) else None
     made_by = f", ultralytics {version}" if isinstance(version, str) else ""
@@ -165,9 +164,18 @@ def _head_problem(head: Any, head_name: str, task: str) -> str | None:
     return None
 
 
-def _detection_head(head: PickledObject, state: Mapping[str, torch.Tensor], index: int,
-                     source: str) -> tuple[int, int, tuple[float, ...]]:
-    """(nc, reg_max, stride) of a Detect/Segment head, checked against its last box and class convolutions."""
+class HeadFacts(NamedTuple):
+    """What a head's reader finds: its class count, DFL bins, strides and keypoint shape (None where it has none)."""
+
+    nc: int
+    reg_max: int | None
+    stride: tuple[float, ...]
+    kpt_shape: tuple[int, int] | None
+
+
+def _detection_head(head: PickledObject, yaml: Mapping[str, Any], state: Mapping[str, torch.Tensor], index: int,
+                    source: str) -> HeadFacts:
+    """The facts of a Detect/Segment head, checked against its last box and class convolutions."""
     nc, reg_max, levels = head.get("nc"), head.get("reg_max", 16), head.get("nl")
     stride = head.get("stride")
     if not (isinstance(nc, int) and isinstance(reg_max, int) and isinstance(levels, int)
@@ -179,13 +187,14 @@ def _detection_head(head: PickledObject, state: Mapping[str, torch.Tensor], inde
             if found != channels:
                 raise CheckpointError(f"{source}: the head's {branch}.{level} ends in {found} channels, {channels} "
                                       f"expected for nc={nc}, reg_max={reg_max}")
-    return nc, reg_max, tuple(float(s) for s in stride.float().tolist())
+    return HeadFacts(nc, reg_max, tuple(float(s) for s in stride.float().tolist()), None)
 
 
-def _keypoint_shape(head: PickledObject, yaml: Mapping[str, Any], state: Mapping[str, torch.Tensor], index: int,
-                    source: str) -> tuple[int, int]:
-    """A Pose head's ``kpt_shape``: the head's own, equal to its model yaml's and to its keypoint convolutions'
-    outputs."""
+def _pose_head(head: PickledObject, yaml: Mapping[str, Any], state: Mapping[str, torch.Tensor], index: int,
+               source: str) -> HeadFacts:
+    """The facts of a Pose head: a detection head's, and its ``kpt_shape``, equal to its model yaml's and to its
+    keypoint convolutions' outputs."""
+    facts = _detection_head(head, yaml, state, index, source)
     shape = head.get("kpt_shape")
     if not (isinstance(shape, (list, tuple)) and len(shape) == 2 and all(isinstance(v, int) for v in shape)):
         raise CheckpointError(f"{source}: the pickled {head.pickled_name} head lacks its kpt_shape")
@@ -193,12 +202,12 @@ def _keypoint_shape(head: PickledObject, yaml: Mapping[str, Any], state: Mapping
         raise CheckpointError(f"{source}: the model yaml says kpt_shape={yaml.get('kpt_shape')}, its head "
                               f"{list(shape)}")
     keypoints, dimensions = shape
-    for level in range(len(head.get("stride"))):
+    for level in range(len(facts.stride)):
         found = _last_conv_outputs(state, f"model.{index}.cv4.{level}.")
         if found != keypoints * dimensions:
             raise CheckpointError(f"{source}: the head's cv4.{level} ends in {found} channels, {keypoints * dimensions}"
                                   f" expected for kpt_shape={list(shape)}")
-    return keypoints, dimensions
+    return facts._replace(kpt_shape=(keypoints, dimensions))
 
 
 def _last_conv_outputs(state: Mapping[str, torch.Tensor], prefix: str) -> int | None:
@@ -210,13 +219,13 @@ def _last_conv_outputs(state: Mapping[str, torch.Tensor], prefix: str) -> int | 
     return int(state[last].shape[0])
 
 
-def _classifier_head(head: PickledObject, state: Mapping[str, torch.Tensor], index: int,
-                     source: str) -> tuple[int, None, tuple]:
-    """(nc, None, ()) of a Classify head, from its linear layer."""
+def _classifier_head(head: PickledObject, yaml: Mapping[str, Any], state: Mapping[str, torch.Tensor], index: int,
+                     source: str) -> HeadFacts:
+    """The facts of a Classify head (its class count, from its linear layer; nothing else)."""
     linear = state.get(f"model.{index}.linear.weight")
     if linear is None or linear.ndim != 2:
         raise CheckpointError(f"{source}: the Classify head has no linear layer (model.{index}.linear.weight)")
-    return int(linear.shape[0]), None, ()
+    return HeadFacts(int(linear.shape[0]), None, (), None)
 
 
 def _plain_yaml(yaml: Any, source: str) -> dict[str, Any]:
@@ -262,6 +271,6 @@ def _names(names: Any, nc: int) -> list[str]:
         return class_names(None, nc)
 
 
-# Each head kind's reader: (nc, reg_max, strides) from the pickled head and the model's tensors.
-HEAD_READERS = {"Detect": _detection_head, "Segment": _detection_head, "Pose": _detection_head,
+# Each head kind's reader: its facts from the pickled head, the model yaml and the model's tensors.
+HEAD_READERS = {"Detect": _detection_head, "Segment": _detection_head, "Pose": _pose_head,
                 "Classify": _classifier_head}
