@@ -144,6 +144,18 @@ def test_labels_with_visibility_train_a_model_without_it(oracle):
     assert criterion.components[2] == 0
 
 
+def test_rows_in_any_image_order_give_the_same_loss(oracle):
+    """Targets and their keypoints need not come image by image: each image's own order is what counts."""
+    generator = torch.Generator().manual_seed(5)
+    targets, keypoints = random_targets(generator, [4, 3, 5], (17, 3))
+    within = torch.cat([torch.arange(n) for n in (4, 3, 5)])
+    order = torch.argsort(within * 10 + targets[:, 0], stable=True)
+    maps = random_maps(generator, 3, (64, 64), NC, 17 * 3)
+    criterion = AnchorFreePoseLoss(adapter(oracle.model((17, 3))))
+    torch.testing.assert_close(criterion(maps, targets[order], keypoints[order]), criterion(maps, targets, keypoints),
+                               rtol=0, atol=0)
+
+
 def test_our_pose_models_maps_give_ultralytics_loss(oracle):
     """The layout of our model's train-mode maps is the one the criterion reads: with ultralytics' weights, its own
     forward and ours give the same loss."""

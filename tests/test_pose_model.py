@@ -277,3 +277,18 @@ def test_a_pose_checkpoint_whose_keypoints_do_not_fit_its_head_is_refused(checkp
     edited = SimpleNamespace(**{**vars(weights), "yaml": {**weights.yaml, "kpt_shape": [5, 9]}})
     with pytest.raises(UnsupportedCheckpointError, match="kpt_shape must be"):
         from_ultralytics(edited, "edited")
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning")
+@pytest.mark.parametrize("kpt_shape", [(17, 3), (5, 2)])
+def test_the_decoded_keypoints_export_to_onnx_for_any_size(tmp_path, kpt_shape):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    model = AnchorFreeYolo("yolov8n-pose", num_classes=2, kpt_shape=kpt_shape).eval()
+    path = tmp_path / "pose.onnx"
+    torch.onnx.export(model, (torch.rand(1, 3, 64, 96),), str(path), dynamo=False, input_names=["images"],
+                      output_names=["out"], dynamic_axes={"images": {0: "batch", 2: "height", 3: "width"}})
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    imgs = torch.rand(2, 3, 96, 64)  # the anchor points follow the input's size
+    (exported,) = session.run(None, {"images": imgs.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(exported), model(imgs), **TOLERANCE)
