@@ -33,9 +33,9 @@ SUPPORTED = {
     "yolov8n-seg.yaml": ("SegmentationModel", "segment", 22),
     "yolov8n-obb.yaml": ("OBBModel", "obb", 22),
     "yolov8n-cls.yaml": ("ClassificationModel", "classify", 9),
+    "yolov8n-pose.yaml": ("PoseModel", "pose", 22),
 }
 UNSUPPORTED = {
-    "yolov8n-pose.yaml": ("PoseModel", "a pose (keypoint) model (ultralytics.nn.tasks.PoseModel)"),
     "yolo26n.yaml": ("DetectionModel", "an end-to-end (NMS-free) model: its ultralytics.nn.modules.head.Detect head"),
     "yolov10n.yaml": ("DetectionModel", "an end-to-end (NMS-free) model: its ultralytics.nn.modules.head.v10Detect"),
 }
@@ -108,6 +108,7 @@ def test_weights_yaml_names_and_task_are_ultralytics_own(made, yaml_name):
     assert weights.task == task and weights.names == list(NAMES.values()) and weights.nc == len(NAMES)
     assert weights.in_channels == 3 and weights.architecture == yaml_name.removesuffix(".yaml")
     assert weights.kind.startswith(f"official Ultralytics {weights.architecture} checkpoint (ultralytics.nn.tasks.")
+    assert weights.kpt_shape == ((17, 3) if task == "pose" else None)
     if task == "classify":
         assert weights.reg_max is None and weights.stride == ()
     else:
@@ -156,8 +157,8 @@ def test_unsupported_models_are_named_in_one_line(made, yaml_name):
         read(path)
     message = str(info.value)
     assert message.startswith(f"{path}: unsupported checkpoint: {UNSUPPORTED[yaml_name][1]}") and "\n" not in message
-    assert message.endswith("; YOLOv8, YOLO11 and YOLOv5u detection, segmentation, oriented-box (OBB) and "
-                            "classification models are supported")
+    assert message.endswith("; YOLOv8, YOLO11 and YOLOv5u detection, segmentation, oriented-box (OBB), classification "
+                            "and pose models are supported")
 
 
 def test_a_head_that_does_not_fit_its_tensors_is_refused(made):

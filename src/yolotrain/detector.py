@@ -15,7 +15,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
-Task = Literal["detect", "segment", "classify"]
+Task = Literal["detect", "segment", "classify", "pose", "obb"]
 
 
 @runtime_checkable

@@ -47,7 +47,8 @@ class AnchorFreeLossConfig:
 
 class Predictions:
     """The head maps of a batch flattened over levels, anchor points last-but-one: box distributions
-    ``[B, A, 4, reg_max]``, class logits ``[B, A, nc]`` and mask coefficients ``[B, A, nm]`` (``nm`` may be 0),
+    ``[B, A, 4, reg_max]``, class logits ``[B, A, nc]`` and what follows them as ``coefficients`` (mask coefficients
+    ``[B, A, nm]``, or a pose head's keypoints ``[B, A, K*D]``; none for a detector),
     with each point's position ``[A, 2]`` (in strides, cell centres) and stride ``[A, 1]``, and the image size as
     ``pixels`` (width, height, width, height)."""
 

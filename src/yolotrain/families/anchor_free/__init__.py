@@ -21,6 +21,7 @@ from ...family import ModelFamily
 from ...interop.loading.anchor_free import checkpoint_anchor_free, is_anchor_free_name, is_anchor_free_yaml
 from ...loss import AnchorFreeLoss, AnchorFreeLossConfig, AnchorFreeSegmentLoss, LossConfig
 from ...model.anchor_free import AnchorFreeSpec, AnchorFreeYolo, builtin_spec, check_spec
+from ...model.anchor_free.pose import KEYPOINT_DIMENSIONS, MAX_KEYPOINTS
 from ...model.anchor_free.spec import ARCHITECTURES, PUBLISHED
 
 FAMILY_NAME = "anchor_free"
@@ -120,6 +121,8 @@ class AnchorFreeFamily(ModelFamily):
     def checkpoint_architecture(self, model: AnchorFreeYolo) -> dict[str, Any]:
         architecture = {"family": FAMILY_NAME, "version": model.version, "nc": int(model.head.nc),
                         "strides": [float(s) for s in model.stride.tolist()], "in_channels": int(model.in_channels)}
+        if model.kpt_shape is not None:  # a pose model's keypoints, like its class count, are the data's
+            architecture.update(kpt_shape=list(model.kpt_shape))
         if model.version == "custom":  # self-contained: the layers themselves, not a path to their YAML
             architecture.update(cfg=model.spec.to_dict())
         return architecture
@@ -134,6 +137,13 @@ class AnchorFreeFamily(ModelFamily):
         if not (isinstance(strides, list) and 1 <= len(strides) <= 8
                 and all(isinstance(s, (int, float)) and not isinstance(s, bool) and s > 0 for s in strides)):
             raise bad("strides", "must be a list of 1 to 8 positive numbers")
+        kpt_shape = metadata.get("kpt_shape")
+        if kpt_shape is not None and not (isinstance(kpt_shape, list) and len(kpt_shape) == 2
+                                          and all(type(v) is int for v in kpt_shape)
+                                          and 1 <= kpt_shape[0] <= MAX_KEYPOINTS
+                                          and kpt_shape[1] in KEYPOINT_DIMENSIONS):
+            raise bad("kpt_shape", f"must be [keypoints 1..{MAX_KEYPOINTS}, 2 or 3 values each], "
+                      f"got {str(kpt_shape)[:40]}")
         in_channels = metadata.get("in_channels", 3)
         if isinstance(in_channels, bool) or not isinstance(in_channels, int) or not 1 <= in_channels <= 64:
             raise bad("in_channels", f"must be an integer from 1 to 64, got {str(in_channels)[:40]}")

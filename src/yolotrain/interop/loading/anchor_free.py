@@ -7,6 +7,7 @@ give anchors, so the one key tells the two formats apart.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,12 +24,13 @@ from .official import UnsupportedCheckpointError
 from .ultralytics import UltralyticsWeights
 
 CLASSIFY_HEAD = "Classify"
+POSE_HEAD = "Pose"
 CLASSIFY_SUFFIX = "-cls"
 
 
 def is_anchor_free_name(name: str | os.PathLike) -> bool:
     """Whether ``name`` (any case, ``.yaml`` or ``.pt`` dropped) is a published anchor-free architecture:
-    ``yolov8n``, ``yolo11s-seg``, ``yolov5nu``, ``yolov8n-cls`` …"""
+    ``yolov8n``, ``yolo11s-seg``, ``yolov5nu``, ``yolov8n-cls``, ``yolov8n-pose``, ``yolov5nu-pose`` …"""
     key = os.path.basename(os.fspath(name)).lower()
     for suffix in (".yaml", ".yml", ".pt"):
         key = key.removesuffix(suffix)
@@ -48,11 +50,15 @@ def is_anchor_free_yaml(path: str | os.PathLike) -> bool:
     return isinstance(cfg, Mapping) and "anchors" not in cfg and "backbone" in cfg
 
 
-def build_architecture(spec: AnchorFreeSpec, num_classes: int | None,
-                       names: Sequence[str] | None) -> AnchorFreeYolo | Classifier:
+def build_architecture(spec: AnchorFreeSpec, num_classes: int | None, names: Sequence[str] | None,
+                       kpt_shape: Sequence[int] | None = None) -> AnchorFreeYolo | Classifier:
     """``spec``'s model with random weights (a classifier when its head is Classify); ``num_classes`` overrides its
-    ``nc``."""
+    ``nc``, ``kpt_shape`` (keypoints, values each) a Pose head's."""
     nc = spec.nc if num_classes is None else num_classes
+    if kpt_shape is not None:
+        if spec.head_block != POSE_HEAD:
+            raise ValueError(f"kpt_shape is for a Pose head; {spec.where()} ends in {spec.head_block}")
+        spec = dataclasses.replace(spec, kpt_shape=tuple(int(v) for v in kpt_shape))
     return ARCHITECTURE_BUILDERS.get(spec.head_block, _box_model)(spec, nc, names)
 
 
@@ -60,16 +66,16 @@ def _box_model(spec: AnchorFreeSpec, num_classes: int, names: Sequence[str] | No
     return AnchorFreeYolo(spec, num_classes=num_classes, names=names)
 
 
-# How a spec is built by its head block: a Classify head makes a Classifier, any other (Detect, Segment; what else
-# AnchorFreeYolo refuses in one line) an AnchorFreeYolo.
+# How a spec is built by its head block: a Classify head makes a Classifier, any other (Detect, Segment, Pose with the
+# spec's kpt_shape; what else AnchorFreeYolo refuses in one line) an AnchorFreeYolo.
 ARCHITECTURE_BUILDERS = {CLASSIFY_HEAD: anchor_free_classifier}
 
 
-def published_architecture(name: str, num_classes: int | None,
-                           names: Sequence[str] | None) -> AnchorFreeYolo | Classifier:
+def published_architecture(name: str, num_classes: int | None, names: Sequence[str] | None,
+                           kpt_shape: Sequence[int] | None = None) -> AnchorFreeYolo | Classifier:
     """The published architecture ``name`` with random weights (COCO's 80 classes, ImageNet's 1000 for a
-    classifier, unless ``num_classes``)."""
-    return build_architecture(builtin_spec(name), num_classes, names)
+    classifier, COCO's person and its 17 keypoints for a pose model, unless ``num_classes`` and ``kpt_shape``)."""
+    return build_architecture(builtin_spec(name), num_classes, names, kpt_shape)
 
 
 def from_ultralytics(weights: UltralyticsWeights, source: str) -> AnchorFreeYolo | Classifier:
@@ -98,6 +104,8 @@ def checkpoint_anchor_free(meta: Mapping[str, Any], state: Mapping[str, torch.Te
     try:
         spec = (AnchorFreeSpec.from_mapping(meta["cfg"], f"{json_path} cfg") if "cfg" in meta
                 else builtin_spec(meta["version"]))
+        if meta.get("kpt_shape") is not None:  # a published pose architecture trained on other keypoints
+            spec = dataclasses.replace(spec, kpt_shape=tuple(int(v) for v in meta["kpt_shape"]))
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{json_path}: bad architecture entry ({type(exc).__name__}: {exc})") from None
     return _loaded(spec, meta["nc"], meta.get("names"), meta.get("in_channels", 3), dict(state), json_path,

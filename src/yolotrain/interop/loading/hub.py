@@ -37,9 +37,9 @@ OFFICIAL_WEIGHTS = ("yolov5n.pt", "yolov5s.pt", "yolov5m.pt", "yolov5l.pt", "yol
 # The Ultralytics assets release its own code downloads YOLOv8/YOLO11/YOLOv5u weights from (named in messages only).
 ULTRALYTICS_RELEASE_URL = "https://github.com/ultralytics/assets/releases/download/v8.3.0"
 # Official Ultralytics checkpoints of the families and tasks interop/loading/ultralytics.py reads: YOLOv8 and YOLO11
-# detection, segmentation and classification, and the anchor-free YOLOv5u detectors.
+# detection, segmentation, classification and pose, and the anchor-free YOLOv5u detectors.
 ULTRALYTICS_WEIGHTS = (tuple(f"{family}{size}{suffix}.pt" for family in ("yolov8", "yolo11")
-                             for suffix in ("", "-seg", "-cls") for size in "nsmlx")
+                             for suffix in ("", "-seg", "-cls", "-pose") for size in "nsmlx")
                        + tuple(f"yolov5{size}u.pt" for size in "nsmlx"))
 # SHA-256 of the v7.0 release assets. Names missing from this table (the segmentation models: no hash
 # of them could be checked against a copy) are not downloaded: a file that cannot be verified is not

@@ -1,14 +1,15 @@
 """Interpret what :func:`.unpickler.read_torch_file` returns for an official Ultralytics checkpoint (``yolov8n.pt``,
-``yolo11n-seg.pt``, ``yolov5nu.pt``, ``yolov8n-cls.pt`` ...), never running its pickled code.
+``yolo11n-seg.pt``, ``yolov5nu.pt``, ``yolov8n-cls.pt``, ``yolov8n-pose.pt`` ...), never running its pickled code.
 
 Ultralytics 8.x saves a dict whose ``model`` (a released file, stripped of its training state) or ``ema`` (a
 trainer's ``last.pt``/``best.pt``, whose ``model`` is None) entry is a pickled ``ultralytics.nn.tasks``
-``DetectionModel``, ``SegmentationModel``, ``OBBModel`` or ``ClassificationModel`` in half precision, beside
-``train_args``, ``date``, ``version`` .... Here the model arrives as a tree of :class:`~.unpickler.PickledObject`
-placeholders whose state is the modules' ``__dict__``: the weights are read off it the way ``nn.Module.state_dict``
-would name them (:func:`.official.module_state_dict`), the architecture off the model's ``yaml`` attribute (the
-model YAML as Ultralytics loaded it, with ``scale`` and ``yaml_file``), the class names off ``names``
-(``{0: 'person', ...}``), and ``nc``/``reg_max``/``stride`` off the head, checked against its tensors.
+``DetectionModel``, ``SegmentationModel``, ``OBBModel``, ``ClassificationModel`` or ``PoseModel`` in half
+precision, beside ``train_args``, ``date``, ``version`` .... Here the model arrives as a tree of
+:class:`~.unpickler.PickledObject` placeholders whose state is the modules' ``__dict__``: the weights are read off it
+the way ``nn.Module.state_dict`` would name them (:func:`.official.module_state_dict`), the architecture off the
+model's ``yaml`` attribute (the model YAML as Ultralytics loaded it, with ``scale`` and ``yaml_file``), the class
+names off ``names`` (``{0: 'person', ...}``), and ``nc``/``reg_max``/``stride`` (and a pose head's ``kpt_shape``)
+off the head, checked against its tensors.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -29,13 +30,13 @@ ULTRALYTICS_PREFIX = "ultralytics."
 # The pickled model class (its qualname: the module moved between Ultralytics versions) → the task it serves,
 # and the head class each task's model ends with.
 MODEL_TASKS: dict[str, str] = {"DetectionModel": "detect", "SegmentationModel": "segment", "OBBModel": "obb",
-                               "ClassificationModel": "classify"}
-TASK_HEADS: dict[str, str] = {"detect": "Detect", "segment": "Segment", "obb": "OBB", "classify": "Classify"}
-SUPPORTED = ("YOLOv8, YOLO11 and YOLOv5u detection, segmentation, oriented-box (OBB) and classification models are "
-             "supported")
+                               "ClassificationModel": "classify", "PoseModel": "pose"}
+TASK_HEADS: dict[str, str] = {"detect": "Detect", "segment": "Segment", "obb": "OBB", "classify": "Classify",
+                              "pose": "Pose"}
+SUPPORTED = ("YOLOv8, YOLO11 and YOLOv5u detection, segmentation, oriented-box (OBB), classification and pose models "
+             "are supported")
 # Ultralytics model classes this library does not implement, by qualname, as a message names them.
 UNSUPPORTED_MODELS: dict[str, str] = {
-    "PoseModel": "a pose (keypoint) model",
     "RTDETRDetectionModel": "an RT-DETR model",
     "WorldModel": "a YOLO-World model",
     "YOLOEModel": "a YOLOE model",
@@ -59,7 +60,7 @@ class UltralyticsWeights:
     """What an official Ultralytics checkpoint holds, read as data: enough to build the model its ``yaml`` describes
     (whose ``model`` layers have Ultralytics' indices) and load ``state_dict`` into it."""
 
-    task: str  # "detect", "segment", "obb" or "classify"
+    task: str  # "detect", "segment", "obb", "classify" or "pose"
     yaml: dict[str, Any]  # the model YAML as Ultralytics kept it: backbone, head, nc, scales, scale, yaml_file ...
     state_dict: dict[str, torch.Tensor]  # Ultralytics' ``model.state_dict()`` names, tensors as stored (half)
     names: list[str]  # class names, index = class id
@@ -69,6 +70,7 @@ class UltralyticsWeights:
     nc: int  # the head's class count, checked against its tensors
     reg_max: int | None  # DFL bins of a detection head (None for a classifier)
     stride: tuple[float, ...]  # the detection levels' strides (empty for a classifier)
+    kpt_shape: tuple[int, int] | None = None  # a pose head's (keypoints, values each), checked against its tensors
 
 
 def is_ultralytics_checkpoint(obj: Any) -> bool:
@@ -84,8 +86,8 @@ def read_ultralytics(obj: Any, source: str, use_ema: bool = True) -> Ultralytics
     weights when the file has them and ``use_ema`` (a released file has only ``model``).
 
     Raises:
-        UnsupportedCheckpointError: a model family, task or head this library does not implement (pose,
-            RT-DETR, YOLO-World, end-to-end YOLOv10/YOLO26 heads ...), one line naming it and what is supported.
+        UnsupportedCheckpointError: a model family, task or head this library does not implement
+            (RT-DETR, YOLO-World, end-to-end YOLOv10/YOLO26 heads ...), one line naming it and what is supported.
         CheckpointError: a model whose description does not fit its tensors.
     """
     model = _model_entry(obj, use_ema, source)
@@ -106,7 +108,7 @@ def read_ultralytics(obj: Any, source: str, use_ema: bool = True) -> Ultralytics
         raise UnsupportedCheckpointError(f"{source}: unsupported checkpoint: {problem}; {SUPPORTED}")
     yaml = _plain_yaml(model.get("yaml"), source)
     state = module_state_dict(model)
-    nc, reg_max, stride = HEAD_READERS[TASK_HEADS[task]](head, state, head_index, source)
+    nc, reg_max, stride, kpt_shape = HEAD_READERS[TASK_HEADS[task]](head, yaml, state, head_index, source)
     if yaml.get("nc") is not None and yaml.get("nc") != nc:
         raise CheckpointError(f"{source}: the model yaml says nc={yaml.get('nc')}, its head has {nc} classes")
     architecture = architecture_name(yaml)
@@ -115,7 +117,7 @@ def read_ultralytics(obj: Any, source: str, use_ema: bool = True) -> Ultralytics
     kind = f"official Ultralytics {architecture or 'custom'} checkpoint ({model.pickled_name}{made_by})"
     return UltralyticsWeights(task=task, yaml=yaml, state_dict=state, names=_names(model.get("names"), nc),
                               in_channels=_in_channels(yaml, state), architecture=architecture, kind=kind, nc=nc,
-                              reg_max=reg_max, stride=stride)
+                              reg_max=reg_max, stride=stride, kpt_shape=kpt_shape)
 
 
 def architecture_name(yaml: Mapping[str, Any]) -> str | None:
@@ -163,9 +165,18 @@ def _head_problem(head: Any, head_name: str, task: str) -> str | None:
     return None
 
 
-def _detection_head(head: PickledObject, state: Mapping[str, torch.Tensor], index: int,
-                     source: str) -> tuple[int, int, tuple[float, ...]]:
-    """(nc, reg_max, stride) of a Detect/Segment head, checked against its last box and class convolutions."""
+class HeadFacts(NamedTuple):
+    """What a head's reader finds: its class count, DFL bins, strides and keypoint shape (None where it has none)."""
+
+    nc: int
+    reg_max: int | None
+    stride: tuple[float, ...]
+    kpt_shape: tuple[int, int] | None
+
+
+def _detection_head(head: PickledObject, yaml: Mapping[str, Any], state: Mapping[str, torch.Tensor], index: int,
+                    source: str) -> HeadFacts:
+    """The facts of a Detect/Segment head, checked against its last box and class convolutions."""
     nc, reg_max, levels = head.get("nc"), head.get("reg_max", 16), head.get("nl")
     stride = head.get("stride")
     if not (isinstance(nc, int) and isinstance(reg_max, int) and isinstance(levels, int)
@@ -177,19 +188,39 @@ def _detection_head(head: PickledObject, state: Mapping[str, torch.Tensor], inde
             if found != channels:
                 raise CheckpointError(f"{source}: the head's {branch}.{level} ends in {found} channels, {channels} "
                                       f"expected for nc={nc}, reg_max={reg_max}")
-    return nc, reg_max, tuple(float(s) for s in stride.float().tolist())
+    return HeadFacts(nc, reg_max, tuple(float(s) for s in stride.float().tolist()), None)
 
 
-def _obb_head(head: PickledObject, state: Mapping[str, torch.Tensor], index: int,
-              source: str) -> tuple[int, int, tuple[float, ...]]:
-    """(nc, reg_max, stride) of an OBB head: a detection head whose angle branch ends in one channel per level."""
-    nc, reg_max, stride = _detection_head(head, state, index, source)
-    for level in range(len(stride)):
+def _pose_head(head: PickledObject, yaml: Mapping[str, Any], state: Mapping[str, torch.Tensor], index: int,
+               source: str) -> HeadFacts:
+    """The facts of a Pose head: a detection head's, and its ``kpt_shape``, equal to its model yaml's and to its
+    keypoint convolutions' outputs."""
+    facts = _detection_head(head, yaml, state, index, source)
+    shape = head.get("kpt_shape")
+    if not (isinstance(shape, (list, tuple)) and len(shape) == 2 and all(isinstance(v, int) for v in shape)):
+        raise CheckpointError(f"{source}: the pickled {head.pickled_name} head lacks its kpt_shape")
+    if list(yaml.get("kpt_shape") or []) != list(shape):
+        raise CheckpointError(f"{source}: the model yaml says kpt_shape={yaml.get('kpt_shape')}, its head "
+                              f"{list(shape)}")
+    keypoints, dimensions = shape
+    for level in range(len(facts.stride)):
+        found = _last_conv_outputs(state, f"model.{index}.cv4.{level}.")
+        if found != keypoints * dimensions:
+            raise CheckpointError(f"{source}: the head's cv4.{level} ends in {found} channels, {keypoints * dimensions}"
+                                  f" expected for kpt_shape={list(shape)}")
+    return facts._replace(kpt_shape=(keypoints, dimensions))
+
+
+def _obb_head(head: PickledObject, yaml: Mapping[str, Any], state: Mapping[str, torch.Tensor], index: int,
+              source: str) -> HeadFacts:
+    """The facts of an OBB head: a detection head's, whose angle branch ends in one channel per level."""
+    facts = _detection_head(head, yaml, state, index, source)
+    for level in range(len(facts.stride)):
         found = _last_conv_outputs(state, f"model.{index}.cv4.{level}.")
         if head.get("ne", 1) != 1 or found != 1:
             raise CheckpointError(f"{source}: the OBB head predicts {head.get('ne')} angles (its cv4.{level} ends in "
                                   f"{found} channels); one angle per box is supported")
-    return nc, reg_max, stride
+    return facts
 
 
 def _last_conv_outputs(state: Mapping[str, torch.Tensor], prefix: str) -> int | None:
@@ -201,13 +232,13 @@ def _last_conv_outputs(state: Mapping[str, torch.Tensor], prefix: str) -> int | 
     return int(state[last].shape[0])
 
 
-def _classifier_head(head: PickledObject, state: Mapping[str, torch.Tensor], index: int,
-                     source: str) -> tuple[int, None, tuple]:
-    """(nc, None, ()) of a Classify head, from its linear layer."""
+def _classifier_head(head: PickledObject, yaml: Mapping[str, Any], state: Mapping[str, torch.Tensor], index: int,
+                     source: str) -> HeadFacts:
+    """The facts of a Classify head (its class count, from its linear layer; nothing else)."""
     linear = state.get(f"model.{index}.linear.weight")
     if linear is None or linear.ndim != 2:
         raise CheckpointError(f"{source}: the Classify head has no linear layer (model.{index}.linear.weight)")
-    return int(linear.shape[0]), None, ()
+    return HeadFacts(int(linear.shape[0]), None, (), None)
 
 
 def _plain_yaml(yaml: Any, source: str) -> dict[str, Any]:
@@ -253,6 +284,6 @@ def _names(names: Any, nc: int) -> list[str]:
         return class_names(None, nc)
 
 
-# Each head kind's reader: (nc, reg_max, strides) from the pickled head and the model's tensors.
-HEAD_READERS = {"Detect": _detection_head, "Segment": _detection_head, "OBB": _obb_head,
+# Each head kind's reader: its facts from the pickled head, the model yaml and the model's tensors.
+HEAD_READERS = {"Detect": _detection_head, "Segment": _detection_head, "OBB": _obb_head, "Pose": _pose_head,
                 "Classify": _classifier_head}

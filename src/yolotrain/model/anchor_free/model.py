@@ -1,9 +1,11 @@
-"""The anchor-free YOLO detector, instance segmenter and oriented-box detector (YOLOv5u, YOLOv8, YOLO11, or any
+"""The anchor-free YOLO detector, instance segmenter, oriented-box detector and keypoint (pose) model (YOLOv5u,
+YOLOv8, YOLO11, or any
 architecture written in the reference's anchor-free model-YAML format), with the interface of
 :class:`~yolotrain.model.Yolov5`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -19,11 +21,12 @@ from .spec import AnchorFreeSpec, build_layers, builtin_spec, matching_name, par
 
 
 class AnchorFreeYolo(LayeredDetector):
-    """Anchor-free YOLO detector, or instance segmenter when its head is a Segment one (``yolov8n-seg``), or
-    oriented-box detector when it is an OBB one (``yolov8n-obb``).
+    """Anchor-free YOLO detector, or instance segmenter when its head is a Segment one (``yolov8n-seg``), oriented-box
+    detector when it is an OBB one (``yolov8n-obb``), keypoint model when it is a Pose one (``yolov8n-pose``).
 
     ``arch`` is a published name (``yolov5nu``, ``yolov5n6u``, ``yolov8n``, ``yolov8n-p6``, ``yolov8n-seg``,
-    ``yolo11n``, ``yolo11n-seg`` …) or an :class:`AnchorFreeSpec` (see :meth:`from_yaml`). In ``train()`` mode
+    ``yolo11n``, ``yolo11n-seg``, ``yolov8n-pose``, ``yolo11n-pose``, ``yolov5nu-pose`` …) or an
+    :class:`AnchorFreeSpec` (see :meth:`from_yaml`). In ``train()`` mode
     ``model(imgs)`` returns one raw head map ``[B, 4*reg_max + nc, H/s, W/s]`` per level (distance logits, class
     logits); in ``eval()`` mode decoded predictions ``[B, N, 5+nc]`` (cx, cy, w, h in pixels, an objectness of
     1, class scores: the YOLOv5 form, so its NMS, validation and exports apply unchanged). A segmentation model
@@ -31,7 +34,11 @@ class AnchorFreeYolo(LayeredDetector):
     ``(maps, proto)`` in ``train()`` mode, ``(decoded, proto)`` in ``eval()`` mode, ``proto`` being the prototype
     masks ``[B, nm, H/4, W/4]``. An oriented-box model has one more channel, the rotation: its raw logit in the
     maps, in eval mode the angle in radians after the class scores (``[B, N, 5+nc+1]``, the box's centre and sides
-    along its own axes). Input sides must be multiples of the largest stride.
+    along its own axes). A pose model's maps end in :attr:`kpt_shape` = (K, D) keypoint values per cell
+    (raw offsets in train mode); in ``eval()`` mode its decoded rows end in K keypoints of x, y in pixels (and a
+    visibility probability when D == 3): ``[B, N, 5 + nc + K*D]``. ``kpt_shape`` overrides the spec's (the
+    published pose models': COCO's 17 keypoints with visibility), as ``num_classes`` overrides its class count.
+    Input sides must be multiples of the largest stride.
 
     ``self.model`` keeps the reference's layer indices, so a reference ``state_dict`` loads unchanged.
     ``version`` is the published name, or ``'custom'`` for a spec that is not one of them.
@@ -40,7 +47,8 @@ class AnchorFreeYolo(LayeredDetector):
     task: Task = "detect"
 
     def __init__(self, arch: str | AnchorFreeSpec = "yolov8n", num_classes: int = 80,
-                 names: Sequence[str] | None = None, in_channels: int | None = None) -> None:
+                 names: Sequence[str] | None = None, in_channels: int | None = None,
+                 kpt_shape: Sequence[int] | None = None) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not 1 <= int(num_classes) <= MAX_CLASSES:
             raise ValueError(f"num_classes must be from 1 to {MAX_CLASSES}, got {num_classes}")
@@ -50,9 +58,13 @@ class AnchorFreeYolo(LayeredDetector):
         else:
             self.version = parse_name(arch)
             self.spec = builtin_spec(self.version)
-        if self.spec.head_block not in ("Detect", "Segment", "OBB"):
+        if self.spec.head_block not in ("Detect", "Segment", "OBB", "Pose"):
             raise ValueError(f"{self.spec.where()} ends in {self.spec.head_block or 'no head'}, not Detect, "
-                             "Segment or OBB: a classifier is built by anchor_free_classifier")
+                             "Segment, OBB or Pose: a classifier is built by anchor_free_classifier")
+        if kpt_shape is not None:
+            if self.spec.head_block != "Pose":
+                raise ValueError(f"kpt_shape is for a Pose head; {self.spec.where()} ends in {self.spec.head_block}")
+            self.spec = dataclasses.replace(self.spec, kpt_shape=tuple(int(v) for v in kpt_shape))
         self.num_classes = int(num_classes)
         self.names = [str(n) for n in names] if names is not None else [str(i) for i in range(self.num_classes)]
         if len(self.names) != self.num_classes:
@@ -72,8 +84,8 @@ class AnchorFreeYolo(LayeredDetector):
         ``backbone``/``head``) at ``scale`` (else the one its file name says, else its first);
         ``num_classes`` overrides its ``nc``.
 
-        Blocks: Conv, C3, C2, C2f, C3k2, C2PSA, SPPF, Bottleneck, Concat, nn.Upsample, then Detect, Segment
-        or OBB.
+        Blocks: Conv, C3, C2, C2f, C3k2, C2PSA, SPPF, Bottleneck, Concat, nn.Upsample, then Detect, Segment,
+        OBB or Pose (``[nc, kpt_shape]``, the YAML's ``kpt_shape`` key).
         A bad entry raises a one-line ValueError naming ``file:line``.
         """
         spec = read_model_yaml(path, scale)
@@ -88,6 +100,11 @@ class AnchorFreeYolo(LayeredDetector):
     def arch_name(self) -> str:
         """The architecture's name: ``yolov8n``, ``yolo11s-seg``, ``yolov5nu`` (``custom`` for a YAML's own)."""
         return self.version
+
+    @property
+    def kpt_shape(self) -> tuple[int, int] | None:
+        """(keypoints, values each) a pose model predicts per object; None for a detector or segmenter."""
+        return getattr(self.head, "kpt_shape", None)
 
     def forward(self, imgs: torch.Tensor) -> Any:
         """Train mode: the raw maps (segmentation: ``(maps, proto)``); eval mode: the decoded predictions

@@ -1,14 +1,14 @@
 """Anchor-free architectures in the reference's (ultralytics') model-YAML format, and their translation into layers.
 
-A spec is what an ultralytics ``yolov8.yaml`` holds: ``nc``, ``scales`` (``{n: [depth, width, max_channels],
-...}``, one of which is chosen) or plain ``depth_multiple``/``width_multiple``, and the ``backbone``/``head``
-lists of ``[from, number, module, args]`` entries. The published YOLOv5u, YOLOv8 and YOLO11 architectures
-(detection, segmentation, classification; P6 where the reference has them) are such specs, kept below as the
-reference's YAML entries. :func:`build_layers` turns a spec into modules exactly as the reference's
-``parse_model`` does: channels ``ceil(min(c, max_channels) * width / 8) * 8``, repeats ``round(n * depth)``,
-C3k2's C3k blocks forced on for the m, l and x scales, and YOLO11's depthwise class branch (the reference's
-``legacy=False``) once a C3k2 appears. A user's YAML is read with each entry's line number, so a bad entry is
-reported as ``file:line: ...``.
+A spec is what an ultralytics ``yolov8.yaml`` holds: ``nc``, ``scales`` (``{n: [depth, width, max_channels], ...}``,
+one of which is chosen) or plain ``depth_multiple``/``width_multiple``, ``kpt_shape`` for a pose model, and the
+``backbone``/``head`` lists of ``[from, number, module, args]`` entries. The published YOLOv5u, YOLOv8 and YOLO11
+architectures (detection, segmentation, classification, pose; P6 where the reference has them) are such specs, kept
+below as the reference's YAML entries, and YOLOv5u with the Pose head (``yolov5nu-pose``). :func:`build_layers`
+turns a spec into modules exactly as the reference's ``parse_model`` does: channels ``ceil(min(c, max_channels) *
+width / 8) * 8``, repeats ``round(n * depth)``, C3k2's C3k blocks forced on for the m, l and x scales, and YOLO11's
+depthwise class branch (the reference's ``legacy=False``) once a C3k2 appears. A user's YAML is read with each
+entry's line number, so a bad entry is reported as ``file:line: ...``.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from ..spec import (
 from .blocks import C2, C2PSA, Bottleneck, C2f, C3k2
 from .head import REG_MAX, AnchorFreeDetect
 from .obb import NUM_ANGLES, AnchorFreeOBB
+from .pose import COCO_KEYPOINT_SHAPE, MAX_KEYPOINTS, AnchorFreePose
 from .segment import NUM_MASKS, NUM_PROTOS, AnchorFreeSegment
 
 # Entries are [from, number, module, args]; "nc" in args stands for the spec's class count.
@@ -183,6 +184,7 @@ V11_CLS_BACKBONE: tuple[Entry, ...] = (*V11_BACKBONE[:9], [-1, 2, "C2PSA", [1024
 
 SEGMENT_ARGS = ["nc", NUM_MASKS, NUM_PROTOS]
 OBB_ARGS = ["nc", NUM_ANGLES]
+POSE_ARGS = ["nc", "kpt_shape"]
 
 
 def _segment_head(head: Sequence[Entry]) -> tuple[Entry, ...]:
@@ -193,6 +195,9 @@ def _segment_head(head: Sequence[Entry]) -> tuple[Entry, ...]:
 def _obb_head(head: Sequence[Entry]) -> tuple[Entry, ...]:
     """``head`` with its Detect entry made an OBB one on the same levels (the references' -obb YAMLs)."""
     return (*head[:-1], [head[-1][0], 1, "OBB", OBB_ARGS])
+def _pose_head(head: Sequence[Entry]) -> tuple[Entry, ...]:
+    """``head`` with its Detect entry made a Pose one on the same levels (the references' -pose YAMLs)."""
+    return (*head[:-1], [head[-1][0], 1, "Pose", POSE_ARGS])
 
 
 @dataclass(frozen=True)
@@ -209,15 +214,20 @@ LAYOUTS: dict[str, Layout] = {
     "yolov5u-p6": Layout(V5U_SCALES, V5U_P6_BACKBONE, V5U_P6_HEAD),
     # Not one of the reference's: YOLOv5u's backbone and neck with the OBB head of its -obb YAMLs.
     "yolov5u-obb": Layout(V5U_SCALES, V5U_BACKBONE, _obb_head(V5U_HEAD)),
+    # Not one of the reference's YAMLs: YOLOv5u's backbone and neck with the reference's Pose head.
+    "yolov5u-pose": Layout(V5U_SCALES, V5U_BACKBONE, _pose_head(V5U_HEAD)),
     "yolov8": Layout(V8_SCALES, V8_BACKBONE, V8_HEAD),
     "yolov8-p6": Layout(V8_SCALES, V8_P6_BACKBONE, V8_P6_HEAD),
     "yolov8-seg": Layout(V8_SCALES, V8_BACKBONE, _segment_head(V8_HEAD)),
     "yolov8-seg-p6": Layout(V8_SCALES, V8_P6_BACKBONE, _segment_head(V8_P6_HEAD)),
     "yolov8-obb": Layout(V8_SCALES, V8_BACKBONE, _obb_head(V8_HEAD)),
     "yolov8-cls": Layout(V8_CLS_SCALES, V8_BACKBONE[:9], CLASSIFY_HEAD),
+    "yolov8-pose": Layout(V8_SCALES, V8_BACKBONE, _pose_head(V8_HEAD)),
+    "yolov8-pose-p6": Layout(V8_SCALES, V8_P6_BACKBONE, _pose_head(V8_P6_HEAD)),
     "yolo11": Layout(V11_SCALES, V11_BACKBONE, V11_HEAD),
     "yolo11-seg": Layout(V11_SCALES, V11_BACKBONE, _segment_head(V11_HEAD)),
     "yolo11-obb": Layout(V11_SCALES, V11_BACKBONE, _obb_head(V11_HEAD)),
+    "yolo11-pose": Layout(V11_SCALES, V11_BACKBONE, _pose_head(V11_HEAD)),
     "yolo11-cls": Layout(V11_SCALES, V11_CLS_BACKBONE, CLASSIFY_HEAD),
 }
 
@@ -225,12 +235,14 @@ LAYOUTS: dict[str, Layout] = {
 def _published_names() -> dict[str, tuple[str, str]]:
     """Published name → (layout, scale), named as the reference names its weights (``yolov5nu``,
     ``yolov5n6u``, ``yolov8n``, ``yolov8n-p6``, ``yolov8n-seg``, ``yolov8n-seg-p6``, ``yolov8n-obb``,
-    ``yolov8n-cls``, ``yolo11n``, ``yolo11n-seg``, ``yolo11n-obb``, ``yolo11n-cls``; and ``yolov5nu-obb``)."""
+    ``yolov8n-cls``, ``yolov8n-pose``, ``yolov8n-pose-p6``, ``yolo11n``, ``yolo11n-seg``, ``yolo11n-obb``,
+    ``yolo11n-cls``, ``yolo11n-pose``; and ``yolov5nu-obb``, ``yolov5nu-pose`` for YOLOv5u with those heads)."""
     names = {}
     for scale in SCALE_NAMES:
         names[f"yolov5{scale}u"] = ("yolov5u", scale)
         names[f"yolov5{scale}6u"] = ("yolov5u-p6", scale)
         names[f"yolov5{scale}u-obb"] = ("yolov5u-obb", scale)
+        names[f"yolov5{scale}u-pose"] = ("yolov5u-pose", scale)
         for layout in LAYOUTS:
             for family in ("yolov8", "yolo11"):
                 if layout.startswith(family):
@@ -243,9 +255,9 @@ ARCHITECTURES: tuple[str, ...] = tuple(PUBLISHED)
 
 # The blocks a spec may name; the heads (the last layer of every architecture) by block name.
 BLOCKS = ("Conv", "C3", "C2", "C2f", "C3k2", "C2PSA", "SPPF", "Bottleneck", "Concat", "nn.Upsample",
-          "Detect", "Segment", "OBB", "Classify")
+          "Detect", "Segment", "OBB", "Pose", "Classify")
 HEAD_BLOCKS: dict[str, type[nn.Module]] = {"Detect": AnchorFreeDetect, "Segment": AnchorFreeSegment,
-                                           "OBB": AnchorFreeOBB, "Classify": Classify}
+                                           "OBB": AnchorFreeOBB, "Pose": AnchorFreePose, "Classify": Classify}
 # Blocks whose first argument is an output channel count scaled by the width (Classify's is the class count),
 # with the most arguments each takes after it here.
 _CHANNEL_BLOCKS: dict[str, int] = {"Conv": 4, "C3": 1, "C2": 1, "C2f": 1, "C3k2": 2, "C2PSA": 1, "SPPF": 1,
@@ -261,8 +273,8 @@ _SCALE_PATTERN = re.compile(r"yolo(e-)?v?\d+([nslmx])")
 @dataclass
 class AnchorFreeSpec:
     """One anchor-free architecture in the reference's model-YAML terms, at one scale (``scale`` names it,
-    None for a YAML of plain multiples; ``max_channels`` None: unbounded). ``source`` and ``lines`` only
-    name errors."""
+    None for a YAML of plain multiples; ``max_channels`` None: unbounded). ``kpt_shape`` (keypoints, values
+    each) is what a Pose head predicts (None in a YAML without it). ``source`` and ``lines`` only name errors."""
 
     depth_multiple: float
     width_multiple: float
@@ -275,6 +287,7 @@ class AnchorFreeSpec:
     in_channels: int = 3
     source: str = "model spec"
     lines: list[int] | None = field(default=None, compare=False, repr=False)
+    kpt_shape: tuple[int, int] | None = None
 
     @property
     def layers(self) -> list[Entry]:
@@ -282,7 +295,7 @@ class AnchorFreeSpec:
 
     @property
     def head_block(self) -> str:
-        """The last entry's block name (Detect, Segment, OBB or Classify)."""
+        """The last entry's block name (Detect, Segment, OBB, Pose or Classify)."""
         last = self.layers[-1]
         return last[2] if isinstance(last, list) and len(last) == 4 else ""
 
@@ -293,13 +306,16 @@ class AnchorFreeSpec:
         return self.source if index is None else f"{self.source}: layer {index}"
 
     def layout(self) -> str:
-        """The architecture as a canonical string: what builds the layers, except ``nc`` and the channels."""
+        """The architecture as a canonical string: what builds the layers, except ``nc``, ``kpt_shape`` and the
+        channels (what the data decide)."""
         return json.dumps([self.depth_multiple, self.width_multiple, self.max_channels, self.scale in C3K_SCALES,
                            self.reg_max, self.layers])
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a reference model-YAML mapping (JSON-serialisable): one scale, or plain multiples."""
         cfg: dict[str, Any] = {"nc": self.nc, "reg_max": self.reg_max, "channels": self.in_channels}
+        if self.kpt_shape is not None:
+            cfg["kpt_shape"] = list(self.kpt_shape)
         if self.scale is not None:
             cfg["scales"] = {self.scale: [self.depth_multiple, self.width_multiple, self.max_channels]}
         else:
@@ -318,8 +334,13 @@ class AnchorFreeSpec:
         for key in ("backbone", "head"):
             if key not in cfg:
                 raise ValueError(f"{source}: no '{key}' entry")
-        if cfg.get("kpt_shape") is not None:
-            raise ValueError(f"{where('kpt_shape')}: kpt_shape makes a pose (keypoint) model, which is not supported")
+        kpt_shape = cfg.get("kpt_shape")
+        if kpt_shape is not None:
+            if not (isinstance(kpt_shape, (list, tuple)) and len(kpt_shape) == 2
+                    and is_int_in(kpt_shape[0], 1, MAX_KEYPOINTS) and is_int_in(kpt_shape[1], 2, 3)):
+                raise ValueError(f"{where('kpt_shape')}: kpt_shape must be [keypoints 1..{MAX_KEYPOINTS}, 2 or 3 "
+                                 f"values each], got {brief(kpt_shape)}")
+            kpt_shape = (int(kpt_shape[0]), int(kpt_shape[1]))
         if "activation" in cfg:
             raise ValueError(f"{where('activation')}: 'activation' is not supported (every Conv uses SiLU)")
         if cfg.get("end2end"):
@@ -346,7 +367,7 @@ class AnchorFreeSpec:
             parts.append([normalise_entry(e) for e in entries])
         entry_lines = [*lines.get("backbone_entries", []), *lines.get("head_entries", [])] or None
         return cls(depth, width, max_channels, parts[0], parts[1], scale, nc, reg_max, in_channels, source,
-                   entry_lines)
+                   entry_lines, kpt_shape=kpt_shape)
 
 
 def _multiples(cfg: Mapping[str, Any], scale: str | None, where: Any) -> tuple[float, float, int | None, str | None]:
@@ -381,9 +402,9 @@ def parse_name(name: str) -> str:
     the families otherwise."""
     key = str(name).lower().removesuffix(".yaml")
     if key not in PUBLISHED:
-        raise ValueError(f"unknown anchor-free architecture {name!r}: choose yolov5nu … yolov5xu (-obb), "
-                         "yolov5n6u …, yolov8n … yolov8x (-p6, -seg, -seg-p6, -obb, -cls) or yolo11n … yolo11x "
-                         "(-seg, -obb, -cls)")
+        raise ValueError(f"unknown anchor-free architecture {name!r}: choose yolov5nu … yolov5xu (-obb, -pose), "
+                         "yolov5n6u …, yolov8n … yolov8x (-p6, -seg, -seg-p6, -obb, -cls, -pose, -pose-p6) or "
+                         "yolo11n … yolo11x (-seg, -obb, -cls, -pose)")
     return key
 
 
@@ -393,9 +414,12 @@ def builtin_spec(name: str) -> AnchorFreeSpec:
     layout_name, scale = PUBLISHED[key]
     layout = LAYOUTS[layout_name]
     depth, width, max_channels = layout.scales[scale]
-    nc = 1000 if layout.head[-1][2] == "Classify" else 80
+    head_block = layout.head[-1][2]
+    # ImageNet's classes, COCO's persons and their keypoints, COCO's classes.
+    nc = {"Classify": 1000, "Pose": 1}.get(head_block, 80)
+    kpt_shape = COCO_KEYPOINT_SHAPE if head_block == "Pose" else None
     return AnchorFreeSpec(depth, width, max_channels, [list(e) for e in layout.backbone],
-                          [list(e) for e in layout.head], scale, nc=nc, source=key)
+                          [list(e) for e in layout.head], scale, nc=nc, source=key, kpt_shape=kpt_shape)
 
 
 @functools.cache
@@ -449,7 +473,7 @@ def build_layers(spec: AnchorFreeSpec, nc: int, in_channels: int, build: bool = 
         if isinstance(number, bool) or not isinstance(number, int) or number < 1:
             raise ValueError(f"{where}: number must be a positive integer, got {brief(number)}")
         resolved = resolve_inputs(source, i, where)
-        takes_list = name in ("Concat", "Detect", "Segment", "OBB")
+        takes_list = name in ("Concat", "Detect", "Segment", "OBB", "Pose")
         if takes_list != isinstance(resolved, list):
             expected = "a list of layers" if takes_list else "one layer"
             raise ValueError(f"{where}: {name} takes its input from {expected}, got from={brief(source)}")
@@ -484,7 +508,8 @@ def build_layers(spec: AnchorFreeSpec, nc: int, in_channels: int, build: bool = 
         channels.append(c_out)
         strides.append(stride)
     if not isinstance(modules[-1], tuple(HEAD_BLOCKS.values())):
-        raise ValueError(f"{spec.where(len(entries) - 1)}: the last layer must be Detect, Segment, OBB or Classify")
+        raise ValueError(f"{spec.where(len(entries) - 1)}: the last layer must be Detect, Segment, OBB, Pose or "
+                         "Classify")
     return BuiltLayers(modules, inputs, saved, strides)
 
 
@@ -589,9 +614,9 @@ def _depth_block(name: str, extra: list[Any], c_in: int, c_out: int, repeats: in
 def _head(name: str, args: list[Any], c_in: int, resolved: int | list[int], channels: list[int],
           strides: list[float], spec: AnchorFreeSpec, nc: int, legacy: bool) -> tuple[nn.Module, int, float]:
     """Detect ``[nc]``, Segment ``[nc, masks, protos]`` (masks and protos optional), OBB ``[nc, angles]`` (angles
-    optional, 1 only) or Classify ``[nc]``."""
-    usage = {"Segment": "[nc, masks, protos]", "OBB": "[nc, angles]"}.get(name, "[nc]")
-    most_args = {"Segment": 3, "OBB": 2}.get(name, 1)
+    optional, 1 only), Pose ``[nc, kpt_shape]`` (kpt_shape optional: the YAML's) or Classify ``[nc]``."""
+    usage = {"Segment": "[nc, masks, protos]", "OBB": "[nc, angles]", "Pose": "[nc, kpt_shape]"}.get(name, "[nc]")
+    most_args = {"Segment": 3, "OBB": 2, "Pose": 2}.get(name, 1)
     if not 1 <= len(args) <= most_args:
         raise ValueError(f"{name} takes {usage}, got {brief(args)}")
     if args[0] not in ("nc", spec.nc):
@@ -610,6 +635,13 @@ def _head(name: str, args: list[Any], c_in: int, resolved: int | list[int], chan
         if len(args) > 1 and args[1] != NUM_ANGLES:
             raise ValueError(f"OBB predicts {NUM_ANGLES} angle per box, got {brief(args[1])}")
         return AnchorFreeOBB(nc, level_channels, level_strides_int, NUM_ANGLES, spec.reg_max, legacy), 0, 0.0
+    if name == "Pose":
+        if spec.kpt_shape is None:
+            raise ValueError("a Pose head needs the YAML's kpt_shape: [keypoints, values each]")
+        if len(args) > 1 and args[1] not in ("kpt_shape", list(spec.kpt_shape)):
+            raise ValueError(f"Pose's keypoint shape {brief(args[1])} differs from the YAML's kpt_shape="
+                             f"{list(spec.kpt_shape)} (write 'kpt_shape')")
+        return AnchorFreePose(nc, level_channels, level_strides_int, spec.kpt_shape, spec.reg_max, legacy), 0, 0.0
     masks, protos = (list(args[1:]) + [NUM_MASKS, NUM_PROTOS][len(args) - 1:])[:2]
     if not is_int_in(masks, 1, MAX_MASKS):
         raise ValueError(f"Segment's mask count must be an integer from 1 to {MAX_MASKS}, got {brief(masks)}")
