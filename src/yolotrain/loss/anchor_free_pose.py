@@ -103,7 +103,7 @@ class AnchorFreePoseLoss(AnchorFreeLoss):
 
     def _extra_channels(self) -> tuple[int, str]:
         keypoints, dimensions = self.kpt_shape
-        return keypoints * dimensions, f"({keypoints} x {dimensions}) keypoint values"
+        return keypoints * dimensions, f"keypoint values ({keypoints} x {dimensions})"
 
     def _check_keypoints(self, keypoints: torch.Tensor, targets: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """The keypoints as a ``[N, K, D']`` tensor of the maps' dtype and device (a copy where it must convert)."""
