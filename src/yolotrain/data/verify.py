@@ -316,7 +316,7 @@ def _validated_rows(path: Path, num_classes: int, issues: list[tuple[str, str]],
     ln = ln[keep]
     polygons = [p for p, k in zip(polygons, keep) if k]
     # Two people may share a box: a pose row is a duplicate only when its keypoints are the same too.
-    rows = out if keypoints is None else np.concatenate([out, keypoints.reshape(len(out), -1)], 1)
+    rows = out if kpt_shape is None else np.concatenate([out, keypoints.reshape(len(out), np.prod(kpt_shape))], 1)
     _, first = np.unique(rows, axis=0, return_index=True)
     if len(first) < len(out):
         dup = np.ones(len(out), bool)
@@ -375,15 +375,16 @@ def _writable(folder: Path) -> bool:
         return False
 
 
-def _save(path: Path, index: LabelIndex, fingerprint: str) -> None:
+def _save(path: Path, index: LabelIndex, fingerprint: str, kpt_shape: tuple[int, int] | None = None) -> None:
     r = index.report
     kinds = [k for k in sorted(r.issues) for _ in r.issues[k]]
     wheres = [w for k in sorted(r.issues) for w in r.issues[k]]
     labels = np.concatenate(index.labels) if index.labels else np.zeros((0, 5), np.float32)
     polygons = [p for rows in index.segments for p in rows]
     points = np.concatenate(polygons) if polygons else NO_POLYGON
-    keypoints = np.zeros((0, 0), np.float32) if index.keypoints is None else \
-        np.concatenate([k.reshape(len(k), -1) for k in index.keypoints]).reshape(len(labels), -1)
+    columns = 0 if kpt_shape is None else kpt_shape[0] * kpt_shape[1]
+    keypoints = np.concatenate([k.reshape(len(k), columns) for k in index.keypoints]) if columns and len(labels) \
+        else np.zeros((0, columns), np.float32)
 
     def write(temp: Path) -> None:
         with temp.open("wb") as f:
@@ -460,7 +461,7 @@ def _untrusted(cached: dict[str, np.ndarray], files: list[Path], num_classes: in
         return "polygon points outside the image"
     keypoints = cached["keypoints"]
     columns = 0 if kpt_shape is None else kpt_shape[0] * kpt_shape[1]
-    if keypoints.dtype.kind != "f" or keypoints.shape != ((len(labels), columns) if columns else (0, 0)):
+    if keypoints.dtype.kind != "f" or keypoints.shape != (len(labels) if columns else 0, columns):
         return "keypoint counts disagree with the labels"
     if columns:
         keypoints = keypoints.reshape(len(labels), *kpt_shape)
@@ -516,7 +517,7 @@ def verify_split(
         targets = (primary, fallback) if _writable(primary.parent) else (fallback,)
         for target in targets:
             try:
-                _save(target, index, fingerprint)
+                _save(target, index, fingerprint, kpt_shape)
                 break
             except OSError:
                 continue  # unwritable: try the user cache folder; failing both only costs time next run
