@@ -13,6 +13,7 @@ import torch
 import yaml
 from conftest import SHARED, offline_ultralytics
 
+from yolotrain.data.loaders import DataConfig, _classes, reference_rect_order
 from yolotrain.data.pose import PoseBatch, PoseDataset, hide_outside, label_keypoints, with_visibility
 from yolotrain.data.sources import KeypointLayout, list_images, resolve_source
 from yolotrain.data.verify import DataWarning, cache_paths, verify_split
@@ -132,6 +133,19 @@ def test_keypoint_rows_are_verified_cached_and_bad_ones_named(tmp_path):
     with pytest.warns(DataWarning, match="wrong column count"):
         boxes = verify_split(files, 1, "train")
     assert boxes.keypoints is None and [len(rows) for rows in boxes.labels] == [0, 1]
+
+
+def test_reordered_and_single_class_splits_keep_their_keypoints(tmp_path):
+    source = resolve_source(dot_dataset(tmp_path, n=3))
+    index = verify_split(source.train, 1, kpt_shape=(3, 3))
+    reordered = index.select([2, 0])
+    assert reordered.files == [index.files[2], index.files[0]]
+    for i, j in ((0, 2), (1, 0)):
+        np.testing.assert_array_equal(reordered.keypoints[i], index.keypoints[j])
+        np.testing.assert_array_equal(reordered.labels[i], index.labels[j])
+    assert reference_rect_order(index).keypoints is not None
+    single = _classes(index, DataConfig(single_cls=True))
+    assert single.keypoints is index.keypoints
 
 
 def test_two_value_keypoints_and_visibility():
