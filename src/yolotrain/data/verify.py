@@ -163,8 +163,8 @@ def check_image(path: Path) -> tuple[tuple[int, int] | None, str | None]:
     return (w, h), None
 
 
-def _parse_rows(path: Path, issues: list[tuple[str, str]], kpt_shape: tuple[int, int] | None = None,
-                ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+def _parse_rows(path: Path, issues: list[tuple[str, str]],
+                kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Parse label text into (rows (m, 5), line numbers (m,), polygons); a polygon row becomes its bounding
     box and keeps its points (clipped to the image when they poke out by less than the tolerance); a
     broken polygon (fewer than 3 points, NaN, points far outside the image) is dropped and named.
@@ -298,7 +298,7 @@ def _validated_rows(path: Path, num_classes: int, issues: list[tuple[str, str]],
     outside = ((xyxy < -OUT_OF_BOUNDS_TOL) | (xyxy > 1 + OUT_OF_BOUNDS_TOL)).any(1)
     far = keep & (outside | (a[:, 3:5] <= 0).any(1))
     keep &= drop(far, "box outside the image or not positive",
-                 lambda i: f": {' '.join(f'{x:g}' for x in a[i, 1:])}")
+                 lambda i: f": {' '.join(f'{x:g}' for x in a[i, 1:5])}")
     # Text rounding puts edges a hair past 0 or 1; only clip those silently.
     slightly = keep & ((xyxy < -1e-4) | (xyxy > 1 + 1e-4)).any(1)
     for i in np.flatnonzero(slightly):
