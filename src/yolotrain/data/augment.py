@@ -92,7 +92,7 @@ def random_perspective(
     ``-size/2`` to cut its 2x canvas back to ``size``. Boxes are warped by their 4 corners, clipped,
     and filtered with :func:`box_candidates`.
     """
-    im, M, s, perspective = _random_warp(im, rng, hyp, border)
+    im, M, s, perspective = random_warp(im, rng, hyp, border)
     return im, warp_boxes(labels, M, s, perspective, im.shape[1], im.shape[0])
 
 
@@ -101,21 +101,35 @@ def warp_boxes(labels: np.ndarray, M: np.ndarray, scale: float, perspective: boo
     """Labels (class + pixel xyxy) warped by the 3x3 ``M``: the box of each box's 4 warped corners,
     clipped to the ``width`` x ``height`` image, filtered by :func:`box_candidates` (``scale``: the
     warp's scale, by which the boxes' former areas are compared)."""
+    new, keep = warped_boxes(labels, M, scale, perspective, width, height)
+    labels = labels[keep]
+    labels[:, 1:5] = new[keep]
+    return labels
+
+
+def warped_boxes(labels: np.ndarray, M: np.ndarray, scale: float, perspective: bool, width: int,
+                 height: int) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`warp_boxes` computes, unfiltered: every row's warped, clipped xyxy ``(n, 4)`` and the mask of
+    the rows :func:`box_candidates` keeps (for callers that filter data of their own by the same rows)."""
     n = len(labels)
     if not n:
-        return labels
-    corners = np.ones((n * 4, 3))
-    corners[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)
-    xy = corners @ M.T
-    xy = (xy[:, :2] / xy[:, 2:3] if perspective else xy[:, :2]).reshape(n, 8)
+        return np.zeros((0, 4)), np.zeros(0, bool)
+    corners = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n, 4, 2)
+    xy = warp_points(corners, M, perspective).reshape(n, 8)
     x, y = xy[:, 0::2], xy[:, 1::2]
     new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
     new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
     new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
-    keep = box_candidates(labels[:, 1:5].T * scale, new.T)
-    labels = labels[keep]
-    labels[:, 1:5] = new[keep]
-    return labels
+    return new, box_candidates(labels[:, 1:5].T * scale, new.T)
+
+
+def warp_points(xy: np.ndarray, M: np.ndarray, perspective: bool) -> np.ndarray:
+    """Pixel points ``(..., 2)`` moved by the 3x3 warp ``M`` (divided by their third coordinate when it is a
+    perspective one)."""
+    flat = xy.reshape(-1, 2)
+    moved = np.concatenate((flat, np.ones((len(flat), 1))), 1) @ M.T
+    moved = moved[:, :2] / moved[:, 2:3] if perspective else moved[:, :2]
+    return moved.reshape(xy.shape)
 
 
 # Polygons are resampled to this many points before a warp, so their warped outline stays faithful.
@@ -129,7 +143,7 @@ def random_perspective_segments(
     """:func:`random_perspective` (the same random draws) for labels with polygons: each polygon (pixels)
     is resampled to :data:`POLYGON_POINTS` points and warped, its box is that of its points inside the
     image, and the candidate rule keeps boxes over 1% of their former area (the reference's values)."""
-    im, M, s, perspective = _random_warp(im, rng, hyp, border)
+    im, M, s, perspective = random_warp(im, rng, hyp, border)
     height, width = im.shape[:2]
     if not len(labels):
         return im, labels, []
@@ -162,9 +176,10 @@ def _inside_box(xy: np.ndarray, width: int, height: int) -> np.ndarray:
     return np.array([x.min(), y.min(), x.max(), y.max()]) if x.any() else np.zeros(4)
 
 
-def _random_warp(im: np.ndarray, rng: np.random.Generator, hyp: AugmentConfig,
-                 border: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, float, bool]:
-    """The warped image, its 3x3 matrix, the scale drawn and whether the warp is a perspective one."""
+def random_warp(im: np.ndarray, rng: np.random.Generator, hyp: AugmentConfig,
+                border: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray, float, bool]:
+    """The random perspective's image (the draws of :func:`random_perspective`): the warped image, its 3x3 matrix,
+    the scale drawn and whether the warp is a perspective one, for callers that move points of their own."""
     M, s, perspective, (height, width) = random_warp_matrix(im.shape[:2], rng, hyp, border)
     if border != (0, 0) or (M != np.eye(3)).any():
         im = _warp(im, M, perspective, width, height)
@@ -278,14 +293,16 @@ def _source_window(M: np.ndarray, perspective: bool, width: int, height: int,
 
 def mosaic4(
     tiles: Sequence[tuple[np.ndarray, np.ndarray]], size: int, rng: np.random.Generator,
-    segments: list[np.ndarray] | None = None,
+    segments: list[np.ndarray] | None = None, placements: list[tuple[int, int, int, int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Place 4 images around a random centre of a ``2*size`` canvas (pad 114).
 
     ``tiles`` are (image, labels (n, 5) class + normalised cx, cy, w, h); returns the canvas and the
     labels as class + pixel xyxy on it, clipped to the canvas. ``segments``, a list given empty, receives
     the tiles' polygons (``tiles`` then hold (image, labels, polygons normalised)) in pixels on the canvas,
-    clipped to it as the boxes are.
+    clipped to it as the boxes are. ``placements``, a list given empty, receives each tile's (w, h, x offset,
+    y offset): a normalised point ``p`` of the tile lies at ``p * (w, h) + offset`` on the canvas (for labels
+    that place points of their own, such as keypoints).
     """
     s = size
     yc, xc = (int(v) for v in rng.uniform(s / 2, 1.5 * s, 2))
@@ -296,6 +313,8 @@ def mosaic4(
         x1a, y1a, x2a, y2a, x1b, y1b, x2b, y2b = _tile_placement(i, h, w, xc, yc, 2 * s)
         canvas[y1a:y2a, x1a:x2a] = img[y1b:y2b, x1b:x2b]
         out.append(xywhn_to_xyxy(lab, w, h, x1a - x1b, y1a - y1b))
+        if placements is not None:
+            placements.append((w, h, x1a - x1b, y1a - y1b))
         if segments is not None:
             offset = np.array([x1a - x1b, y1a - y1b])
             segments.extend((p * (w, h) + offset).clip(0, 2 * s) for p in polygons[0])

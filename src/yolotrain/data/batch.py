@@ -11,11 +11,13 @@ import torch
 
 @dataclass
 class Batch:
-    """A loader's batch: ``imgs`` ``[B, 3, H, W]`` and ``targets`` (detection and segmentation: ``[N, 6]`` rows
-    of image index, class, cx, cy, w, h; classification: ``[B]`` class indices).
+    """A loader's batch: ``imgs`` ``[B, 3, H, W]`` and ``targets`` (detection, segmentation and pose: ``[N, 6]`` rows
+    of image index, class, cx, cy, w, h; oriented boxes: ``[N, 7]``, the angle after them; classification: ``[B]``
+    class indices).
 
     A task's dataset may subclass it with fields of its own (segmentation's
-    :class:`~yolotrain.data.segment.SegmentBatch` adds paths, shapes and masks), which the task's own code reads
+    :class:`~yolotrain.data.segment.SegmentBatch` adds paths, shapes and masks, pose's
+    :class:`~yolotrain.data.pose.PoseBatch` keypoints), which the task's own code reads
     by name. Unpacking gives ``(imgs, targets)`` for every batch type, so ``for imgs, targets in loader:`` works
     whatever the task; that is the one unpacking, never more positions. Wrappers that change the images or
     targets keep the other fields with :func:`dataclasses.replace`.

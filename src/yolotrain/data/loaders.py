@@ -189,7 +189,7 @@ def _classes(index: LabelIndex, config: DataConfig) -> LabelIndex:
     if not config.single_cls:
         return index
     labels = [np.concatenate((np.zeros_like(rows[:, :1]), rows[:, 1:]), 1) for rows in index.labels]
-    return LabelIndex(index.files, labels, index.shapes, index.report, index.segments)
+    return dataclasses.replace(index, labels=labels)
 
 
 def reference_rect_order(index: LabelIndex) -> LabelIndex:
@@ -200,9 +200,7 @@ def reference_rect_order(index: LabelIndex) -> LabelIndex:
     The dataset's own stable sort then keeps this order.
     """
     shapes = np.asarray(index.shapes).reshape(-1, 2)
-    order = (shapes[:, 1] / shapes[:, 0]).argsort()
-    return LabelIndex([index.files[i] for i in order], [index.labels[i] for i in order], shapes[order],
-                      index.report, [index.segments[i] for i in order])
+    return index.select((shapes[:, 1] / shapes[:, 0]).argsort())
 
 
 class EpochBatchSampler(Sampler[list[SampleKey]]):

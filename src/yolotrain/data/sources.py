@@ -26,14 +26,45 @@ _TRAIN_NAMES = ("train", "train2017")
 _VAL_NAMES = ("val", "valid", "val2017")
 
 
+@dataclass(frozen=True)
+class KeypointLayout:
+    """The keypoints of a pose dataset, from its YAML: ``count`` keypoints of ``dims`` values each (``kpt_shape:
+    [K, D]``: x, y, or x, y, visibility) and ``flip_idx``, the keypoint each one becomes in a mirrored image (left
+    and right swapped; None when the YAML has none)."""
+
+    count: int
+    dims: int
+    flip_idx: tuple[int, ...] | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(K, D)``, the YAML's ``kpt_shape``."""
+        return self.count, self.dims
+
+
 @dataclass
 class DatasetSource:
-    """Resolved dataset: image files of each split and the class names (empty when unknown)."""
+    """Resolved dataset: image files of each split and the class names (empty when unknown); ``keypoints`` and
+    ``config`` (the dataset YAML, None for a folder without one) for pose datasets."""
 
     train: list[Path]
     val: list[Path]
     names: list[str] = field(default_factory=list)
     root: Path | None = None
+    keypoints: KeypointLayout | None = None
+    config: Path | None = None
+
+    def keypoint_layout(self) -> KeypointLayout:
+        """The dataset's keypoints, which a pose dataset must declare.
+
+        Raises:
+            ValueError: the dataset YAML has no ``kpt_shape``.
+        """
+        if self.keypoints is None:
+            where = self.config or self.root or "dataset"
+            raise ValueError(f"{where}: a pose dataset needs 'kpt_shape: [K, D]' (K keypoints of D = 2 values x y or "
+                             "3 values x y visibility) and 'flip_idx' in its YAML")
+        return self.keypoints
 
 
 def img2label_path(image: str | os.PathLike) -> Path:
@@ -129,6 +160,29 @@ def _dataset_names(cfg: dict, path: Path) -> list[str]:
     return listed
 
 
+def _keypoint_layout(cfg: dict, path: Path) -> KeypointLayout | None:
+    """The ``kpt_shape`` and ``flip_idx`` of a dataset YAML, checked; None when it has no ``kpt_shape``."""
+    shape, flip = cfg.get("kpt_shape"), cfg.get("flip_idx")
+    if shape is None:
+        if flip is not None:
+            raise ValueError(f"{path}: 'flip_idx' without 'kpt_shape: [K, D]'")
+        return None
+    if (not isinstance(shape, list) or len(shape) != 2 or not all(type(v) is int for v in shape)
+            or shape[0] < 1 or shape[1] not in (2, 3)):
+        raise ValueError(f"{path}: 'kpt_shape' must be [K, D] with K >= 1 keypoints of D = 2 (x y) or 3 (x y "
+                         f"visibility) values, got {brief(shape)}")
+    count, dims = shape
+    if flip is None:
+        return KeypointLayout(count, dims)
+    if not isinstance(flip, list) or not all(type(v) is int for v in flip):
+        raise ValueError(f"{path}: 'flip_idx' must be a list of keypoint indices, got {brief(flip)}")
+    if len(flip) != count:
+        raise ValueError(f"{path}: 'flip_idx' has {len(flip)} entries, 'kpt_shape' {count} keypoints")
+    if sorted(flip) != list(range(count)):
+        raise ValueError(f"{path}: 'flip_idx' must name each keypoint 0..{count - 1} once, got {brief(flip)}")
+    return KeypointLayout(count, dims, tuple(flip))
+
+
 def read_yaml(path: Path) -> object:
     """The contents of a YAML file; a syntax error, a duplicate key or an alias bomb is one line naming
     the file and the line (:mod:`yolotrain.yamlio`)."""
@@ -159,7 +213,8 @@ def _from_yaml(path: Path) -> DatasetSource:
     else:
         warnings.warn(f"{path}: no 'val' split, validating on the training images", stacklevel=3)
         val = train
-    return DatasetSource(train=train, val=val, names=_dataset_names(cfg, path), root=root)
+    return DatasetSource(train=train, val=val, names=_dataset_names(cfg, path), root=root,
+                         keypoints=_keypoint_layout(cfg, path), config=path)
 
 
 def _from_folder(root: Path) -> DatasetSource:
@@ -178,12 +233,14 @@ def _from_folder(root: Path) -> DatasetSource:
     else:
         val = list_images(val_dir)
     names: list[str] = []
+    keypoints = config = None
     for cfg in (root / "data.yaml", root / "dataset.yaml"):
         if cfg.is_file():
             contents = read_yaml(cfg) or {}
-            names = _dataset_names(contents if isinstance(contents, dict) else {}, cfg)
+            contents = contents if isinstance(contents, dict) else {}
+            names, keypoints, config = _dataset_names(contents, cfg), _keypoint_layout(contents, cfg), cfg
             break
-    return DatasetSource(train=train, val=val, names=names, root=root)
+    return DatasetSource(train=train, val=val, names=names, root=root, keypoints=keypoints, config=config)
 
 
 def resolve_source(db_root_dir: str | os.PathLike) -> DatasetSource:

@@ -11,6 +11,7 @@ import hashlib
 import os
 import warnings
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -23,11 +24,12 @@ from ..atomic import write_atomic
 from .cachedir import cache_root, file_signature
 from .sources import img2label_path
 
-CACHE_VERSION = 4
+CACHE_VERSION = 5
 # Boxes may poke out of the image by this fraction of its size and are clipped; further out they are dropped.
 OUT_OF_BOUNDS_TOL = 0.02
 MIN_IMAGE_SIDE = 10
 NO_POLYGON = np.zeros((0, 2), np.float32)  # the polygon of a box-only label row
+KEYPOINT_VISIBILITY = (0, 1, 2)  # COCO's: not labelled, labelled but hidden, visible
 DEFAULT_MAX_IMAGE_PIXELS = 100_000_000
 # At least this share of out-of-range class ids of all rows means num_classes itself is wrong.
 MAX_BAD_CLASS_SHARE = 0.5
@@ -74,13 +76,15 @@ class LabelIndex:
     """Verified split: usable image files, their labels ``(n, 5)`` = (class, cx, cy, w, h) normalised,
     and original sizes ``(n, 2)`` as (width, height). ``segments`` holds, per image and label row, the
     row's polygon ``(k, 2)`` (normalised x, y; ``k >= 3``) or ``(0, 2)`` for a box-only row; its box is
-    the polygon's bounding box."""
+    the polygon's bounding box. ``keypoints`` (a pose split, read with its ``kpt_shape``; else None) holds per
+    image its rows' keypoints ``(n, K, D)``: normalised x, y (and the visibility, when D is 3)."""
 
     files: list[Path]
     labels: list[np.ndarray]
     shapes: np.ndarray
     report: VerifyReport
     segments: list[list[np.ndarray]] = field(default_factory=list)
+    keypoints: list[np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if not self.segments:  # no polygons recorded: every row box-only
@@ -91,6 +95,14 @@ class LabelIndex:
         """Whether any label row of the split is a polygon (a YOLO-seg dataset)."""
         return any(len(p) for rows in self.segments for p in rows)
 
+    def select(self, order: Sequence[int] | np.ndarray) -> LabelIndex:
+        """The images at positions ``order``, in that order, with everything recorded per image."""
+        order = [int(i) for i in order]
+        return LabelIndex([self.files[i] for i in order], [self.labels[i] for i in order],
+                          np.asarray(self.shapes).reshape(-1, 2)[order], self.report,
+                          [self.segments[i] for i in order],
+                          None if self.keypoints is None else [self.keypoints[i] for i in order])
+
 
 @dataclass
 class _Checked:
@@ -98,6 +110,7 @@ class _Checked:
     labels: np.ndarray
     issues: list[tuple[str, str]]
     polygons: list[np.ndarray] = field(default_factory=list)
+    keypoints: np.ndarray | None = None
 
 
 def max_image_pixels() -> int:
@@ -150,15 +163,21 @@ def check_image(path: Path) -> tuple[tuple[int, int] | None, str | None]:
     return (w, h), None
 
 
-def _parse_rows(path: Path, issues: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+def _parse_rows(path: Path, issues: list[tuple[str, str]],
+                kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Parse label text into (rows (m, 5), line numbers (m,), polygons); a polygon row becomes its bounding
     box and keeps its points (clipped to the image when they poke out by less than the tolerance); a
-    broken polygon (fewer than 3 points, NaN, points far outside the image) is dropped and named."""
+    broken polygon (fewer than 3 points, NaN, points far outside the image) is dropped and named.
+
+    With ``kpt_shape`` (K, D) every row is a box and K keypoints of D values: the rows are ``(m, 5 + K * D)``
+    and no row is a polygon."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         issues.append(("unreadable label file", f"{path}: {e}"))
         return np.zeros((0, 5)), np.zeros(0, int), []
+    if kpt_shape is not None:
+        return _parse_pose_rows(path, text, issues, 5 + kpt_shape[0] * kpt_shape[1])
     rows, lines, polygons = [], [], []
     for n, line in enumerate(text.splitlines(), 1):
         parts = line.split()
@@ -197,12 +216,70 @@ def _parse_rows(path: Path, issues: list[tuple[str, str]]) -> tuple[np.ndarray, 
     return np.stack(rows), np.array(lines), polygons
 
 
+def _parse_pose_rows(path: Path, text: str, issues: list[tuple[str, str]],
+                     columns: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Pose label text as :func:`_parse_rows` gives it: rows ``(m, columns)``, their line numbers, box-only polygons."""
+    rows, lines = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            v = np.array(parts, dtype=np.float64)
+        except ValueError:
+            issues.append(("non-numeric value", f"{path}:{n}"))
+            continue
+        if v.size != columns:
+            issues.append(("wrong column count", f"{path}:{n}: {v.size} columns, expected {columns} (class, box "
+                           "and the keypoints of kpt_shape)"))
+            continue
+        rows.append(v)
+        lines.append(n)
+    if not rows:
+        return np.zeros((0, columns)), np.zeros(0, int), []
+    return np.stack(rows), np.array(lines), [NO_POLYGON] * len(rows)
+
+
+def _check_keypoints(path: Path, a: np.ndarray, ln: np.ndarray, keep: np.ndarray, kpt_shape: tuple[int, int],
+                     issues: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+    """The keypoints ``(m, K, D)`` of pose rows ``a`` (x, y clipped to the image when they poke out by less than
+    the tolerance) and which rows stay kept: rows with a keypoint further out, or a visibility other than 0, 1
+    or 2, are dropped and named."""
+    count, dims = kpt_shape
+    points = a[:, 5:].reshape(len(a), count, dims)
+    xy = points[..., :2]
+    outside = keep & ((xy < -OUT_OF_BOUNDS_TOL) | (xy > 1 + OUT_OF_BOUNDS_TOL)).any(2).any(1)
+    for i in np.flatnonzero(outside):
+        k = int(np.flatnonzero(((xy[i] < -OUT_OF_BOUNDS_TOL) | (xy[i] > 1 + OUT_OF_BOUNDS_TOL)).any(1))[0])
+        issues.append(("keypoint outside the image", f"{path}:{ln[i]}: keypoint {k} at "
+                       f"{xy[i, k, 0]:g} {xy[i, k, 1]:g}"))
+    keep = keep & ~outside
+    if dims == 3:
+        bad = keep & ~np.isin(points[..., 2], KEYPOINT_VISIBILITY).all(1)
+        for i in np.flatnonzero(bad):
+            k = int(np.flatnonzero(~np.isin(points[i, :, 2], KEYPOINT_VISIBILITY))[0])
+            issues.append(("keypoint visibility not 0, 1 or 2", f"{path}:{ln[i]}: keypoint {k} visibility "
+                           f"{points[i, k, 2]:g}"))
+        keep = keep & ~bad
+    points = points.copy()
+    points[..., :2] = xy.clip(0, 1)
+    return points.astype(np.float32), keep
+
+
 def _check_labels(path: Path, num_classes: int, issues: list[tuple[str, str]]) -> tuple[np.ndarray, list[np.ndarray]]:
     """Validate rows of one label file with vector ops; drop or clip bad rows, recording each. Returns the
     rows and their polygons (``(0, 2)`` for box-only rows)."""
-    a, ln, polygons = _parse_rows(path, issues)
+    rows, polygons, _ = _validated_rows(path, num_classes, issues)
+    return rows, polygons
+
+
+def _validated_rows(path: Path, num_classes: int, issues: list[tuple[str, str]],
+                    kpt_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, list[np.ndarray], np.ndarray | None]:
+    """:func:`_check_labels`, with the rows' keypoints ``(n, K, D)`` read by ``kpt_shape`` (None without it)."""
+    a, ln, polygons = _parse_rows(path, issues, kpt_shape)
+    no_keypoints = None if kpt_shape is None else np.zeros((0, *kpt_shape), np.float32)
     if not len(a):
-        return np.zeros((0, 5), np.float32), []
+        return np.zeros((0, 5), np.float32), [], no_keypoints
 
     def drop(mask: np.ndarray, kind: str, detail) -> np.ndarray:
         for i in np.flatnonzero(mask):
@@ -221,7 +298,7 @@ def _check_labels(path: Path, num_classes: int, issues: list[tuple[str, str]]) -
     outside = ((xyxy < -OUT_OF_BOUNDS_TOL) | (xyxy > 1 + OUT_OF_BOUNDS_TOL)).any(1)
     far = keep & (outside | (a[:, 3:5] <= 0).any(1))
     keep &= drop(far, "box outside the image or not positive",
-                 lambda i: f": {' '.join(f'{x:g}' for x in a[i, 1:])}")
+                 lambda i: f": {' '.join(f'{x:g}' for x in a[i, 1:5])}")
     # Text rounding puts edges a hair past 0 or 1; only clip those silently.
     slightly = keep & ((xyxy < -1e-4) | (xyxy > 1 + 1e-4)).any(1)
     for i in np.flatnonzero(slightly):
@@ -230,11 +307,17 @@ def _check_labels(path: Path, num_classes: int, issues: list[tuple[str, str]]) -
     wh = xyxy[:, 2:] - xyxy[:, :2]
     degenerate = keep & (wh <= 1e-6).any(1)
     keep &= drop(degenerate, "degenerate box", lambda i: "")
+    keypoints = None
+    if kpt_shape is not None:
+        keypoints, keep = _check_keypoints(path, a, ln, keep, kpt_shape, issues)
+        keypoints = keypoints[keep]
 
     out = np.concatenate([cls[:, None], (xyxy[:, :2] + xyxy[:, 2:]) / 2, wh], 1)[keep].astype(np.float32)
     ln = ln[keep]
     polygons = [p for p, k in zip(polygons, keep) if k]
-    _, first = np.unique(out, axis=0, return_index=True)
+    # Two people may share a box: a pose row is a duplicate only when its keypoints are the same too.
+    rows = out if kpt_shape is None else np.concatenate([out, keypoints.reshape(len(out), np.prod(kpt_shape))], 1)
+    _, first = np.unique(rows, axis=0, return_index=True)
     if len(first) < len(out):
         dup = np.ones(len(out), bool)
         dup[first] = False
@@ -242,25 +325,28 @@ def _check_labels(path: Path, num_classes: int, issues: list[tuple[str, str]]) -
             issues.append(("duplicate row removed", f"{path}:{ln[i]}"))
         first = np.sort(first)
         out, polygons = out[first], [polygons[i] for i in first]
-    return out, polygons
+        keypoints = None if keypoints is None else keypoints[first]
+    return out, polygons, keypoints
 
 
-def _check_pair(args: tuple[Path, int]) -> _Checked:
-    image, num_classes = args
+def _check_pair(args: tuple[Path, int, tuple[int, int] | None]) -> _Checked:
+    image, num_classes, kpt_shape = args
     issues: list[tuple[str, str]] = []
+    no_keypoints = None if kpt_shape is None else np.zeros((0, *kpt_shape), np.float32)
     shape, reason = check_image(image)
     if shape is None:
-        return _Checked(None, np.zeros((0, 5), np.float32), [("corrupt image skipped", f"{image}: {reason}")])
+        return _Checked(None, np.zeros((0, 5), np.float32), [("corrupt image skipped", f"{image}: {reason}")],
+                        keypoints=no_keypoints)
     label = img2label_path(image)
     if not label.is_file():
-        return _Checked(shape, np.zeros((0, 5), np.float32), issues)
-    labels, polygons = _check_labels(label, num_classes, issues)
-    return _Checked(shape, labels, issues, polygons)
+        return _Checked(shape, np.zeros((0, 5), np.float32), issues, keypoints=no_keypoints)
+    labels, polygons, keypoints = _validated_rows(label, num_classes, issues, kpt_shape)
+    return _Checked(shape, labels, issues, polygons, keypoints)
 
 
-def _fingerprint(files: list[Path], num_classes: int) -> str:
+def _fingerprint(files: list[Path], num_classes: int, kpt_shape: tuple[int, int] | None = None) -> str:
     """Hash of the file list with the version of each image and label file (:func:`.cachedir.file_signature`)."""
-    h = hashlib.sha256(f"v{CACHE_VERSION} nc={num_classes}\n".encode())
+    h = hashlib.sha256(f"v{CACHE_VERSION} nc={num_classes} kpt_shape={kpt_shape}\n".encode())
     for f in files:
         for p in (f, img2label_path(f)):
             try:
@@ -289,13 +375,16 @@ def _writable(folder: Path) -> bool:
         return False
 
 
-def _save(path: Path, index: LabelIndex, fingerprint: str) -> None:
+def _save(path: Path, index: LabelIndex, fingerprint: str, kpt_shape: tuple[int, int] | None = None) -> None:
     r = index.report
     kinds = [k for k in sorted(r.issues) for _ in r.issues[k]]
     wheres = [w for k in sorted(r.issues) for w in r.issues[k]]
     labels = np.concatenate(index.labels) if index.labels else np.zeros((0, 5), np.float32)
     polygons = [p for rows in index.segments for p in rows]
     points = np.concatenate(polygons) if polygons else NO_POLYGON
+    columns = 0 if kpt_shape is None else kpt_shape[0] * kpt_shape[1]
+    keypoints = np.concatenate([k.reshape(len(k), columns) for k in index.keypoints]) if columns and len(labels) \
+        else np.zeros((0, columns), np.float32)
 
     def write(temp: Path) -> None:
         with temp.open("wb") as f:
@@ -309,6 +398,7 @@ def _save(path: Path, index: LabelIndex, fingerprint: str) -> None:
                 labels=labels.astype(np.float32).reshape(-1, 5),
                 polygon_sizes=np.array([len(p) for p in polygons], dtype=np.int64),
                 points=points.astype(np.float32).reshape(-1, 2),
+                keypoints=keypoints.astype(np.float32),
                 totals=np.array([r.total, r.labelled, r.backgrounds, r.corrupt, r.rows]),
                 issue_kinds=np.array(kinds, dtype=str),
                 issue_where=np.array(wheres, dtype=str),
@@ -317,7 +407,8 @@ def _save(path: Path, index: LabelIndex, fingerprint: str) -> None:
     write_atomic(path, write, durable=False)  # a lost cache only costs a re-scan
 
 
-def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int) -> LabelIndex | None:
+def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int,
+          kpt_shape: tuple[int, int] | None = None) -> LabelIndex | None:
     """The index cached at ``path`` when it is of these files as they are now, and its content is what a
     scan could have produced; a cache that fails the second check gets a :class:`CacheWarning`."""
     try:
@@ -325,10 +416,10 @@ def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int) -> 
             if int(z["version"]) != CACHE_VERSION or str(z["fingerprint"]) != fingerprint:
                 return None
             cached = {k: z[k] for k in ("files", "shapes", "counts", "labels", "totals", "issue_kinds",
-                                        "issue_where", "polygon_sizes", "points")}
+                                        "issue_where", "polygon_sizes", "points", "keypoints")}
     except (OSError, ValueError, KeyError):
         return None
-    problem = _untrusted(cached, files, num_classes)
+    problem = _untrusted(cached, files, num_classes, kpt_shape)
     if problem:
         warnings.warn(f"{path}: cached labels not trusted ({problem}); verifying the split again", CacheWarning,
                       stacklevel=4)
@@ -342,11 +433,16 @@ def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int) -> 
         polygons = []
     starts = np.cumsum(counts) - counts
     segments = [polygons[start:start + count] for start, count in zip(starts.tolist(), counts.tolist())]
+    keypoints = None
+    if kpt_shape is not None:
+        rows = cached["keypoints"].astype(np.float32).reshape(-1, *kpt_shape)
+        keypoints = np.split(rows, np.cumsum(counts)[:-1]) if len(counts) else []
     return LabelIndex([Path(p) for p in cached["files"].tolist()], np.split(labels, np.cumsum(counts)[:-1]),
-                      cached["shapes"].astype(np.int64), report, segments)
+                      cached["shapes"].astype(np.int64), report, segments, keypoints)
 
 
-def _untrusted(cached: dict[str, np.ndarray], files: list[Path], num_classes: int) -> str | None:
+def _untrusted(cached: dict[str, np.ndarray], files: list[Path], num_classes: int,
+               kpt_shape: tuple[int, int] | None = None) -> str | None:
     """Why a label cache's arrays are not what :func:`_scan` writes for ``files`` (None when they are):
     anyone who can write the cache file can put anything in it, whatever its fingerprint says."""
     names, shapes, counts, labels, totals, sizes, points = (
@@ -363,6 +459,15 @@ def _untrusted(cached: dict[str, np.ndarray], files: list[Path], num_classes: in
         return "polygon sizes disagree with the polygons"
     if not np.isfinite(points).all() or (points < 0).any() or (points > 1).any():
         return "polygon points outside the image"
+    keypoints = cached["keypoints"]
+    columns = 0 if kpt_shape is None else kpt_shape[0] * kpt_shape[1]
+    if keypoints.dtype.kind != "f" or keypoints.shape != (len(labels) if columns else 0, columns):
+        return "keypoint counts disagree with the labels"
+    if columns:
+        keypoints = keypoints.reshape(len(labels), *kpt_shape)
+        if (not np.isfinite(keypoints).all() or (keypoints[..., :2] < 0).any() or (keypoints[..., :2] > 1).any()
+                or (kpt_shape[1] == 3 and not np.isin(keypoints[..., 2], KEYPOINT_VISIBILITY).all())):
+            return "keypoints outside the image or of unknown visibility"
     order = {str(f): i for i, f in enumerate(files)}
     positions = [order.get(str(name), -1) for name in names.tolist()]
     if min(positions, default=0) < 0 or any(b <= a for a, b in zip(positions, positions[1:])):
@@ -388,24 +493,31 @@ def _raise_if_nc_wrong(report: VerifyReport, num_classes: int) -> None:
 
 
 def verify_split(
-    files: list[Path], num_classes: int, name: str = "", workers: int | None = None
+    files: list[Path], num_classes: int, name: str = "", workers: int | None = None,
+    kpt_shape: tuple[int, int] | None = None,
 ) -> LabelIndex:
     """Check every image/label pair of a split (cached), warn once with a summary of problems,
     and return the usable images with their labels.
+
+    ``kpt_shape`` (K, D), a pose dataset's: every row is ``class cx cy w h`` and K keypoints of D values (x y,
+    or x y visibility), normalised; rows of other lengths, with keypoints outside the image or of a visibility
+    other than 0, 1 or 2 are dropped and named like other bad rows; the index then carries the keypoints.
 
     Raises:
         ValueError: most label rows have class ids ``>= num_classes`` (the setting is wrong), or no
             usable image is left.
     """
-    fingerprint = _fingerprint(files, num_classes)
+    kpt_shape = None if kpt_shape is None else (int(kpt_shape[0]), int(kpt_shape[1]))
+    fingerprint = _fingerprint(files, num_classes, kpt_shape)
     primary, fallback = cache_paths(files)
-    index = _load(primary, fingerprint, files, num_classes) or _load(fallback, fingerprint, files, num_classes)
+    index = (_load(primary, fingerprint, files, num_classes, kpt_shape)
+             or _load(fallback, fingerprint, files, num_classes, kpt_shape))
     if index is None:
-        index = _scan(files, num_classes, name, workers)
+        index = _scan(files, num_classes, name, workers, kpt_shape)
         targets = (primary, fallback) if _writable(primary.parent) else (fallback,)
         for target in targets:
             try:
-                _save(target, index, fingerprint)
+                _save(target, index, fingerprint, kpt_shape)
                 break
             except OSError:
                 continue  # unwritable: try the user cache folder; failing both only costs time next run
@@ -417,13 +529,14 @@ def verify_split(
     return index
 
 
-def _scan(files: list[Path], num_classes: int, name: str, workers: int | None) -> LabelIndex:
+def _scan(files: list[Path], num_classes: int, name: str, workers: int | None,
+          kpt_shape: tuple[int, int] | None = None) -> LabelIndex:
     # Decoding releases the GIL, so threads verify images in parallel without pickling results.
     threads = workers or min(8, os.cpu_count() or 1)
     report = VerifyReport(total=len(files))
-    kept, labels, shapes, segments = [], [], [], []
+    kept, labels, shapes, segments, keypoints = [], [], [], [], []
     with ThreadPool(threads) as pool:
-        results = pool.imap(_check_pair, [(f, num_classes) for f in files], chunksize=8)
+        results = pool.imap(_check_pair, [(f, num_classes, kpt_shape) for f in files], chunksize=8)
         for f, r in tqdm(zip(files, results), total=len(files), desc=f"verifying {name}".strip(),
                          disable=None, leave=False):
             for kind, where in r.issues:
@@ -434,6 +547,7 @@ def _scan(files: list[Path], num_classes: int, name: str, workers: int | None) -
             kept.append(f)
             labels.append(r.labels)
             segments.append(r.polygons)
+            keypoints.append(r.keypoints)
             shapes.append(r.shape)
             report.rows += len(r.labels)
             if len(r.labels):
@@ -448,4 +562,5 @@ def _scan(files: list[Path], num_classes: int, name: str, workers: int | None) -
             report.add("images sharing one label file", f"{label} <- {', '.join(p.name for p in images)}")
     if kept and not report.labelled:
         report.add("no boxes in the whole split", f"{len(kept)} images, every one a background")
-    return LabelIndex(kept, labels, np.array(shapes, dtype=np.int64).reshape(-1, 2), report, segments)
+    return LabelIndex(kept, labels, np.array(shapes, dtype=np.int64).reshape(-1, 2), report, segments,
+                      None if kpt_shape is None else keypoints)
