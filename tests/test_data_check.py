@@ -58,7 +58,7 @@ def test_check_preview_of_polygon_labels_shows_their_masks(tmp_path, monkeypatch
     config = DataConfig(path=str(data), img_size=128, batch_size=1, workers=0, cache_mb=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DataWarning)
-        dataset = build_loaders(config, AugmentConfig(), seed=0, splits=("train",), masks=True).train.dataset
+        dataset = build_loaders(config, AugmentConfig(), seed=0, splits=("train",), kind="masks").train.dataset
     preview = cv2.imread(str(result.preview))
     visible_pixels = 0
     for i in range(4):  # the preview's 2 x 2 tiles

@@ -158,3 +158,25 @@ def test_command_line_makes_each_variant(tmp_path, capsys):
                      "--img-size", "64"]) == 0
         path = Path(capsys.readouterr().out.strip())
         assert path.name.startswith(f"shapes-{kind}-") and (path / "labels" / "val" / "00000.txt").is_file()
+
+
+def test_the_variants_load_as_keypoint_and_rotated_box_batches(tmp_path):
+    from yolotrain.data.augment import AugmentConfig
+    from yolotrain.data.loaders import DataConfig, build_loaders
+
+    pose = generate_shapes_dataset(tmp_path, n_train=4, n_val=2, img_size=64, labels="pose")
+    loaders = build_loaders(DataConfig(path=str(pose / "data.yaml"), img_size=64, batch_size=2, workers=0),
+                            AugmentConfig(), kind="keypoints")
+    batch = next(iter(loaders.train))
+    assert batch.keypoints.shape == (len(batch.targets), 4, 3) and len(batch.targets) > 0
+    val = next(iter(loaders.val))
+    assert val.keypoints.shape[1:] == (4, 3) and set(val.keypoints[..., 2].unique().tolist()) <= {0.0, 1.0, 2.0}
+    obb = generate_shapes_dataset(tmp_path, n_train=4, n_val=2, img_size=64, labels="obb")
+    loaders = build_loaders(DataConfig(path=str(obb / "data.yaml"), img_size=64, batch_size=2, workers=0),
+                            AugmentConfig(), kind="rotated")
+    targets = next(iter(loaders.val)).targets
+    assert targets.shape[1] == 7 and len(targets) > 0
+    assert ((targets[:, 6] >= -np.pi / 4) & (targets[:, 6] < 3 * np.pi / 4)).all()
+    with pytest.raises(ValueError, match="needs 'kpt_shape"):
+        build_loaders(DataConfig(path=str(obb / "data.yaml"), img_size=64, batch_size=2, workers=0), None,
+                      kind="keypoints")

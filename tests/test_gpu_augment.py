@@ -228,12 +228,13 @@ def test_cuda_without_cuda_fails_in_one_line(tiny_data, tmp_path):
     assert len(lines) == 1 and "--augment-device cuda needs a CUDA GPU and torch finds none" in lines[0], result.stderr
 
 
-@pytest.mark.parametrize(("overrides", "masks", "message"), [
-    ({"rect": True}, False, "--rect needs --augment-device loader"),
-    ({"cache": "ram"}, False, "--cache ram keeps images decoded by the loader"),
-    ({}, True, "segmentation training needs --augment-device loader"),
+@pytest.mark.parametrize(("overrides", "kind", "message"), [
+    ({"rect": True}, "boxes", "--rect needs --augment-device loader"),
+    ({"cache": "ram"}, "boxes", "--cache ram keeps images decoded by the loader"),
+    ({}, "masks", "training on masks, keypoints or rotated boxes needs --augment-device loader"),
+    ({}, "rotated", "training on masks, keypoints or rotated boxes needs --augment-device loader"),
 ])
-def test_requests_the_tensor_path_cannot_serve_are_refused(tiny_data, overrides, masks, message):
+def test_requests_the_tensor_path_cannot_serve_are_refused(tiny_data, overrides, kind, message):
     config = DataConfig(path=str(tiny_data), batch_size=2, img_size=64, augment_device="cpu", **overrides)
     with pytest.raises(ConfigError, match=message):
-        build_loaders(config, A.AugmentConfig(), masks=masks, splits=("train",))
+        build_loaders(config, A.AugmentConfig(), kind=kind, splits=("train",))

@@ -248,7 +248,7 @@ def test_two_processes_train_with_image_weights_and_quad(tiny_data, tmp_path):
 
 def test_quad_with_segmentation_batches_is_refused_in_one_line(tiny_data):
     with pytest.raises(ValueError, match="quad merges detection batches"):
-        build_loaders(DataConfig(path=str(tiny_data), img_size=64, batch_size=4, workers=0, quad=True), masks=True)
+        build_loaders(DataConfig(path=str(tiny_data), img_size=64, batch_size=4, workers=0, quad=True), kind="masks")
 
 
 @pytest.mark.parametrize("option", ["image_weights", "quad"])

@@ -102,7 +102,7 @@ def test_augmented_masks_stay_on_their_objects(tmp_path, overlap):
     hyp = AugmentConfig(hsv_h=0, hsv_s=0, hsv_v=0, degrees=20, translate=0.1, scale=0.4, shear=5,
                         perspective=0.0005, flipud=0.5, fliplr=0.5, mosaic=1.0, copy_paste=0.5)
     config = DataConfig(path=str(data), img_size=128, batch_size=2, workers=0, overlap_mask=overlap, mask_ratio=1)
-    dataset = build_loaders(config, hyp, splits=("train",), masks=True).train.dataset
+    dataset = build_loaders(config, hyp, splits=("train",), kind="masks").train.dataset
     assert isinstance(dataset, SegmentationDataset)
     shares = []  # per sample: mask pixels near white ones, mask pixels, white pixels near masks, white pixels
     grow = np.ones((3, 3), np.uint8)  # rasterising and interpolation move edges by up to a pixel
@@ -129,7 +129,7 @@ def test_augmented_masks_stay_on_their_objects(tmp_path, overlap):
 def test_mixup_keeps_the_targets_and_masks_of_both_mosaics(tmp_path):
     data = white_objects_dataset(tmp_path)
     config = DataConfig(path=str(data), img_size=128, batch_size=3, workers=0)
-    loader = build_loaders(config, AugmentConfig(mixup=1.0), splits=("train",), masks=True).train
+    loader = build_loaders(config, AugmentConfig(mixup=1.0), splits=("train",), kind="masks").train
     batch = next(iter(loader))
     imgs, targets, paths, shapes, masks = batch.imgs, batch.targets, batch.paths, batch.shapes, batch.masks
     assert len(paths) == len(shapes) == 3 and shapes == [None] * 3  # mosaics
@@ -142,7 +142,7 @@ def test_mixup_keeps_the_targets_and_masks_of_both_mosaics(tmp_path):
 def test_batches_of_per_target_masks(tmp_path):
     data = white_objects_dataset(tmp_path)
     config = DataConfig(path=str(data), img_size=128, batch_size=3, workers=0, overlap_mask=False)
-    loaders = build_loaders(config, None, masks=True)
+    loaders = build_loaders(config, None, kind="masks")
     for loader in (loaders.train, loaders.val):
         batch = next(iter(loader))
         imgs, targets, paths, shapes, masks = batch.imgs, batch.targets, batch.paths, batch.shapes, batch.masks
@@ -155,7 +155,7 @@ def test_batches_of_per_target_masks(tmp_path):
 def test_box_only_data_is_refused_for_segmentation_and_box_rows_are_left_out(tmp_path, coco_mini):
     config = DataConfig(path=str(coco_mini), img_size=64, batch_size=2, workers=0)
     with pytest.raises(ValueError) as info:
-        build_loaders(config, None, splits=("train",), masks=True)
+        build_loaders(config, None, splits=("train",), kind="masks")
     assert "has no polygon labels" in str(info.value) and "\n" not in str(info.value)
     files = write_split(tmp_path / "mixed", {"a": f"0 {SQUARE}\n0 0.5 0.5 0.2 0.2\n", "b": "0 0.5 0.5 0.2 0.2\n"})
     index = verify_split(files, 1, "train")

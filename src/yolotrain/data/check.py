@@ -258,7 +258,7 @@ def check_dataset(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DataWarning)
                 preview_set = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed,
-                                            splits=("train",), masks=True).train.dataset
+                                            splits=("train",), kind="masks").train.dataset
         preview = save_preview(preview_set, out / "mosaic_preview.png")
         steps.update()
         steps.set_postfix_str("label statistics")

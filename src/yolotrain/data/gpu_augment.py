@@ -53,15 +53,16 @@ _SATURATION_DIVISORS = torch.tensor([0] + [round((255 << _HSV_SHIFT) / i) for i 
 _SECTOR_CHANNELS = torch.tensor([[0, 3, 1], [2, 0, 1], [1, 0, 3], [1, 2, 0], [3, 1, 0], [0, 1, 2]])
 
 
-def augment_device(name: str, *, rect: bool = False, cache: str = "off", masks: bool = False) -> torch.device:
+def augment_device(name: str, *, rect: bool = False, cache: str = "off", boxes_only: bool = True) -> torch.device:
     """The device that ``--augment-device name`` (``cpu`` or ``cuda``) augments on, or a one-line
     :class:`ConfigError` for a request this path cannot serve."""
     if name not in AUGMENT_DEVICES[1:]:
         raise ConfigError(f"augment_device must be one of {', '.join(AUGMENT_DEVICES)}, got {name!r}")
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--augment-device cuda needs a CUDA GPU and torch finds none; use --augment-device loader")
-    if masks:
-        raise ConfigError("--augment-device augments boxes only; segmentation training needs --augment-device loader")
+    if not boxes_only:
+        raise ConfigError("--augment-device augments boxes only; training on masks, keypoints or rotated boxes needs "
+                          "--augment-device loader")
     if rect:
         raise ConfigError("--augment-device builds square mosaic batches; --rect needs --augment-device loader")
     if cache != "off":

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,9 +22,11 @@ from .augment import AugmentConfig
 from .batch import Batch
 from .dataset import BatchBuffers, DetectionDataset, SampleKey, float_images
 from .gpu_augment import DeviceAugmenter, DeviceAugmentLoader, EncodedDetectionDataset, augment_device
+from .obb import OBBDataset
+from .pose import PoseDataset
 from .segment import SegmentationDataset
 from .shapes import generate_shapes_dataset
-from .sources import resolve_source
+from .sources import DatasetSource, resolve_source
 from .verify import DataWarning, LabelIndex, verify_split
 
 # The reference pads rectangular val batches by half a stride; training batches get none.
@@ -97,7 +99,7 @@ def build_loaders(
     val_rect: bool = True,
     stride: int = 32,
     require_names: bool = False,
-    masks: bool = False,
+    kind: str = "boxes",
 ) -> Loaders:
     """Verify the dataset of ``config`` and build the DataLoaders of ``splits``.
 
@@ -111,10 +113,14 @@ def build_loaders(
         num_classes: class ids must be below this; default: the number of class names in the data
             (only the label syntax is checked when it has none).
         require_names: refuse a dataset without class names (a model cannot be sized for it).
-        masks: segmentation datasets (:class:`~yolotrain.data.segment.SegmentationDataset`: batches with
-            target masks per ``config.overlap_mask`` and ``config.mask_ratio``); a split without any
-            polygon label is then refused in one line.
+        kind: what the labels are read as (a task's :data:`DATASET_KINDS` name): ``boxes``; ``masks``, segmentation
+            datasets (:class:`~yolotrain.data.segment.SegmentationDataset`: batches with target masks per
+            ``config.overlap_mask`` and ``config.mask_ratio``; a split without any polygon label is refused in one
+            line); ``keypoints``, pose datasets (:class:`~yolotrain.data.pose.PoseDataset`: rows of the YAML's
+            ``kpt_shape``); ``rotated``, oriented boxes (:class:`~yolotrain.data.obb.OBBDataset`).
     """
+    if kind not in DATASET_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(DATASET_KINDS)}, got {kind!r}")
     img_size = check_image_size(config.img_size or 0, stride)
     batch_size = config.batch_size or 0
     if batch_size < 1:
@@ -135,14 +141,13 @@ def build_loaders(
             # The reference turns --rect off under --image-weights; a silent change of batches is refused here.
             raise ValueError("image_weights draws training images by class, which rect's aspect-ordered batches "
                              "cannot keep; give one of them")
-        if config.quad and masks:
-            raise ValueError("quad merges detection batches; segmentation batches (masks) are not merged, "
-                             "train without quad")
+        if config.quad and kind != "boxes":
+            raise ValueError(f"quad merges detection batches; batches with {kind} are not merged, train without quad")
         on_device = augment is not None and config.augment_device != "loader"
         device = augment_device(config.augment_device, rect=config.rect, cache=config.cache,
-                                masks=masks) if on_device else None
-        loaders.train_index = verify_split(source.train, nc, "train")
-        dataset, extra = _dataset_class(loaders.train_index, config, masks, root, "train")
+                                boxes_only=kind == "boxes") if on_device else None
+        loaders.train_index = verify_split(source.train, nc, "train", **_label_arguments(kind, source))
+        dataset, extra = DATASET_KINDS[kind](loaders.train_index, config, source, "train")
         if device is not None:
             dataset = EncodedDetectionDataset
         train_set = dataset(_classes(loaders.train_index, config), img_size, batch_size,
@@ -156,9 +161,10 @@ def build_loaders(
             loaders.train = QuadLoader(loaders.train, seed, rank)
     if "val" in splits:
         same = source.val == source.train and loaders.train_index is not None
-        loaders.val_index = loaders.train_index if same else verify_split(source.val, nc, "val")
+        loaders.val_index = (loaders.train_index if same
+                             else verify_split(source.val, nc, "val", **_label_arguments(kind, source)))
         index = reference_rect_order(loaders.val_index) if val_rect else loaders.val_index
-        dataset, extra = _dataset_class(index, config, masks, root, "val")
+        dataset, extra = DATASET_KINDS[kind](index, config, source, "val")
         val_set = dataset(_classes(index, config), img_size, batch_size, augment=False, rect=val_rect,
                           pad=VAL_RECT_PAD if val_rect else 0.0, stride=stride, seed=seed, names=names,
                           cache_mb=config.cache_mb, cache=config.cache, **extra)
@@ -166,15 +172,38 @@ def build_loaders(
     return loaders
 
 
-def _dataset_class(index: LabelIndex, config: DataConfig, masks: bool, root: str | os.PathLike,
-                   split: str) -> tuple[type[DetectionDataset], dict[str, Any]]:
-    """The dataset class of a split and its own arguments: segmentation ones need polygon labels."""
-    if not masks:
-        return DetectionDataset, {}
+def _label_arguments(kind: str, source: DatasetSource) -> dict[str, Any]:
+    """How :func:`~yolotrain.data.verify.verify_split` reads the rows of a dataset of ``kind``: keypoint rows by the
+    YAML's ``kpt_shape``."""
+    return {"kpt_shape": source.keypoint_layout().shape} if kind == "keypoints" else {}
+
+
+DatasetChoice = tuple[type[DetectionDataset], dict[str, Any]]
+
+
+def _boxes(index: LabelIndex, config: DataConfig, source: DatasetSource, split: str) -> DatasetChoice:
+    return DetectionDataset, {}
+
+
+def _masks(index: LabelIndex, config: DataConfig, source: DatasetSource, split: str) -> DatasetChoice:
     if not index.has_polygons:
-        raise ValueError(f"{root}: the {split} split has no polygon labels (class x1 y1 x2 y2 ... per object, "
-                         "normalised), which a segmentation model trains on; train a detection model on boxes")
+        raise ValueError(f"{source.config or source.root or 'dataset'}: the {split} split has no polygon labels "
+                         "(class x1 y1 x2 y2 ... per object, normalised), which a segmentation model trains on; "
+                         "train a detection model on boxes")
     return SegmentationDataset, {"overlap": config.overlap_mask, "mask_ratio": config.mask_ratio}
+
+
+def _keypoints(index: LabelIndex, config: DataConfig, source: DatasetSource, split: str) -> DatasetChoice:
+    return PoseDataset, {"layout": source.keypoint_layout()}
+
+
+def _rotated(index: LabelIndex, config: DataConfig, source: DatasetSource, split: str) -> DatasetChoice:
+    return OBBDataset, {}
+
+
+# What a task's labels are read as → the dataset class of a split and its own arguments (a task names its kind).
+DATASET_KINDS: dict[str, Callable[[LabelIndex, DataConfig, DatasetSource, str], DatasetChoice]] = {
+    "boxes": _boxes, "masks": _masks, "keypoints": _keypoints, "rotated": _rotated}
 
 
 def run_class_names(names: list[str], config: DataConfig) -> list[str]:

@@ -117,14 +117,15 @@ class ValConfig:
 
 def build_val_loader(data: str | os.PathLike, nc: int | None, img_size: int = 640, batch_size: int = 32,
                      rect: bool = True, workers: int | None = None, stride: int = 32,
-                     masks: bool = False) -> DataLoader:
+                     kind: str = "boxes") -> DataLoader:
     """The val split of a dataset folder or YAML as a non-augmented, ordered DataLoader (see
     :func:`yolotrain.data.loaders.build_loaders`): rectangular batches in the reference's order with
     ``rect``, shaped in multiples of ``stride`` (the model's largest: 64 for P6 models), else every
-    image letterboxed to ``img_size`` square; with ``masks``, batches of a segmentation dataset (its
-    polygons' overlap masks at 1/4 of the input, as training validates)."""
+    image letterboxed to ``img_size`` square; ``kind``, what the labels are read as (see ``build_loaders``:
+    ``masks``, batches of a segmentation dataset with its polygons' overlap masks at 1/4 of the input, as training
+    validates)."""
     config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=batch_size, workers=workers)
-    return build_loaders(config, num_classes=nc, splits=("val",), val_rect=rect, stride=stride, masks=masks).val
+    return build_loaders(config, num_classes=nc, splits=("val",), val_rect=rect, stride=stride, kind=kind).val
 
 
 def scoring_rules(model: BoxDetector) -> ScoringRules:
@@ -290,7 +291,7 @@ class DetectionValidation(Protocol):
     """What :func:`validate_detections` asks a detection-family task (``tasks/detect/evaluate.py``; segmentation
     extends it with the masks) about its models' outputs, their scores and the files written of them."""
 
-    val_loader_masks: bool  # whether the val loader's batches carry the labels' masks
+    dataset_kind: str  # what the val loader reads the labels as (yolotrain.data.loaders.DATASET_KINDS)
 
     def check_inference(self, model: BoxDetector) -> None: ...
 
@@ -352,7 +353,7 @@ def validate_detections(
         stride = max(model.size_multiple, 32)
         size = model.default_img_size if img_size is None else img_size
         loader = build_val_loader(data, None if map_classes or single_cls else model.num_classes, size,
-                                  batch_size, rect, workers, stride=stride, masks=task.val_loader_masks)
+                                  batch_size, rect, workers, stride=stride, kind=task.dataset_kind)
     _check_ordered(loader)
     dataset = loader.dataset
     model_names = class_names(model.names, model.num_classes)

@@ -18,7 +18,6 @@ class DetectEvaluation:
     """Detection's answers to val, predict, inference and tracking: boxes only (segmentation adds its masks
     to these answers)."""
 
-    val_loader_masks = False  # the val loader's batches carry no masks
 
     def augment_refusal(self, name: str) -> str | None:
         return None

@@ -50,8 +50,8 @@ TAGS = {
 class DetectTraining:
     """Detection's answers to the engine (see the "Training" methods of :class:`~yolotrain.task.Task`)."""
 
-    # Whether the task's loader yields target masks and its model trains them.
-    trains_masks = False
+    # What the task's loaders read the labels as (yolotrain.data.loaders.DATASET_KINDS): its batches' fields.
+    dataset_kind = "boxes"
 
     def training_defaults(self, data: str | None) -> Mapping[str, Any]:
         return SHAPES_DEFAULTS if data is None else DATASET_DEFAULTS
@@ -82,11 +82,11 @@ class DetectTraining:
         if cfg.data.img_size % stride:
             raise ValueError(f"image size must be a multiple of {stride} (the model's largest stride), "
                              f"got {cfg.data.img_size}")
-        masks = task_of(trainer.model).trains_masks
+        kind = task_of(trainer.model).dataset_kind
         loaders = build_loaders(dataclasses.replace(cfg.data, path=root), cfg.augment, seed=cfg.seed,
                                 rank=trainer.ctx.rank, world_size=trainer.ctx.world_size, stride=stride,
-                                require_names=True, masks=masks)
-        if trainer.ctx.is_main and not masks:
+                                require_names=True, kind=kind)
+        if trainer.ctx.is_main and kind == "boxes":
             _log_detection_of_polygons(trainer, loaders.train_index.has_polygons)
         trainer.train_loader = loaders.train
         trainer.train_set = trainer.train_loader.dataset

@@ -33,7 +33,6 @@ from ...eval.metrics import Metrics, ScoringRules, SegmentationStats, labelled_c
 class SegmentEvaluation:
     """Segmentation's answers to val, predict and inference where a model's masks change them."""
 
-    val_loader_masks = True  # the val loader's batches carry the labels' overlap masks
 
     def augment_refusal(self, name: str) -> str | None:
         return ("--augment is not supported for segmentation models (the reference's loses the prototype masks); "

@@ -23,7 +23,7 @@ TAGS = {**DETECT_TAGS, "train_seg": "train/seg_loss", "val_seg": "val/seg_loss",
 class SegmentTraining(DetectTraining):
     """Segmentation's answers to the engine where they differ from detection's."""
 
-    trains_masks = True
+    dataset_kind = "masks"  # batches with the target masks
 
     def batch_masks(self, batch: SegmentBatch) -> torch.Tensor | None:
         """A segmentation batch's target masks (see :class:`~yolotrain.data.segment.SegmentBatch`)."""
