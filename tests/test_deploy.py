@@ -40,8 +40,9 @@ TFLITE = (pytest.mark.litert,
 COREML = pytest.mark.skipif(not installed("coremltools"), reason="pip install 'yolotrain[coreml]'")
 TENSORRT = pytest.mark.skipif(tensorrt_unavailable() is not None, reason="needs a CUDA GPU and tensorrt")
 NCNN = pytest.mark.skipif(not installed("pnnx", "ncnn"), reason="pip install 'yolotrain[ncnn]'")
+MNN = pytest.mark.skipif(not installed("MNN"), reason="pip install 'yolotrain[mnn]'")
 SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "tflite": ".tflite", "engine": ".engine", "torchscript": ".torchscript",
-          "ncnn": ".ncnn.param"}
+          "ncnn": ".ncnn.param", "mnn": ".mnn"}
 # (format, precision) → allowed |export - PyTorch| on scores and on boxes (px, 96 px input): fp32 runtimes
 # agree to float32 rounding, fp16 keeps ~3 significant digits, int8 a few percent of the value range.
 CASES = [
@@ -57,6 +58,8 @@ CASES = [
     pytest.param("torchscript", "fp32", 1e-4, 1e-3, id="torchscript-fp32"),
     pytest.param("ncnn", "fp32", 1e-4, 1e-3, id="ncnn-fp32", marks=NCNN),
     pytest.param("ncnn", "fp16", 5e-3, 0.5, id="ncnn-fp16", marks=NCNN),
+    pytest.param("mnn", "fp32", 1e-4, 1e-3, id="mnn-fp32", marks=MNN),
+    pytest.param("mnn", "fp16", 5e-3, 0.5, id="mnn-fp16", marks=MNN),
     # GPU float32 kernels sum in another order than the CPU's.
     pytest.param("engine", "fp32", 1e-3, 1e-2, id="engine-fp32", marks=TENSORRT),
     pytest.param("engine", "fp16", 5e-3, 0.5, id="engine-fp16", marks=TENSORRT),
@@ -124,6 +127,7 @@ def test_export_runs_in_its_runtime_like_torch(setup, fmt, precision, score_tol,
                                                 pytest.param("tflite", "int8", marks=TFLITE),
                                                 ("torchscript", "fp32"),
                                                 pytest.param("ncnn", "fp32", marks=NCNN),
+                                                pytest.param("mnn", "fp32", marks=MNN),
                                                 pytest.param("engine", "fp32", marks=TENSORRT)])
 def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision):
     model, data, _ = setup
@@ -333,7 +337,7 @@ def test_bad_export_requests_fail_in_one_line_without_files(setup, tmp_path, cap
     cases = [
         (["--format", "keras"], "unknown export format 'keras'"),
         (["--format", "torchscript", "--half"],
-         "fp16 (--half) export is available for coreml, engine, ncnn, onnx, openvino, tflite"),
+         "fp16 (--half) export is available for coreml, engine, mnn, ncnn, onnx, openvino, tflite"),
         (["--format", "torchscript", "--nms"], "NMS inside (--nms) export is available for onnx, openvino"),
         (["--format", "onnx", "--int8"], "int8 export needs calibration images"),
         (["--format", "onnx", "--int8", "--data", str(tmp_path / "empty")], "no images to calibrate on"),
@@ -410,6 +414,11 @@ def test_exports_that_cannot_be_loaded_get_one_line_errors(tmp_path):
         (tmp_path / "lonely.ncnn.json").write_text("[]")
         with pytest.raises(CheckpointError, match="NCNN file without yolotrain metadata"):
             load_exported(tmp_path / "lonely.ncnn.param")
+    if installed("MNN"):
+        (tmp_path / "garbage.mnn").write_bytes(b"not an MNN model")
+        with pytest.raises(CheckpointError) as info:
+            load_exported(tmp_path / "garbage.mnn")
+        assert "not a loadable MNN model" in str(info.value) and "\n" not in str(info.value)
     foreign = tmp_path / "foreign.torchscript"
     with pytest.warns(FutureWarning):  # TorchScript is deprecated upstream
         torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(foreign))

@@ -32,6 +32,7 @@ TOLERANCE, MAP50_95_TOLERANCE = 0.002, 0.004
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
 NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
                           reason="pip install 'yolotrain[ncnn]'")
+MNN = pytest.mark.skipif(importlib.util.find_spec("MNN") is None, reason="pip install 'yolotrain[mnn]'")
 NAMES = ["circle", "rectangle"]
 
 
@@ -109,6 +110,31 @@ def test_ultralytics_reads_our_ncnn_model_folder_and_we_run_it(model, tmp_path):
     imgs = torch.rand(2, 3, 64, 96, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected = copy.deepcopy(model).eval().fuse()(imgs)  # the module's model stays unfused
+    torch.testing.assert_close(runtime(imgs), expected, atol=1e-3, rtol=1e-4)
+
+
+@MNN
+def test_ultralytics_reads_our_mnn_metadata_and_we_run_it(model, tmp_path):
+    """An MNN export's bizCode is the JSON of our metadata and of the fields ultralytics' MNN backend applies."""
+    pytest.importorskip("ultralytics")
+    from ultralytics.nn.autobackend import check_class_names
+    from ultralytics.nn.backends.base import BaseBackend
+
+    from yolotrain.interop.formats.mnn import MnnModel, read_metadata
+
+    model.names = NAMES
+    path = export(model, "mnn", out=tmp_path / "model.mnn", img_size=(64, 96))
+    runtime = load_exported(path)
+    assert isinstance(runtime, MnnModel) and (runtime.names, runtime.img_size) == (NAMES, (64, 96))
+    # What ultralytics' MNN backend does with the model's info (nn/backends/mnn.py), on the same bizCode.
+    view = types.SimpleNamespace(dynamic=False, metadata={})
+    BaseBackend.apply_metadata(view, json.loads(runtime.net.get_info()["bizCode"]))
+    assert (view.stride, check_class_names(view.names), view.task, view.imgsz) == (32, dict(enumerate(NAMES)),
+                                                                                   "detect", [64, 96])
+    assert read_metadata(path)["producer"] == "yolotrain"  # read as data, without the engine
+    imgs = torch.rand(2, 3, 64, 96, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = copy.deepcopy(model).eval().fuse()(imgs)
     torch.testing.assert_close(runtime(imgs), expected, atol=1e-3, rtol=1e-4)
 
 
