@@ -4,6 +4,7 @@ imported only when asked for, the reference's tags for the ``results.csv`` colum
 from __future__ import annotations
 
 import importlib
+import re
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,6 +35,14 @@ def import_package(module: str, logger: str) -> Any:
     except ImportError:
         raise LoggerError(f"--logger {logger} needs the {module} package: pip install 'yolotrain[{logger}]'") \
             from None
+
+
+def error_line(error: BaseException) -> str:
+    """``error`` as one line: its type and its message's first line of words (some trackers' messages are
+    banners over several lines, in terminal colours)."""
+    lines = (line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(error)).splitlines())
+    words = next((line for line in lines if re.search(r"[a-z]", line) and not line.startswith("--")), "")
+    return f"{type(error).__name__}: {words}" if words else type(error).__name__
 
 
 def flat_settings(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import LoggerError, best_weights, import_package, tagged
+from .base import LoggerError, best_weights, error_line, import_package, tagged
 from .tracker import Tracker
 
 # ClearML's automatic logging, all off (keys it does not find here default to on): the values are logged as
@@ -52,7 +52,7 @@ class ClearMLLogger(Tracker):
                 auto_connect_streams=False, auto_resource_monitoring=False)
         except Exception as error:  # a server that cannot be reached, bad credentials: one line
             self._restore_cache_dir()
-            raise LoggerError(f"--logger clearml could not start a task ({type(error).__name__}: {error}); "
+            raise LoggerError(f"--logger clearml could not start a task ({error_line(error)}); "
                               f"CLEARML_OFFLINE_MODE=1 logs without a server") from None
         if not saved:
             self.task.connect(dict(config), name="settings")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import LoggerError, best_weights, import_package, new_run_key, tagged
+from .base import LoggerError, best_weights, error_line, import_package, new_run_key, tagged
 from .tracker import Tracker
 
 
@@ -45,7 +45,7 @@ class CometLogger(Tracker):
             self.experiment = comet_ml.start(project_name=project, experiment_key=self.key, mode="get_or_create",
                                              online=online, experiment_config=settings)
         except Exception as error:  # a bad key, no network, a bad folder: one line, training not started
-            raise LoggerError(f"--logger comet could not start an experiment ({type(error).__name__}: {error}); "
+            raise LoggerError(f"--logger comet could not start an experiment ({error_line(error)}); "
                               f"COMET_MODE=offline logs without an account") from None
         if not saved:
             self.experiment.log_parameters(dict(config))

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import LoggerError, best_weights, import_package, tagged
+from .base import LoggerError, best_weights, error_line, import_package, tagged
 from .tracker import Tracker
 
 
@@ -26,7 +26,7 @@ class DVCLiveLogger(Tracker):
             self.live = dvclive.Live(dir=str(self.folder), resume=bool(saved), save_dvc_exp=False,
                                      dvcyaml=str(save_dir / "dvc.yaml"))
         except Exception as error:  # a broken DVC repository or settings: one line, training not started
-            raise LoggerError(f"--logger dvc could not start DVCLive ({type(error).__name__}: {error})") from None
+            raise LoggerError(f"--logger dvc could not start DVCLive ({error_line(error)})") from None
         # DVC parameters are YAML: the settings as JSON values (tuples as lists).
         self.live.log_params(json.loads(json.dumps(dict(config), default=str)))
         log(f"DVCLive: metrics and plots in {self.folder}")

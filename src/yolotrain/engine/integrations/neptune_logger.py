@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import LoggerError, best_weights, import_package, new_run_key, tagged
+from .base import LoggerError, best_weights, error_line, import_package, new_run_key, tagged
 from .tracker import Tracker
 
 
@@ -32,7 +32,7 @@ class NeptuneLogger(Tracker):
             self.run = neptune.init_run(name=save_dir.name, custom_run_id=self.custom_run_id, mode=mode,
                                         capture_stdout=False, capture_stderr=False, source_files=[])
         except Exception as error:  # no project or token, no network: one line, training not started
-            raise LoggerError(f"--logger neptune could not start a run ({type(error).__name__}: {error}); "
+            raise LoggerError(f"--logger neptune could not start a run ({error_line(error)}); "
                               f"NEPTUNE_MODE=offline logs without an account") from None
         finally:
             if data_dir is None:

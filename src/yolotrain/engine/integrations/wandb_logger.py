@@ -10,7 +10,7 @@ from typing import Any
 import cv2
 import torch
 
-from .base import LoggerError, best_weights, import_package, tagged
+from .base import LoggerError, best_weights, error_line, import_package, tagged
 from .tracker import Tracker
 
 # The reference's W&B project for runs under the default project folder.
@@ -46,7 +46,7 @@ class WandbLogger(Tracker):
                                   name=save_dir.name, dir=str(save_dir), config=dict(config),
                                   id=saved.get("id"), resume="allow" if saved.get("id") else None)
         except Exception as error:  # login, network and settings failures: one line, training not started
-            raise LoggerError(f"--logger wandb could not start a run ({type(error).__name__}: {error}); "
+            raise LoggerError(f"--logger wandb could not start a run ({error_line(error)}); "
                               f"WANDB_MODE=offline logs without an account") from None
         log(f"W&B: run {self.run.id} in project {self.run.project}, files in {save_dir / 'wandb'}")
         self.box_interval = box_interval(config["bbox_interval"], config["epochs"], config["eval"]["plots"])
