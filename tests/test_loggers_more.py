@@ -229,6 +229,21 @@ def test_dvclive_files_in_the_run_folder_continued_by_the_resumed_run(offline):
     assert dvcyaml["plots"] == [{"dvclive/plots/metrics": {"x": "step"}}, "dvclive/plots/images"]
 
 
+def test_dvclive_declares_the_best_weights_as_a_model_inside_a_dvc_repository(offline):
+    pytest.importorskip("dvclive")
+    from dvc.repo import Repo
+
+    Repo.init(str(offline), no_scm=True)  # the run starts in a DVC repository without Git (the fixture's cwd)
+    data = generate_shapes_dataset(root=offline / "shapes", n_train=8, n_val=4, img_size=64) / "data.yaml"
+    run = train(data=str(data), epochs=1, img_size=64, batch_size=4, workers=0, autoanchor=False,
+                tensorboard=False, plots=False, loggers=("dvc",), project=str(offline / "runs"))
+    dvcyaml = yaml.safe_load((run.save_dir / "dvc.yaml").read_text())
+    assert dvcyaml["artifacts"] == {"best": {"path": "weights/best.safetensors", "type": "model",
+                                             "desc": "best weights of exp"}}
+    assert (run.save_dir / "weights" / "best.safetensors.dvc").is_file()  # tracked by DVC
+    assert "plots" in dvcyaml and "dvclive/plots/images" not in dvcyaml["plots"]  # --no-plots: no images
+
+
 # ----------------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize(("logger", "module"), [("comet", "comet_ml"), ("clearml", "clearml"),
                                                  ("neptune", "neptune"), ("dvc", "dvclive")])
