@@ -1,9 +1,9 @@
 """The experiment trackers of ``--logger``, one module each, and their registry.
 
 Each tracker's package is imported only when its logger is asked for; a missing one is one line naming
-the extra that installs it (:func:`require_loggers`). A tracker that logs to a server without one
-configured logs offline into the run folder instead: MLflow's store, W&B with ``WANDB_MODE=offline``,
-Comet's offline archives, Neptune's offline data, ClearML's offline session and DVCLive's files."""
+the extra that installs it (:func:`require_loggers`). Without a server configured, MLflow (a store), Comet
+(offline archives), Neptune (offline data) and ClearML (an offline session) log into the run folder, as
+DVCLive always does; W&B does with ``WANDB_MODE=offline``, and otherwise stops the run in one line."""
 
 from __future__ import annotations
 
