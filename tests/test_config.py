@@ -124,8 +124,8 @@ def test_every_setting_has_one_option_with_its_default_in_the_help():
     (["--lr0", "-0.1"], "optim.lr0: must be greater than 0"),
     (["--fliplr", "1.5"], "augment.fliplr: must be at most 1, got 1.5"),
     (["--resume", "--epochs", "5"], "only device and workers may change (got epochs)"),
-    (["--logger", "mlflow", "wandbb"], "loggers: expected a list of 'mlflow', 'wandb', got ['mlflow', 'wandbb']; "
-                                       "did you mean 'wandb'?"),
+    (["--logger", "mlflow", "wandbb"], "loggers: expected a list of 'mlflow', 'wandb', 'comet', 'clearml', "
+                                       "'neptune', 'dvc', got ['mlflow', 'wandbb']; did you mean 'wandb'?"),
 ])
 def test_cli_settings_errors_are_one_line(argv, message, capsys):
     assert main(["train", *argv]) == 1

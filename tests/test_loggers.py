@@ -191,12 +191,13 @@ def test_wandb_offline_run_has_the_settings_and_each_epochs_results(tmp_path, mo
     assert artifacts == [("model", f"run_{run_id}_model", ["best.json", "best.safetensors"])]
 
 
-def test_without_logger_neither_package_is_imported(tmp_path):
+def test_without_logger_no_tracker_package_is_imported(tmp_path):
     data = _shapes(tmp_path)
     script = ("import sys; from yolotrain.cli import main; "
               f"rc = main(['train', '--data', {str(data)!r}, '--epochs', '1', '--img', '64', '--batch', '4', "
               "'--workers', '0', '--noautoanchor', '--no-plots', '--project', 'runs']); "
-              "print(sorted(m for m in ('mlflow', 'wandb') if m in sys.modules)); sys.exit(rc)")
+              "print(sorted(m for m in ('mlflow', 'wandb', 'comet_ml', 'clearml', 'neptune', 'dvclive') "
+              "if m in sys.modules)); sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"

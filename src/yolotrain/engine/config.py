@@ -67,9 +67,10 @@ class TrainConfig:
     freeze: tuple[int, ...] = setting((0,), "freeze layers: one N = the first N (backbone = 10), several = "
                                       "those layer indices", min=0)
     tensorboard: bool = setting(True, "TensorBoard event files in the run folder (when tensorboard is installed)")
-    loggers: tuple[Literal["mlflow", "wandb"], ...] = setting(
-        (), "also log to these experiment trackers: mlflow, wandb (each needs its package: pip install "
-        "'yolotrain[mlflow]'); MLflow uses $MLFLOW_TRACKING_URI, else a store in the run folder",
+    loggers: tuple[Literal["mlflow", "wandb", "comet", "clearml", "neptune", "dvc"], ...] = setting(
+        (), "also log to these experiment trackers: mlflow, wandb, comet, clearml, neptune, dvc (each needs its "
+        "package: pip install 'yolotrain[mlflow]'); without a server configured Comet, ClearML and Neptune log "
+        "offline into the run folder, DVC always does; MLflow uses $MLFLOW_TRACKING_URI, else a store there",
         flags=("--logger",))
     entity: str | None = setting(None, "W&B team or user of --logger wandb runs (default: your own)")
     bbox_interval: int = setting(
