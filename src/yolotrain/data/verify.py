@@ -11,7 +11,7 @@ import hashlib
 import os
 import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -179,15 +179,7 @@ def _parse_rows(path: Path, issues: list[tuple[str, str]],
     if kpt_shape is not None:
         return _parse_pose_rows(path, text, issues, 5 + kpt_shape[0] * kpt_shape[1])
     rows, lines, polygons = [], [], []
-    for n, line in enumerate(text.splitlines(), 1):
-        parts = line.split()
-        if not parts:
-            continue
-        try:
-            v = np.array(parts, dtype=np.float64)
-        except ValueError:
-            issues.append(("non-numeric value", f"{path}:{n}"))
-            continue
+    for n, v in _numeric_rows(path, text, issues):
         if v.size == 5:
             rows.append(v)
             polygons.append(NO_POLYGON)
@@ -216,19 +208,24 @@ def _parse_rows(path: Path, issues: list[tuple[str, str]],
     return np.stack(rows), np.array(lines), polygons
 
 
-def _parse_pose_rows(path: Path, text: str, issues: list[tuple[str, str]],
-                     columns: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """Pose label text as :func:`_parse_rows` gives it: rows ``(m, columns)``, their line numbers, box-only polygons."""
-    rows, lines = [], []
+def _numeric_rows(path: Path, text: str, issues: list[tuple[str, str]]) -> Iterator[tuple[int, np.ndarray]]:
+    """Each non-empty line of label ``text`` with its line number, as numbers; a line that is not numbers is named
+    in ``issues`` and left out."""
     for n, line in enumerate(text.splitlines(), 1):
         parts = line.split()
         if not parts:
             continue
         try:
-            v = np.array(parts, dtype=np.float64)
+            yield n, np.array(parts, dtype=np.float64)
         except ValueError:
             issues.append(("non-numeric value", f"{path}:{n}"))
-            continue
+
+
+def _parse_pose_rows(path: Path, text: str, issues: list[tuple[str, str]],
+                     columns: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Pose label text as :func:`_parse_rows` gives it: rows ``(m, columns)``, their line numbers, box-only polygons."""
+    rows, lines = [], []
+    for n, v in _numeric_rows(path, text, issues):
         if v.size != columns:
             issues.append(("wrong column count", f"{path}:{n}: {v.size} columns, expected {columns} (class, box "
                            "and the keypoints of kpt_shape)"))
