@@ -19,7 +19,7 @@ import torch
 from ...checkpoint import checkpoint_paths
 from ...family import ModelFamily
 from ...interop.loading.anchor_free import checkpoint_anchor_free, is_anchor_free_name, is_anchor_free_yaml
-from ...loss import AnchorFreeLoss, AnchorFreeLossConfig, AnchorFreeSegmentLoss, LossConfig
+from ...loss import AnchorFreeLoss, AnchorFreeLossConfig, AnchorFreeOBBLoss, AnchorFreeSegmentLoss, LossConfig
 from ...model.anchor_free import AnchorFreeSpec, AnchorFreeYolo, builtin_spec, check_spec
 from ...model.anchor_free.pose import KEYPOINT_DIMENSIONS, MAX_KEYPOINTS
 from ...model.anchor_free.spec import ARCHITECTURES, PUBLISHED
@@ -35,7 +35,7 @@ RECIPE = {"loss.box": 7.5, "loss.cls": 0.5, "loss.dfl": 1.5, "augment.close_mosa
 # small for the IoU loss normalised by the target scores.
 SEARCH_LIMITS = {"box": (1.0, 20.0), "cls": (0.1, 4.0), "dfl": (0.4, 12.0)}
 # The head block of each task's published architectures.
-HEAD_TASKS = {"detect": "Detect", "segment": "Segment", "classify": "Classify"}
+HEAD_TASKS = {"detect": "Detect", "segment": "Segment", "classify": "Classify", "obb": "OBB"}
 
 
 def loss_config(hyp: LossConfig | Mapping[str, Any] | None) -> AnchorFreeLossConfig:
@@ -101,7 +101,8 @@ class AnchorFreeFamily(ModelFamily):
 
     def training_loss(self, task: str, config: Any) -> Callable[..., Callable]:
         losses = {"detect": partial(_loss, AnchorFreeLoss),
-                  "segment": partial(_loss, AnchorFreeSegmentLoss, overlap=config.data.overlap_mask)}
+                  "segment": partial(_loss, AnchorFreeSegmentLoss, overlap=config.data.overlap_mask),
+                  "obb": partial(_loss, AnchorFreeOBBLoss)}
         return losses[task]
 
     def with_new_head(self, model: AnchorFreeYolo, num_classes: int) -> AnchorFreeYolo:
