@@ -82,7 +82,7 @@ class OBBEvaluation(DetectEvaluation):
         boxes = rotated_columns(d)
         corners = xywhr_to_corners(boxes).reshape(-1, 8)
         return [{"image_id": image_id, "category_id": int(c), "score": round(s, 5),
-                 "rbox": [round(v, 3) for v in box], "poly": [round(v, 3) for v in poly]}
+                 "rbox": [round(v, 3) for v in box[:4]] + [round(box[4], 6)], "poly": [round(v, 3) for v in poly]}
                 for box, poly, s, c in zip(boxes.tolist(), corners.tolist(), d[:, 4].tolist(), d[:, 5].tolist())]
 
     def label_rows(self, det: torch.Tensor, polygons: list[np.ndarray] | None, shape: tuple[int, int],
