@@ -85,9 +85,10 @@ def test_training_writes_rotated_metrics_and_the_angle_loss(trained):
     assert [k for k in rows[0] if k.startswith(("train_", "val_"))] == [
         "train_box", "train_cls", "train_dfl", "train_angle", "val_box", "val_cls", "val_dfl", "val_angle"]
     assert all(math.isfinite(float(rows[-1][k])) for k in ("mAP50", "mAP50-95", "val_angle"))
-    assert (trained.save_dir / "train_batch0.jpg").is_file() and (trained.save_dir / "val_batch0_pred.jpg").is_file()
+    assert (trained.save_dir / "train_batch0.jpg").is_file()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_loads_as_an_obb_model_and_resumes(trained):
     loaded = YOLO(str(trained.last))
     assert loaded.task == "obb"
