@@ -93,7 +93,8 @@ class ValConfig:
     workers: int | None = setting(None, "loader processes", min=0)
     half: bool | None = setting(None, "half-precision inference: float16 on CUDA, bfloat16 on the CPU "
                                   "(default: where the device computes it natively, else float32)")
-    save_json: bool = setting(False, "COCO json + pycocotools evaluation (segmentation models: masks as RLE, segm too)")
+    save_json: bool = setting(False, "COCO json + pycocotools evaluation (segmentation models: masks as RLE, segm too; "
+                              "oriented boxes: rbox and poly per detection, not scored)")
     plots: bool = setting(True, "confusion matrix, P/R/F1/PR curves, val_batch*_labels/pred.jpg (--no-plots: skip "
                           "them)")
     map_classes: bool = setting(False, "score a model with other classes on the data's classes, matched by name")
@@ -101,8 +102,8 @@ class ValConfig:
     # --task speed); the model's task comes with its weights.
     mode: Literal["val", "speed"] = setting("val", "speed: time pre-process, inference and NMS per image; "
                                             "nothing is written", flags=("--mode", "--task"))
-    save_txt: bool = setting(False, "write labels/STEM.txt (class cx cy w h; segmentation: class x1 y1 x2 y2 ...) "
-                             "per image")
+    save_txt: bool = setting(False, "write labels/STEM.txt (class cx cy w h; segmentation: class x1 y1 x2 y2 ...; "
+                             "oriented boxes: class x1 y1 ... x4 y4) per image")
     save_conf: bool = setting(False, "with --save-txt, add each detection's confidence")
     single_cls: bool = setting(False, "treat every class as one (data and predictions)")
     trust_code: bool = setting(False, TRUST_HELP, flags=("--trust-model-code",))
