@@ -230,3 +230,11 @@ def test_val_and_predict_on_an_onnx_export_score_as_pytorch(model, shapes, tmp_p
     for a, b in zip(expected, actual):
         assert len(a.scores) == len(b.scores) and torch.equal(a.classes, b.classes)
         torch.testing.assert_close(b.rotated, a.rotated, atol=0.05, rtol=1e-4)
+
+
+def test_the_angle_gain_is_a_run_setting():
+    from yolotrain.engine.config import resolve_config
+
+    config = resolve_config(model="yolov8n-obb", angle=2.5)
+    criterion, _ = get_task("obb").training_criteria(AnchorFreeYolo("yolov8n-obb", num_classes=2), None, config, None)
+    assert (criterion.hyp.angle, criterion.hyp.box, criterion.hyp.dfl) == (2.5, 7.5, 1.5)
