@@ -320,14 +320,15 @@ def test_the_nms_iou_not_given_is_the_model_familys_also_when_composed():
 @pytest.mark.parametrize(("arch", "given", "used"), [("yolov8n", None, 0.7), ("yolov5n", None, 0.6),
                                                      ("yolov8n", 0.55, 0.55)])
 def test_val_suppresses_with_the_model_familys_iou_unless_given(tmp_path, monkeypatch, arch, given, used):
-    val_module = importlib.import_module("yolotrain.eval.val")  # the package's ``val`` is the function
+    # val suppresses through the task's NMS (detection's: non_max_suppression)
+    detect_evaluation = importlib.import_module("yolotrain.tasks.detect.evaluate")
     seen = []
 
     def recording_nms(prediction, conf, iou, *args, **kwargs):
         seen.append(iou)
         return non_max_suppression(prediction, conf, iou, *args, **kwargs)
 
-    monkeypatch.setattr(val_module, "non_max_suppression", recording_nms)
+    monkeypatch.setattr(detect_evaluation, "non_max_suppression", recording_nms)
     data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=1, n_val=2, img_size=64)
     model = AnchorFreeYolo(arch, num_classes=2) if arch == "yolov8n" else Yolov5("n", num_classes=2)
     yolotrain.val(model, data, img_size=64, batch_size=2, iou=given, plots=False, verbose=False, workers=0)

@@ -20,6 +20,7 @@ from .checkpoint import CheckpointError
 from .data import generate_shapes_dataset
 from .data.check import check_dataset
 from .data.shapes import LABEL_KINDS
+from .data.tiles import MIN_SHARE, TILE_GAP, TILE_SIZE, split_oriented_dataset
 from .devices import check_gpu_list, gpu_list
 from .doctor.cli import main as doctor_main
 from .engine import train
@@ -183,6 +184,15 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
                         help="what the labels hold: polygons (detection, segmentation), pose (boxes with four "
                              "keypoints) or obb (objects turned by any angle, their rotated boxes)")
     shapes.set_defaults(run=_run_data_shapes)
+    split = data_sub.add_parser("split", help="cut large oriented-box images (DOTA) into overlapping tiles with "
+                                "their labels, as a new dataset")
+    split.add_argument("data", help="dataset YAML or folder (DOTA-style rows: class x1 y1 ... x4 y4)")
+    split.add_argument("--out", required=True, help="folder of the tiled dataset (its data.yaml is printed)")
+    split.add_argument("--size", type=int, default=TILE_SIZE, help="tile side, px")
+    split.add_argument("--gap", type=int, default=TILE_GAP, help="overlap of neighbouring tiles, px")
+    split.add_argument("--min-share", type=float, default=MIN_SHARE,
+                       help="share of a label's area a tile must hold to keep it")
+    split.set_defaults(run=_run_data_split)
 
 
 def _run_data_check(args: argparse.Namespace) -> int:
@@ -192,6 +202,11 @@ def _run_data_check(args: argparse.Namespace) -> int:
 
 def _run_data_shapes(args: argparse.Namespace) -> int:
     print(generate_shapes_dataset(args.root, args.n_train, args.n_val, args.img_size, args.seed, args.labels))
+    return 0
+
+
+def _run_data_split(args: argparse.Namespace) -> int:
+    print(split_oriented_dataset(args.data, args.out, args.size, args.gap, args.min_share))
     return 0
 
 

@@ -19,9 +19,11 @@ def class_colour(index: int) -> tuple[int, int, int]:
 
 def draw_detections(image: np.ndarray, boxes: torch.Tensor | np.ndarray, classes: torch.Tensor | np.ndarray,
                     names: Sequence[str], scores: torch.Tensor | np.ndarray | None = None, *,
-                    line_width: int | None = None, hide_labels: bool = False, hide_conf: bool = False) -> np.ndarray:
+                    line_width: int | None = None, hide_labels: bool = False, hide_conf: bool = False,
+                    outlines: Sequence[np.ndarray] | None = None) -> np.ndarray:
     """A copy of the BGR ``image`` with each xyxy pixel box and its class name (and score, when given)
-    drawn on it.
+    drawn on it; with ``outlines`` (each box's polygon, ``(k, 2)`` x, y pixels: a rotated box's corners) the
+    polygons are drawn instead of the boxes, whose top-left corner still places the label.
 
     Line width (unless ``line_width`` pixels are asked for) and text size scale with the image; labels
     sit above the box (inside it at the top edge) on a filled background in the class colour, with
@@ -40,9 +42,13 @@ def draw_detections(image: np.ndarray, boxes: torch.Tensor | np.ndarray, classes
     texts = [f"{names[c] if 0 <= c < len(names) else c}" for c in classes]
     if scores is not None and not hide_conf:
         texts = [f"{t} {s:.2f}" for t, s in zip(texts, torch.as_tensor(scores).reshape(-1).tolist())]
-    for (x1, y1, x2, y2), c, label in zip(boxes, classes, texts):
+    for k, ((x1, y1, x2, y2), c, label) in enumerate(zip(boxes, classes, texts)):
         colour = class_colour(c)
-        cv2.rectangle(out, (x1, y1), (x2, y2), colour, thickness, cv2.LINE_AA)
+        if outlines is None:
+            cv2.rectangle(out, (x1, y1), (x2, y2), colour, thickness, cv2.LINE_AA)
+        else:
+            points = np.round(np.asarray(outlines[k], np.float64)).astype(np.int32).reshape(-1, 1, 2)
+            cv2.polylines(out, [points], True, colour, thickness, cv2.LINE_AA)
         if hide_labels:
             continue
         (tw, th), baseline = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, font_scale, font_thickness)

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..boxes import letterbox_geometry, xywh_to_xyxy
+from ..boxes import letterbox_geometry
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.batch import Batch
 from ..data.dataset import loaded_size
@@ -30,7 +30,7 @@ from ..data.loaders import DataConfig, build_loaders
 from ..detector import BoxDetector
 from ..family import ModelFamily, family_of, nms_iou
 from ..names import class_names, describe_repeats, repeated_names
-from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
+from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, unique_stems
 from ..progress import progress_bar
 from ..runs import next_run_dir, run_lock
@@ -46,7 +46,7 @@ from ..settings import (
 )
 from ..task import task_of
 from .classify import ClassifyMetrics
-from .coco import coco_evaluate, coco_ground_truth, detections_to_coco, image_ids
+from .coco import coco_evaluate, coco_ground_truth, image_ids
 from .inference import (
     TRUST_HELP,
     WEIGHTS_HELP,
@@ -57,7 +57,7 @@ from .inference import (
     weights_files,
 )
 from .metrics import SCORING_RULES, ConfusionMatrix, DetectionStats, Metrics, ScoringRules
-from .plots import VAL_BATCH_PLOTS, plot_confusion_matrix, plot_curves, save_val_batch
+from .plots import VAL_BATCH_PLOTS, plot_confusion_matrix, plot_curves
 from .slicing import SliceConfig
 
 
@@ -93,7 +93,8 @@ class ValConfig:
     workers: int | None = setting(None, "loader processes", min=0)
     half: bool | None = setting(None, "half-precision inference: float16 on CUDA, bfloat16 on the CPU "
                                   "(default: where the device computes it natively, else float32)")
-    save_json: bool = setting(False, "COCO json + pycocotools evaluation (segmentation models: masks as RLE, segm too)")
+    save_json: bool = setting(False, "COCO json + pycocotools evaluation (segmentation models: masks as RLE, segm too; "
+                              "oriented boxes: rbox and poly per detection, not scored)")
     plots: bool = setting(True, "confusion matrix, P/R/F1/PR curves, val_batch*_labels/pred.jpg (--no-plots: skip "
                           "them)")
     map_classes: bool = setting(False, "score a model with other classes on the data's classes, matched by name")
@@ -101,8 +102,8 @@ class ValConfig:
     # --task speed); the model's task comes with its weights.
     mode: Literal["val", "speed"] = setting("val", "speed: time pre-process, inference and NMS per image; "
                                             "nothing is written", flags=("--mode", "--task"))
-    save_txt: bool = setting(False, "write labels/STEM.txt (class cx cy w h; segmentation: class x1 y1 x2 y2 ...) "
-                             "per image")
+    save_txt: bool = setting(False, "write labels/STEM.txt (class cx cy w h; segmentation: class x1 y1 x2 y2 ...; "
+                             "oriented boxes: class x1 y1 ... x4 y4) per image")
     save_conf: bool = setting(False, "with --save-txt, add each detection's confidence")
     single_cls: bool = setting(False, "treat every class as one (data and predictions)")
     trust_code: bool = setting(False, TRUST_HELP, flags=("--trust-model-code",))
@@ -335,6 +336,35 @@ class DetectionValidation(Protocol):
 
     def coco_masks(self, metrics: Metrics, out_dir: Path) -> None: ...
 
+    # Whether pycocotools scores the ``--save-json`` detections (else predictions.json is written alone).
+    coco_scoring: bool
+
+    def suppress(self, predictions: torch.Tensor, conf: float, iou: float, classes: Sequence[int] | None = None,
+                 agnostic: bool = False, multi_label: bool = False, max_det: int = VAL_NMS.max_det,
+                 num_extra: int = 0) -> list[torch.Tensor]:
+        """The NMS of decoded predictions (see :func:`~yolotrain.nms.non_max_suppression`): one tensor per image,
+        the boxes' columns first, then score, class and what the task's rows carry after them."""
+
+    def label_boxes(self, labels: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+        """The boxes of label rows (``targets[:, 2:]``: normalised to the ``(h, w)`` batch) in the batch's
+        pixels, in the form the task's detections have them (xyxy; a rotated box's xywhr)."""
+
+    def original_boxes(self, rows: torch.Tensor, gain: tuple[float, float], pad: tuple[float, float],
+                       original_hw: tuple[int, int]) -> torch.Tensor:
+        """Detections (or :meth:`label_boxes`) with their boxes moved from the letterboxed input to the original
+        image's pixels (``x_input = x_original * gain + pad``), score and class kept."""
+
+    def confusion_matrix(self, nc: int) -> ConfusionMatrix | None:
+        """The confusion matrix val fills for ``--plots`` (None: the task draws none)."""
+
+    def json_detections(self, det_native: torch.Tensor, image_id: int) -> list[dict]:
+        """``--save-json``'s entries of one image's detections in original pixels."""
+
+    def save_val_batch(self, out_dir: Path, index: int, batch: Batch, targets: torch.Tensor, dets: list[torch.Tensor],
+                       names: list[str], overlap: bool, protos: torch.Tensor | None) -> None:
+        """``val_batch{index}_labels.jpg`` and ``val_batch{index}_pred.jpg``: the batch with its labels, and with
+        its detections (in the batch's pixels, as :meth:`suppress` gives them)."""
+
 
 def validate_detections(
     task: DetectionValidation, model: BoxDetector, model_or_weights: ModelsOrWeights,
@@ -411,8 +441,8 @@ def validate_detections(
                 with timers["nms"]:
                     if not model.end_to_end:
                         # As the reference: one class means one suppression across all classes, then class 0.
-                        dets = non_max_suppression(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
-                                                   max_det=max_det, num_extra=task.nms_extra_columns(model))
+                        dets = task.suppress(preds.float(), conf, iou, agnostic=single_cls, multi_label=True,
+                                             max_det=max_det, num_extra=task.nms_extra_columns(model))
                     if single_cls:
                         dets = [torch.cat((d[:, :5], torch.zeros_like(d[:, 5:6]), d[:, 6:]), 1) for d in dets]
 
@@ -420,10 +450,10 @@ def validate_detections(
                 scorer.add_batch(dets, targets, seen, (h, w), protos, label_masks)
                 if plots and out_dir is not None and batch_index < VAL_BATCH_PLOTS:
                     out_dir.mkdir(parents=True, exist_ok=True)
-                    save_val_batch(out_dir, batch_index, batch.imgs, targets,
-                                   dets if class_map is None else [_remap(d, class_map.to(d.device)) for d in dets],
-                                   names, task.plot_label_masks(batch),
-                                   getattr(dataset, "overlap", True), protos)
+                    task.save_val_batch(out_dir, batch_index, batch, targets,
+                                        dets if class_map is None else [_remap(d, class_map.to(d.device))
+                                                                        for d in dets],
+                                        names, getattr(dataset, "overlap", True), protos)
                 bar.update()
                 hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
                 seen += b
@@ -459,7 +489,7 @@ class _ImageScorer:
         self.dataset, self.class_map, self.image_end = dataset, class_map, image_end
         self.task = task
         self.stats = task.val_stats(nc, rules)
-        self.confusion = ConfusionMatrix(nc) if confusion else None
+        self.confusion = task.confusion_matrix(nc) if confusion else None
         self.labels_dir, self.save_conf = labels_dir, save_conf
         self.coco_ids = image_ids(dataset.im_files) if save_json else None
         self.coco_dets: list[dict] = []
@@ -475,24 +505,25 @@ class _ImageScorer:
         from index ``first`` of the dataset; a segmentation model's prototypes ``protos [B, nm, h', w']``
         and per image the masks of its labels, in the order of its rows in ``targets`` (None: read from
         the label files)."""
-        (h, w), b = shape, len(dets)
+        b = len(dets)
         gains, pads = batch_geometry(self.dataset, first, b, shape)
         resized = np.round(np.asarray(gains) * np.asarray(self.dataset.shapes[first:first + b], dtype=np.float64))
         label_masks = self.task.read_label_masks(label_masks, self.dataset, first, b, shape, resized, pads)
         counts = torch.bincount(targets[:, 0].long(), minlength=b).tolist()
         order = targets[:, 0].argsort(stable=True)
         per_image = targets[order].split(counts)
-        gt_pixels = xywh_to_xyxy(targets[order][:, 2:6] * targets.new_tensor((w, h, w, h))).split(counts)
+        gt_pixels = self.task.label_boxes(targets[order][:, 2:], shape).split(counts)
         class_map = self.class_map.to(targets.device) if self.class_map is not None else None
         for i in range(b):
             w0, h0 = (int(v) for v in self.dataset.shapes[first + i])
             geometry = (tuple(gains[i]), tuple(pads[i]), (h0, w0))
             det = dets[i] if class_map is None else _remap(dets[i], class_map)
-            det_native = torch.cat((scale_boxes_to_original(det[:, :4], *geometry), det[:, 4:6]), 1)
-            gt_boxes = scale_boxes_to_original(gt_pixels[i], *geometry)
+            det_native = self.task.original_boxes(det, *geometry)
+            gt_boxes = self.task.original_boxes(gt_pixels[i], *geometry)
             gt_cls = per_image[i][:, 1]
             proto = None if protos is None else protos[i]
-            scored, scored_gt = (det[:, :6], gt_pixels[i]) if self.stats.rules.input_pixels else (det_native, gt_boxes)
+            scored, scored_gt = ((det[:, :det_native.shape[1]], gt_pixels[i]) if self.stats.rules.input_pixels
+                                 else (det_native, gt_boxes))
             self.task.score_image(self.stats, det, scored, scored_gt, gt_cls, proto,
                                   None if label_masks is None else label_masks[i], shape)
             self.image_end(self.dataset.im_files[first + i], det_native)
@@ -504,7 +535,7 @@ class _ImageScorer:
                 rles, polygons = self.task.original_masks(proto, det, det_native, shape, pads[i], resized[i], (h0, w0),
                                                           self.coco_ids is not None, self.labels_dir is not None)
             if self.coco_ids is not None:
-                found = detections_to_coco(det_native.cpu(), self.coco_ids[first + i])
+                found = self.task.json_detections(det_native.cpu(), self.coco_ids[first + i])
                 for item, rle in zip(found, rles or ()):
                     item["segmentation"] = rle
                 self.coco_dets += found
@@ -522,7 +553,9 @@ def _save_results(metrics: Metrics, scorer: _ImageScorer, names: list[str], out_
         plot_confusion_matrix(scorer.confusion, names, out_dir / "confusion_matrix.png")
         if metrics.curves is not None:
             plot_curves(metrics, out_dir)
-    if scorer.coco_ids is not None:
+    if scorer.coco_ids is not None and not scorer.task.coco_scoring:  # detections with no COCO scorer
+        (out_dir / "predictions.json").write_text(json.dumps(scorer.coco_dets))
+    elif scorer.coco_ids is not None:
         metrics.coco = _coco_eval(scorer.dataset, names, scorer.coco_dets, out_dir,
                                   scorer.task.coco_polygons(scorer.dataset))
         scorer.task.coco_masks(metrics, out_dir)

@@ -134,11 +134,14 @@ class DetectionOutputs(ResultOutputs):
     classes: Any
     names: list[str]
     masks: np.ndarray | None
+    polygons: list[np.ndarray] | None
 
     def annotate(self, image: np.ndarray, *, line_width: int | None = None, hide_labels: bool = False,
                  hide_conf: bool = False) -> np.ndarray:
         """A copy of the BGR ``image`` with the masks blended in and each box drawn with its label."""
         if self.masks is not None:
             image = draw_masks(image, self.masks, self.classes)
+        # Rotated boxes are drawn as their corners' polygons (a mask's outline is drawn as its box).
+        outlines = self.polygons if getattr(self, "rotated", None) is not None else None
         return draw_detections(image, self.boxes, self.classes, self.names, self.scores, line_width=line_width,
-                               hide_labels=hide_labels, hide_conf=hide_conf)
+                               hide_labels=hide_labels, hide_conf=hide_conf, outlines=outlines)

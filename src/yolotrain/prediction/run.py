@@ -42,7 +42,7 @@ from ..eval.inference import (
 from ..eval.slicing import SliceConfig
 from ..family import nms_iou
 from ..names import class_names
-from ..nms import NMSConfig, check_nms_limits, non_max_suppression, scale_boxes_to_original
+from ..nms import NMSConfig, check_nms_limits
 from ..outputs import refuse_overwriting_inputs, unique_stems
 from ..progress import progress_bar
 from ..runs import next_run_dir, run_lock
@@ -123,7 +123,8 @@ class Result(DetectionOutputs):
     A segmentation model's results also carry each detection's ``masks`` (bool ``[n, h, w]`` of the
     original image) and ``polygons`` (its outline, ``(k, 2)`` float32 x, y pixels, k >= 3; its box's
     four corners when the mask is too small for an outline: empty, one pixel or one line); both are None
-    for a detector.
+    for a detector. An oriented-box model's results carry ``rotated`` ``[n, 5]`` (cx, cy, w, h in original
+    pixels, angle in radians), their four corners as ``polygons`` and their axis-aligned bounds as ``boxes``.
     ``image`` is the BGR image or frame predicted on, on the results of ``predict(stream=True)`` only
     (a list of results would hold every frame of a video).
     ``plot()``, ``save(path)``, ``to_json()`` and ``to_df()`` come from :class:`DetectionOutputs`.
@@ -139,6 +140,7 @@ class Result(DetectionOutputs):
     masks: np.ndarray | None = None
     polygons: list[np.ndarray] | None = None
     image: np.ndarray | None = field(default=None, repr=False, compare=False)
+    rotated: torch.Tensor | None = None
 
     def summary(self) -> str:
         """What was found, as the reference's detect.py says it: ``PATH: 2 circles, 1 square`` (``PATH frame N:
@@ -163,6 +165,8 @@ class Result(DetectionOutputs):
                 for box, s, c in zip(self.boxes.tolist(), self.scores.tolist(), self.classes.tolist())]
         for det, polygon in zip(dets, self.polygons or ()):
             det["polygon"] = [round(v, 1) for v in polygon.reshape(-1).tolist()]
+        for det, rotated in zip(dets, [] if self.rotated is None else self.rotated.tolist()):
+            det["rbox"] = [round(v, 2) for v in rotated[:4]] + [round(rotated[4], 5)]
         out = {"source": self.path, "height": self.orig_shape[0], "width": self.orig_shape[1], "detections": dets}
         if self.frame is not None:
             out["frame"] = self.frame
@@ -286,15 +290,16 @@ class Predictor:
                                             agnostic=self.agnostic)[0]
             else:
                 pred, proto = self.task.infer(self.model, x)
-                det = non_max_suppression(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
-                                          max_det=self.max_det, num_extra=self.task.nms_extra_columns(self.model))[0]
+                det = self.task.suppress(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
+                                         max_det=self.max_det, num_extra=self.task.nms_extra_columns(self.model))[0]
         h0, w0 = image.shape[:2]
-        boxes = scale_boxes_to_original(det[:, :4], gain, pad, (h0, w0))
-        # A segmentation model's masks and outlines in the original image; None for a detector's boxes.
+        # The xyxy boxes in the original image and, for rotated boxes, their xywhr there (else None).
+        boxes, rotated = self.task.result_boxes(self.task.original_boxes(det, gain, pad, (h0, w0)))
+        # A segmentation model's masks and outlines in the original image (rotated boxes: their corners).
         masks, polygons = self.task.result_masks(None if proto is None else proto[0], det, boxes, x.shape[2:], gain,
                                                  pad, (h0, w0), self.retina_masks)
         return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame,
-                      masks, polygons, image)
+                      masks, polygons, image, rotated=None if rotated is None else rotated.cpu())
 
 
 def _frames(path: Path, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray, float]]:

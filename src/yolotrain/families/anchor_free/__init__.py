@@ -19,7 +19,14 @@ import torch
 from ...checkpoint import checkpoint_paths
 from ...family import ModelFamily
 from ...interop.loading.anchor_free import checkpoint_anchor_free, is_anchor_free_name, is_anchor_free_yaml
-from ...loss import AnchorFreeLoss, AnchorFreeLossConfig, AnchorFreeSegmentLoss, LossConfig
+from ...loss import (
+    AnchorFreeLoss,
+    AnchorFreeLossConfig,
+    AnchorFreeOBBLoss,
+    AnchorFreeOBBLossConfig,
+    AnchorFreeSegmentLoss,
+    LossConfig,
+)
 from ...model.anchor_free import AnchorFreeSpec, AnchorFreeYolo, builtin_spec, check_spec
 from ...model.anchor_free.pose import KEYPOINT_DIMENSIONS, MAX_KEYPOINTS
 from ...model.anchor_free.spec import ARCHITECTURES, PUBLISHED
@@ -35,21 +42,28 @@ RECIPE = {"loss.box": 7.5, "loss.cls": 0.5, "loss.dfl": 1.5, "augment.close_mosa
 # small for the IoU loss normalised by the target scores.
 SEARCH_LIMITS = {"box": (1.0, 20.0), "cls": (0.1, 4.0), "dfl": (0.4, 12.0)}
 # The head block of each task's published architectures.
-HEAD_TASKS = {"detect": "Detect", "segment": "Segment", "classify": "Classify"}
+HEAD_TASKS = {"detect": "Detect", "segment": "Segment", "classify": "Classify", "obb": "OBB"}
 
 
-def loss_config(hyp: LossConfig | Mapping[str, Any] | None) -> AnchorFreeLossConfig:
-    """The anchor-free loss's gains from a run's loss settings (``box``, ``cls``, ``dfl``; the assigner keeps its
-    published settings)."""
+# The run's loss settings each anchor-free loss reads (the assigner keeps its published settings): its gains.
+GAINS = ("box", "cls", "dfl")
+OBB_GAINS = (*GAINS, "angle")
+
+
+def loss_config(hyp: LossConfig | Mapping[str, Any] | None, config_class: type = AnchorFreeLossConfig,
+                gains: tuple[str, ...] = GAINS) -> AnchorFreeLossConfig:
+    """The anchor-free loss's settings (a ``config_class``) with the ``gains`` a run's loss settings give."""
     if hyp is None:
-        return AnchorFreeLossConfig()
+        return config_class()
     values = hyp if isinstance(hyp, Mapping) else vars(hyp)
-    return AnchorFreeLossConfig(**{key: values[key] for key in ("box", "cls", "dfl") if key in values})
+    return config_class(**{key: values[key] for key in gains if key in values})
 
 
 def _loss(loss_class: type, model: Any, rect_training: bool = False, img_size: int | None = None,
-          hyp: LossConfig | Mapping[str, Any] | None = None, **options: Any) -> AnchorFreeLoss:
-    return loss_class(model, rect_training=rect_training, img_size=img_size, hyp=loss_config(hyp), **options)
+          hyp: LossConfig | Mapping[str, Any] | None = None, config_class: type = AnchorFreeLossConfig,
+          gains: tuple[str, ...] = GAINS, **options: Any) -> AnchorFreeLoss:
+    return loss_class(model, rect_training=rect_training, img_size=img_size,
+                      hyp=loss_config(hyp, config_class, gains), **options)
 
 
 class AnchorFreeFamily(ModelFamily):
@@ -101,7 +115,8 @@ class AnchorFreeFamily(ModelFamily):
 
     def training_loss(self, task: str, config: Any) -> Callable[..., Callable]:
         losses = {"detect": partial(_loss, AnchorFreeLoss),
-                  "segment": partial(_loss, AnchorFreeSegmentLoss, overlap=config.data.overlap_mask)}
+                  "segment": partial(_loss, AnchorFreeSegmentLoss, overlap=config.data.overlap_mask),
+                  "obb": partial(_loss, AnchorFreeOBBLoss, config_class=AnchorFreeOBBLossConfig, gains=OBB_GAINS)}
         return losses[task]
 
     def with_new_head(self, model: AnchorFreeYolo, num_classes: int) -> AnchorFreeYolo:

@@ -3,15 +3,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ...boxes import xywh_to_xyxy
 from ...data.batch import Batch
-from ...eval.metrics import DetectionStats, Metrics, ScoringRules
+from ...eval.coco import detections_to_coco
+from ...eval.metrics import ConfusionMatrix, DetectionStats, Metrics, ScoringRules
+from ...eval.plots import save_val_batch
 from ...eval.val import validate_detections
+from ...nms import VAL_NMS, non_max_suppression, scale_boxes_to_original
 
 
 class DetectEvaluation:
@@ -47,6 +52,34 @@ class DetectEvaluation:
 
     def nms_extra_columns(self, model: Any) -> int:
         return 0
+
+    coco_scoring = True  # --save-json's boxes are scored by pycocotools
+
+    def suppress(self, predictions: torch.Tensor, conf: float, iou: float, classes: Sequence[int] | None = None,
+                 agnostic: bool = False, multi_label: bool = False, max_det: int = VAL_NMS.max_det,
+                 num_extra: int = 0) -> list[torch.Tensor]:
+        """Axis-aligned NMS: xyxy, score, class (and the extra columns) per detection."""
+        return non_max_suppression(predictions, conf, iou, classes, agnostic, multi_label=multi_label,
+                                   max_det=max_det, num_extra=num_extra)
+
+    def label_boxes(self, labels: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+        h, w = shape
+        return xywh_to_xyxy(labels[:, :4] * labels.new_tensor((w, h, w, h)))
+
+    def original_boxes(self, rows: torch.Tensor, gain: tuple[float, float], pad: tuple[float, float],
+                       original_hw: tuple[int, int]) -> torch.Tensor:
+        """xyxy clipped to the image, then score and class (a segmentation model's coefficients left out)."""
+        return torch.cat((scale_boxes_to_original(rows[:, :4], gain, pad, original_hw), rows[:, 4:6]), 1)
+
+    def confusion_matrix(self, nc: int) -> ConfusionMatrix | None:
+        return ConfusionMatrix(nc)
+
+    def json_detections(self, det_native: torch.Tensor, image_id: int) -> list[dict]:
+        return detections_to_coco(det_native, image_id)
+
+    def save_val_batch(self, out_dir: Path, index: int, batch: Batch, targets: torch.Tensor, dets: list[torch.Tensor],
+                       names: list[str], overlap: bool, protos: torch.Tensor | None) -> None:
+        save_val_batch(out_dir, index, batch.imgs, targets, dets, names, self.plot_label_masks(batch), overlap, protos)
 
     def split_maps(self, maps: Any) -> tuple[Any, torch.Tensor | None]:
         return maps, None
@@ -88,6 +121,11 @@ class DetectEvaluation:
 
     def coco_masks(self, metrics: Metrics, out_dir: Path) -> None:
         return None
+
+    def result_boxes(self, det_native: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A prediction's xyxy boxes in the original image (:class:`~yolotrain.prediction.run.Result`'s ``boxes``)
+        and its rotated boxes (``rotated``; a detection model has none), from :meth:`original_boxes`."""
+        return det_native[:, :4], None
 
     def result_masks(self, proto: torch.Tensor | None, det: torch.Tensor, boxes: torch.Tensor,
                      input_hw: tuple[int, int], gain: tuple[float, float], pad: tuple[float, float],
