@@ -55,6 +55,38 @@ def draw_detections(image: np.ndarray, boxes: torch.Tensor | np.ndarray, classes
     return out
 
 
+# COCO's person skeleton: the pairs of its 17 keypoints (0-based) joined by a line, and each limb's colour.
+COCO_SKELETON = ((15, 13), (13, 11), (16, 14), (14, 12), (11, 12), (5, 11), (6, 12), (5, 6), (5, 7), (6, 8), (7, 9),
+                 (8, 10), (1, 2), (0, 1), (0, 2), (1, 3), (2, 4), (3, 5), (4, 6))
+# A keypoint with a visibility below this is not drawn (nor its limbs), as ultralytics' plots skip them.
+KEYPOINT_CONF = 0.5
+
+
+def draw_keypoints(image: np.ndarray, keypoints: np.ndarray | torch.Tensor, *, radius: int | None = None,
+                   conf: float = KEYPOINT_CONF) -> np.ndarray:
+    """A copy of the BGR ``image`` with keypoints ``[n, K, D]`` (x, y pixels, D == 3: visibility, those below
+    ``conf`` left out) drawn as dots in their keypoint's colour, joined by COCO's skeleton when ``K`` is COCO's
+    17 (other layouts have no known skeleton: points only)."""
+    out = np.ascontiguousarray(image).copy()
+    points = np.asarray(keypoints, dtype=np.float64)
+    h, w = out.shape[:2]
+    radius = radius or max(round((h + w) / 2 * 0.004), 2)
+    shown = (points[..., 0] >= 0) & (points[..., 0] < w) & (points[..., 1] >= 0) & (points[..., 1] < h)
+    if points.shape[-1] == 3:
+        shown &= points[..., 2] >= conf
+    xy = points[..., :2].round().astype(int)
+    skeleton = COCO_SKELETON if points.shape[1] == 17 else ()
+    for person, visible in zip(xy, shown):
+        for limb, (a, b) in enumerate(skeleton):
+            if visible[a] and visible[b]:
+                cv2.line(out, tuple(person[a].tolist()), tuple(person[b].tolist()), class_colour(limb),
+                         max(radius // 2, 1), cv2.LINE_AA)
+        for k, ((x, y), seen) in enumerate(zip(person.tolist(), visible)):
+            if seen:
+                cv2.circle(out, (x, y), radius, class_colour(k), -1, cv2.LINE_AA)
+    return out
+
+
 def draw_masks(image: np.ndarray, masks: np.ndarray, classes: torch.Tensor | np.ndarray,
                alpha: float = 0.5) -> np.ndarray:
     """A copy of the BGR ``image`` with each bool mask ``[n, h, w]`` (the image's size) blended in its

@@ -29,6 +29,7 @@ TASK_PACKAGES: dict[str, str] = {
     "detect": "yolotrain.tasks.detect",
     "segment": "yolotrain.tasks.segment",
     "classify": "yolotrain.tasks.classify",
+    "pose": "yolotrain.tasks.pose",
 }
 
 
