@@ -107,13 +107,14 @@ def object_masks(masks: np.ndarray, n: int, shape: tuple[int, int], overlap: boo
 
 
 def draw_batch(imgs: torch.Tensor, targets: torch.Tensor, names: Sequence[str], masks: torch.Tensor | None = None,
-               overlap: bool = True, max_images: int = 16) -> np.ndarray:
+               overlap: bool = True, max_images: int = 16, keypoints: torch.Tensor | None = None) -> np.ndarray:
     """One BGR picture of a training batch (the reference's ``train_batch*.jpg``): the first ``max_images``
     of ``imgs [B, 3, H, W]`` (RGB, uint8 or floats in 0..1) in a square grid, each with the boxes and class
     names of its ``targets`` rows (image, class, cx, cy, w, h normalised, and a detection's score when there
     is a seventh column) and, for a segmentation batch,
     its target ``masks`` (``overlap``: one ``[B, h, w]`` numbered map per image, else ``[N, h, w]`` per
-    target row) blended in their class colours."""
+    target row) blended in their class colours; for a pose batch, its rows' ``keypoints`` ``[N, K, D]`` (x, y
+    normalised, D == 3: visibility) drawn over the boxes (:func:`draw_keypoints`)."""
     n = min(imgs.shape[0], max_images)
     pixels = imgs[:n].detach().float().cpu() * (255 if imgs.is_floating_point() else 1)
     pixels = pixels.clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
@@ -130,7 +131,13 @@ def draw_batch(imgs: torch.Tensor, targets: torch.Tensor, names: Sequence[str], 
         centres, sizes = labels[:, 1:3], labels[:, 3:5]
         scale = torch.tensor([w, h, w, h], dtype=torch.float64)
         boxes = torch.cat((centres - sizes / 2, centres + sizes / 2), 1) * scale
-        tiles.append(draw_detections(image, boxes, labels[:, 0], names, labels[:, 5] if labels.shape[1] > 5 else None))
+        image = draw_detections(image, boxes, labels[:, 0], names, labels[:, 5] if labels.shape[1] > 5 else None)
+        if keypoints is not None:
+            points = keypoints[rows].detach().double().cpu().clone()
+            points[..., 0] *= w
+            points[..., 1] *= h
+            image = draw_keypoints(image, points.numpy())
+        tiles.append(image)
     return tile_grid(tiles)
 
 

@@ -313,6 +313,10 @@ class DetectionValidation(Protocol):
 
     def plot_label_masks(self, batch: Batch) -> torch.Tensor | None: ...
 
+    def val_batch_drawing(self, batch: Batch) -> dict:
+        """The task's own keyword arguments of :func:`~yolotrain.eval.plots.save_val_batch` for ``batch``'s
+        pictures (a pose model's keypoints); empty for boxes and masks."""
+
     def val_stats(self, nc: int, rules: ScoringRules) -> DetectionStats: ...
 
     def read_label_masks(self, label_masks: list[torch.Tensor] | None, dataset, first: int, count: int,
@@ -426,7 +430,7 @@ def validate_detections(
                     save_val_batch(out_dir, batch_index, batch.imgs, targets,
                                    dets if class_map is None else [_remap(d, class_map.to(d.device)) for d in dets],
                                    names, task.plot_label_masks(batch),
-                                   getattr(dataset, "overlap", True), protos)
+                                   getattr(dataset, "overlap", True), protos, **task.val_batch_drawing(batch))
                 bar.update()
                 hooks.run("on_val_batch_end", batch_index, imgs, targets, dets)
                 seen += b

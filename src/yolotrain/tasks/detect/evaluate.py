@@ -63,6 +63,9 @@ class DetectEvaluation:
     def plot_label_masks(self, batch: Batch) -> torch.Tensor | None:
         return None
 
+    def val_batch_drawing(self, batch: Batch) -> dict[str, Any]:
+        return {}
+
     def val_stats(self, nc: int, rules: ScoringRules) -> DetectionStats:
         return DetectionStats(nc, rules=rules)
 

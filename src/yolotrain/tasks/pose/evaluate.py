@@ -106,6 +106,11 @@ class PoseEvaluation:
         counts = torch.bincount(image_of, minlength=batch.imgs.shape[0]).tolist()
         return list(points[image_of.argsort(stable=True)].split(counts))
 
+    def val_batch_drawing(self, batch: Batch) -> dict[str, Any]:
+        """The labels' and the detections' keypoints on the val_batch pictures."""
+        return {"label_keypoints": batch.keypoints if isinstance(batch, PoseBatch) else None,
+                "kpt_shape": self.kpt_shape}
+
     def read_label_masks(self, label_masks: list[torch.Tensor] | None, dataset: Any, first: int, count: int,
                          shape: tuple[int, int], resized: np.ndarray, pads: np.ndarray) -> list[ImageKeypoints]:
         sizes = np.asarray(dataset.shapes[first:first + count], dtype=np.float64).reshape(-1, 2)

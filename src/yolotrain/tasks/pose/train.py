@@ -3,14 +3,16 @@ keypoints follow the data's, the keypoint loss (the family's), and the keypoint 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import cv2
 import torch
 
 from ...data.pose import PoseBatch
 from ...data.sources import resolve_source
+from ...draw import draw_batch
 from ...family import family_of, get_family
 from ...interop.loading.anchor_free import is_anchor_free_name
 from ...model.anchor_free.spec import builtin_spec
@@ -85,6 +87,11 @@ class PoseTraining(DetectTraining):
     def training_targets(self, batch: PoseBatch, device: torch.device) -> tuple[torch.Tensor, ...]:
         """The ``[N, 6]`` rows and their keypoints ``[N, K, D]`` (x, y normalised, the labels' visibility)."""
         return batch.targets.to(device, non_blocking=True), batch.keypoints.to(device, non_blocking=True)
+
+    def save_training_batch(self, path: Path, batch: PoseBatch, names: Sequence[str], config: Any) -> bool:
+        """The batch with its labels' boxes, names and keypoints."""
+        cv2.imwrite(str(path), draw_batch(batch.imgs, batch.targets, names, keypoints=batch.keypoints))
+        return True
 
     @property
     def result_columns(self) -> tuple[str, ...]:
