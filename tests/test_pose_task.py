@@ -13,8 +13,10 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
+from test_train import run_cli
 
-from yolotrain import predict, train, val
+from yolotrain import YOLO, predict, train, val
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.draw import COCO_SKELETON, draw_keypoints
 from yolotrain.engine import resolve_config
@@ -169,3 +171,38 @@ def test_what_a_pose_export_cannot_have_is_refused_in_one_line(trained, tmp_path
     with pytest.raises(ValueError, match=message) as error:
         export(str(trained.last), "onnx", out=tmp_path / "x.onnx", img_size=64, **options)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.slow
+def test_the_command_line_trains_a_pose_model(pose_data, tmp_path):
+    run = run_cli("train", "--model", "yolov8n-pose", "--data", str(pose_data), "--epochs", "1", "--img", "64",
+                  "--batch", "4", "--workers", "0", "--device", "cpu", "--project", str(tmp_path), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "pose_mAP50" in (tmp_path / "exp" / "results.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.slow
+def test_the_yolo_object_trains_validates_and_predicts_a_pose_model(pose_data, tmp_path):
+    model = YOLO("yolov8n-pose")
+    model.train(data=str(pose_data), epochs=1, project=str(tmp_path), val=False, **TINY)
+    assert model.model.kpt_shape == KPT_SHAPE
+    metrics = model.val(data=str(pose_data), img_size=64, workers=0, plots=False, verbose=False)
+    assert metrics.keypoints is not None
+    result = model.predict(str(pose_data.parent / "images" / "val" / "00000.jpg"), img_size=64, conf=0.0)[0]
+    assert result.keypoints.shape[1:] == KPT_SHAPE
+
+
+@pytest.mark.slow
+def test_a_resumed_pose_run_ends_where_the_whole_run_ends(pose_data, tmp_path):
+    settings = dict(data=str(pose_data), model="yolov8n-pose", epochs=2, val=False, **TINY)
+    whole = train(project=str(tmp_path / "whole"), **settings)
+
+    def stop_after_first_epoch(trainer, epoch, *rest):
+        trainer.stop = True
+
+    cut = train(project=str(tmp_path / "cut"), callbacks={"on_fit_epoch_end": stop_after_first_epoch}, **settings)
+    resumed = train(resume=str(cut.last))
+    assert (cut.epochs_run, resumed.epochs_run) == (1, 1)
+    a, b = load_file(f"{whole.last}.safetensors"), load_file(f"{resumed.last}.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert results(whole.save_dir)[-1]["train_pose"] == results(resumed.save_dir)[-1]["train_pose"]

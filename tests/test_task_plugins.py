@@ -69,5 +69,6 @@ def test_a_model_is_asked_for_its_task_by_name():
 
 
 def test_an_unknown_task_is_one_line():
-    with pytest.raises(ConfigError, match=r"^unknown task 'panoptic': expected one of detect, segment, classify, pose$"):
+    with pytest.raises(ConfigError,
+                       match=r"^unknown task 'panoptic': expected one of detect, segment, classify, pose$"):
         get_task("panoptic")
