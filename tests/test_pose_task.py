@@ -18,6 +18,7 @@ from test_train import run_cli
 
 from yolotrain import YOLO, predict, train, val
 from yolotrain.data import generate_shapes_dataset
+from yolotrain.data.check import check_dataset
 from yolotrain.draw import COCO_SKELETON, draw_keypoints
 from yolotrain.engine import resolve_config
 from yolotrain.engine.loggers import TAGS
@@ -206,3 +207,8 @@ def test_a_resumed_pose_run_ends_where_the_whole_run_ends(pose_data, tmp_path):
     a, b = load_file(f"{whole.last}.safetensors"), load_file(f"{resumed.last}.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert results(whole.save_dir)[-1]["train_pose"] == results(resumed.save_dir)[-1]["train_pose"]
+
+
+def test_data_check_reads_a_pose_dataset_as_keypoints_and_previews_them(pose_data, tmp_path):
+    result = check_dataset(pose_data, tmp_path, img_size=64)
+    assert result.train.labelled == 8 and not result.train.issues and result.preview.is_file()
