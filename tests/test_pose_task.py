@@ -6,6 +6,7 @@ original pixels, and the ONNX export gives what PyTorch gives."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from safetensors.torch import load_file
 from test_train import run_cli
 
 from yolotrain import YOLO, predict, train, val
+from yolotrain.checkpoint import CheckpointError
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.data.check import check_dataset
 from yolotrain.draw import COCO_SKELETON, draw_keypoints
@@ -187,7 +189,7 @@ def test_the_yolo_object_trains_validates_and_predicts_a_pose_model(pose_data, t
     model = YOLO("yolov8n-pose")
     model.train(data=str(pose_data), epochs=1, project=str(tmp_path), val=False, **TINY)
     assert model.model.kpt_shape == KPT_SHAPE
-    metrics = model.val(data=str(pose_data), img_size=64, workers=0, plots=False, verbose=False)
+    metrics = model.val(data=str(pose_data), img_size=64, workers=0, plots=False)
     assert metrics.keypoints is not None
     result = model.predict(str(pose_data.parent / "images" / "val" / "00000.jpg"), img_size=64, conf=0.0)[0]
     assert result.keypoints.shape[1:] == KPT_SHAPE
@@ -212,3 +214,37 @@ def test_a_resumed_pose_run_ends_where_the_whole_run_ends(pose_data, tmp_path):
 def test_data_check_reads_a_pose_dataset_as_keypoints_and_previews_them(pose_data, tmp_path):
     result = check_dataset(pose_data, tmp_path, img_size=64)
     assert result.train.labelled == 8 and not result.train.issues and result.preview.is_file()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("[5, 3]", r"strides \[8, 16, 32\], nc 2 and kpt_shape \[5, 3\] mean an output of"),
+    ("[4, 7]", "yolotrain metadata field 'kpt_shape' must be"),
+])
+def test_a_pose_export_whose_kpt_shape_is_edited_is_one_line_at_load(trained, tmp_path, value, message):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    path = tmp_path / "pose.onnx"
+    export(str(trained.last), "onnx", out=path, img_size=64)
+    proto = onnx.load(str(path))
+    next(p for p in proto.metadata_props if p.key == "kpt_shape").value = value
+    onnx.save(proto, str(path))
+    with pytest.raises(CheckpointError, match=message) as error:
+        load_exported(path)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("fmt", "suffix"), [
+    ("torchscript", ".torchscript"),
+    pytest.param("openvino", ".xml", marks=pytest.mark.skipif(importlib.util.find_spec("openvino") is None,
+                                                               reason="pip install 'yolotrain[openvino]'")),
+])
+def test_torchscript_and_openvino_exports_give_what_torch_gives(trained, tmp_path, fmt, suffix):
+    out = tmp_path / f"pose{suffix}"
+    export(str(trained.last), fmt, out=out, img_size=64)
+    runtime = load_exported(out, trust_code=True)
+    assert (runtime.task, runtime.kpt_shape) == ("pose", KPT_SHAPE)
+    model, _ = load_checkpoint(trained.last)
+    imgs = torch.rand(1, 3, 64, 64)
+    with torch.inference_mode():
+        expected = model.eval()(imgs)
+    torch.testing.assert_close(runtime(imgs), expected, atol=1e-3, rtol=1e-4)
