@@ -61,6 +61,38 @@ def draw_detections(image: np.ndarray, boxes: torch.Tensor | np.ndarray, classes
     return out
 
 
+# COCO's person skeleton: the pairs of its 17 keypoints (0-based) joined by a line, and each limb's colour.
+COCO_SKELETON = ((15, 13), (13, 11), (16, 14), (14, 12), (11, 12), (5, 11), (6, 12), (5, 6), (5, 7), (6, 8), (7, 9),
+                 (8, 10), (1, 2), (0, 1), (0, 2), (1, 3), (2, 4), (3, 5), (4, 6))
+# A keypoint with a visibility below this is not drawn (nor its limbs), as ultralytics' plots skip them.
+KEYPOINT_CONF = 0.5
+
+
+def draw_keypoints(image: np.ndarray, keypoints: np.ndarray | torch.Tensor, *, radius: int | None = None,
+                   conf: float = KEYPOINT_CONF) -> np.ndarray:
+    """A copy of the BGR ``image`` with keypoints ``[n, K, D]`` (x, y pixels, D == 3: visibility, those below
+    ``conf`` left out) drawn as dots in their keypoint's colour, joined by COCO's skeleton when ``K`` is COCO's
+    17 (other layouts have no known skeleton: points only)."""
+    out = np.ascontiguousarray(image).copy()
+    points = np.asarray(keypoints, dtype=np.float64)
+    h, w = out.shape[:2]
+    radius = radius or max(round((h + w) / 2 * 0.004), 2)
+    shown = (points[..., 0] >= 0) & (points[..., 0] < w) & (points[..., 1] >= 0) & (points[..., 1] < h)
+    if points.shape[-1] == 3:
+        shown &= points[..., 2] >= conf
+    xy = points[..., :2].round().astype(int)
+    skeleton = COCO_SKELETON if points.shape[1] == 17 else ()
+    for person, visible in zip(xy, shown):
+        for limb, (a, b) in enumerate(skeleton):
+            if visible[a] and visible[b]:
+                cv2.line(out, tuple(person[a].tolist()), tuple(person[b].tolist()), class_colour(limb),
+                         max(radius // 2, 1), cv2.LINE_AA)
+        for k, ((x, y), seen) in enumerate(zip(person.tolist(), visible)):
+            if seen:
+                cv2.circle(out, (x, y), radius, class_colour(k), -1, cv2.LINE_AA)
+    return out
+
+
 def draw_masks(image: np.ndarray, masks: np.ndarray, classes: torch.Tensor | np.ndarray,
                alpha: float = 0.5) -> np.ndarray:
     """A copy of the BGR ``image`` with each bool mask ``[n, h, w]`` (the image's size) blended in its
@@ -81,13 +113,14 @@ def object_masks(masks: np.ndarray, n: int, shape: tuple[int, int], overlap: boo
 
 
 def draw_batch(imgs: torch.Tensor, targets: torch.Tensor, names: Sequence[str], masks: torch.Tensor | None = None,
-               overlap: bool = True, max_images: int = 16) -> np.ndarray:
+               overlap: bool = True, max_images: int = 16, keypoints: torch.Tensor | None = None) -> np.ndarray:
     """One BGR picture of a training batch (the reference's ``train_batch*.jpg``): the first ``max_images``
     of ``imgs [B, 3, H, W]`` (RGB, uint8 or floats in 0..1) in a square grid, each with the boxes and class
     names of its ``targets`` rows (image, class, cx, cy, w, h normalised, and a detection's score when there
     is a seventh column) and, for a segmentation batch,
     its target ``masks`` (``overlap``: one ``[B, h, w]`` numbered map per image, else ``[N, h, w]`` per
-    target row) blended in their class colours."""
+    target row) blended in their class colours; for a pose batch, its rows' ``keypoints`` ``[N, K, D]`` (x, y
+    normalised, D == 3: visibility) drawn over the boxes (:func:`draw_keypoints`)."""
     n = min(imgs.shape[0], max_images)
     pixels = imgs[:n].detach().float().cpu() * (255 if imgs.is_floating_point() else 1)
     pixels = pixels.clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
@@ -104,7 +137,13 @@ def draw_batch(imgs: torch.Tensor, targets: torch.Tensor, names: Sequence[str], 
         centres, sizes = labels[:, 1:3], labels[:, 3:5]
         scale = torch.tensor([w, h, w, h], dtype=torch.float64)
         boxes = torch.cat((centres - sizes / 2, centres + sizes / 2), 1) * scale
-        tiles.append(draw_detections(image, boxes, labels[:, 0], names, labels[:, 5] if labels.shape[1] > 5 else None))
+        image = draw_detections(image, boxes, labels[:, 0], names, labels[:, 5] if labels.shape[1] > 5 else None)
+        if keypoints is not None:
+            points = keypoints[rows].detach().double().cpu().clone()
+            points[..., 0] *= w
+            points[..., 1] *= h
+            image = draw_keypoints(image, points.numpy())
+        tiles.append(image)
     return tile_grid(tiles)
 
 

@@ -30,6 +30,7 @@ TASK_PACKAGES: dict[str, str] = {
     "segment": "yolotrain.tasks.segment",
     "classify": "yolotrain.tasks.classify",
     "obb": "yolotrain.tasks.obb",
+    "pose": "yolotrain.tasks.pose",
 }
 
 

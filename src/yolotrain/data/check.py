@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..boxes import xywh_to_xyxy
-from ..draw import class_colour, draw_detections, draw_masks, object_masks
+from ..draw import class_colour, draw_detections, draw_keypoints, draw_masks, object_masks
 from ..outputs import dataset_inputs, refuse_overwriting_inputs
 from ..progress import progress_bar
 from .augment import AugmentConfig
@@ -37,6 +37,7 @@ from .classify import (
 )
 from .dataset import DetectionDataset
 from .loaders import DataConfig, build_loaders
+from .sources import resolve_source
 from .verify import DataWarning, VerifyReport
 
 # Side of the preview's tiles and images per preview of a classification dataset.
@@ -56,24 +57,32 @@ class CheckResult:
 
 
 def draw_sample(img_rgb: np.ndarray, labels: np.ndarray, names: list[str],
-                masks: np.ndarray | None = None, overlap: bool = True) -> np.ndarray:
-    """A BGR copy of a dataset sample with its labels (class + normalised cx, cy, w, h) drawn and named, and
-    a segmentation sample's target masks (``overlap``: a ``[1, h, w]`` numbered map, else ``[n, h, w]``)
-    blended in their class colours."""
+                masks: np.ndarray | None = None, overlap: bool = True,
+                keypoints: np.ndarray | None = None) -> np.ndarray:
+    """A BGR copy of a dataset sample with its labels (class + normalised cx, cy, w, h) drawn and named, a
+    segmentation sample's target masks (``overlap``: a ``[1, h, w]`` numbered map, else ``[n, h, w]``)
+    blended in their class colours, and a pose sample's ``keypoints`` ``[n, K, D]`` (x, y normalised)."""
     h, w = img_rgb.shape[:2]
     image = cv2.cvtColor(img_rgb, cv2.COLOR_RGB2BGR)
     if masks is not None:
         image = draw_masks(image, object_masks(masks, len(labels), (h, w), overlap), labels[:, 0])
     boxes = xywh_to_xyxy(torch.from_numpy(labels[:, 1:5]).double()) * torch.tensor([w, h, w, h])
-    return draw_detections(image, boxes, labels[:, 0], names)
+    image = draw_detections(image, boxes, labels[:, 0], names)
+    if keypoints is None:
+        return image
+    points = np.asarray(keypoints, np.float64).copy()
+    points[..., :2] *= (w, h)
+    return draw_keypoints(image, points)
 
 
 def save_preview(dataset: DetectionDataset, path: Path, n: int = 4) -> Path:
     """Write a grid of the first ``n`` (augmented) samples of ``dataset`` with boxes and names (and masks,
-    for a :class:`~yolotrain.data.segment.SegmentationDataset`)."""
+    for a :class:`~yolotrain.data.segment.SegmentationDataset`; keypoints, for a
+    :class:`~yolotrain.data.pose.PoseDataset`)."""
     samples = [dataset[i % len(dataset)] for i in range(n)]
     overlap = getattr(dataset, "overlap", True)
-    tiles = [draw_sample(s[0], s[1], dataset.names, s[4] if len(s) == 5 else None, overlap) for s in samples]
+    tiles = [draw_sample(s[0], s[1], dataset.names, s[4] if len(s) == 5 else None, overlap,
+                         s[2] if len(s) == 3 else None) for s in samples]
     size = dataset.img_size
     tiles = [cv2.resize(t, (size, size)) if t.shape[:2] != (size, size) else t for t in tiles]
     cols = int(np.ceil(np.sqrt(n)))
@@ -247,7 +256,9 @@ def check_dataset(
         steps.set_postfix_str("verifying")
         with warnings.catch_warnings():  # the summaries are printed below; no need to repeat them as warnings
             warnings.simplefilter("ignore", DataWarning)
-            loaders = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed)
+            # A pose dataset's rows are read as keypoints (its YAML's kpt_shape), and previewed with them.
+            kind = "keypoints" if resolve_source(data).keypoints is not None else "boxes"
+            loaders = build_loaders(config, AugmentConfig(), num_classes=num_classes, seed=seed, kind=kind)
         train, val = loaders.train_index, loaders.val_index
         refuse_overwriting_inputs([("--out", out)], dataset_inputs([*train.files, *val.files], data))
         out.mkdir(parents=True, exist_ok=True)

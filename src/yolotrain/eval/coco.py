@@ -30,7 +30,8 @@ def image_ids(files: Sequence[str | os.PathLike]) -> list[int]:
 
 
 def coco_ground_truth(files: Sequence[str | os.PathLike], labels: Sequence[np.ndarray], shapes: np.ndarray,
-                      names: Sequence[str], polygons: Sequence[Sequence[np.ndarray]] | None = None) -> dict:
+                      names: Sequence[str], polygons: Sequence[Sequence[np.ndarray]] | None = None,
+                      keypoints: Sequence[np.ndarray] | None = None) -> dict:
     """A COCO ``instances`` dict from YOLO labels.
 
     Args:
@@ -40,12 +41,16 @@ def coco_ground_truth(files: Sequence[str | os.PathLike], labels: Sequence[np.nd
         names: class names; category ids are the class indices.
         polygons: per image, each label's normalised ``(k, 2)`` polygon: written as its ``segmentation``
             (and its area is the polygon's), so ``segm`` evaluation can run.
+        keypoints: per image, its labels' ``(n, K, 3)`` keypoints (x, y normalised, visibility 0/1/2): written as
+            each label's ``keypoints`` and ``num_keypoints`` (those labelled), so ``keypoints`` evaluation can run.
     """
     ids = image_ids(files)
     images, annotations = [], []
     outlines = polygons if polygons is not None else [None] * len(ids)
-    for image_id, f, lb, (w, h), image_polygons in zip(ids, files, labels, np.asarray(shapes).reshape(-1, 2),
-                                                       outlines):
+    points = keypoints if keypoints is not None else [None] * len(ids)
+    for image_id, f, lb, (w, h), image_polygons, image_points in zip(ids, files, labels,
+                                                                     np.asarray(shapes).reshape(-1, 2), outlines,
+                                                                     points):
         images.append({"id": image_id, "file_name": Path(f).name, "width": int(w), "height": int(h)})
         lb = np.asarray(lb, dtype=np.float64).reshape(-1, 5)
         bw, bh = lb[:, 3] * w, lb[:, 4] * h
@@ -59,6 +64,11 @@ def coco_ground_truth(files: Sequence[str | os.PathLike], labels: Sequence[np.nd
                 annotation["segmentation"] = [[round(v, 2) for v in points.reshape(-1).tolist()]]
                 x, y = points[:, 0], points[:, 1]
                 annotation["area"] = float(abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))) / 2)
+            if image_points is not None:
+                label_points = np.asarray(image_points[k], np.float64).reshape(-1, 3) * (w, h, 1)
+                label_points[label_points[:, 2] == 0] = 0  # COCO's unlabelled keypoint: 0, 0, 0
+                annotation["keypoints"] = [round(v, 2) for v in label_points.reshape(-1).tolist()]
+                annotation["num_keypoints"] = int((label_points[:, 2] > 0).sum())
             annotations.append(annotation)
     categories = [{"id": i, "name": n} for i, n in enumerate(names)]
     return {"images": images, "annotations": annotations, "categories": categories}
@@ -73,10 +83,11 @@ def detections_to_coco(detections: torch.Tensor, image_id: int) -> list[dict]:
 
 
 def coco_evaluate(gt_json: str | os.PathLike, pred_json: str | os.PathLike, verbose: bool = True,
-                  iou_type: str = "bbox") -> list[float]:
-    """Evaluate COCO-format detections against ground truth by their boxes (``iou_type`` ``bbox``) or
-    their masks (``segm``: detections with RLE ``segmentation``, ground truth with polygons); returns
-    the 12 COCO summary numbers.
+                  iou_type: str = "bbox", keypoint_sigmas: Sequence[float] | None = None) -> list[float]:
+    """Evaluate COCO-format detections against ground truth by their boxes (``iou_type`` ``bbox``), their
+    masks (``segm``: detections with RLE ``segmentation``, ground truth with polygons) or their keypoints
+    (``keypoints``: OKS with ``keypoint_sigmas``, one per keypoint; COCO's 17 person ones by default); returns
+    the COCO summary numbers (12; 10 for keypoints, which have no small objects).
 
     Raises:
         ImportError: ``pycocotools`` is not installed.
@@ -92,6 +103,8 @@ def coco_evaluate(gt_json: str | os.PathLike, pred_json: str | os.PathLike, verb
         gt = COCO(str(gt_json))
         dt = gt.loadRes(str(pred_json))
     evaluator = COCOeval(gt, dt, iou_type)
+    if keypoint_sigmas is not None:
+        evaluator.params.kpt_oks_sigmas = np.asarray(keypoint_sigmas, np.float64)
     summary = io.StringIO()
     with contextlib.redirect_stdout(summary):
         evaluator.evaluate()

@@ -101,16 +101,18 @@ def plot_curves(metrics: Metrics, save_dir: str | os.PathLike) -> list[Path]:
 
 def save_val_batch(save_dir: Path, index: int, imgs: torch.Tensor, targets: torch.Tensor, dets: list[torch.Tensor],
                    names: Sequence[str], masks: torch.Tensor | None = None, overlap: bool = True,
-                   protos: torch.Tensor | None = None) -> tuple[Path, Path]:
+                   protos: torch.Tensor | None = None, label_keypoints: torch.Tensor | None = None,
+                   kpt_shape: tuple[int, int] | None = None) -> tuple[Path, Path]:
     """``val_batch{index}_labels.jpg`` and ``val_batch{index}_pred.jpg`` in ``save_dir``: the batch ``imgs``
     (RGB, uint8 or floats in 0..1) drawn as training batches are (:func:`yolotrain.draw.draw_batch`), once with
     its ``targets`` (and label ``masks``, as a segmentation batch carries them) and once with the detections
     scoring at least :data:`PLOT_CONF` (``dets`` per image: xyxy in the batch's pixels, score, class, then a
-    segmentation model's mask coefficients, whose masks are made from ``protos``)."""
+    segmentation model's mask coefficients, whose masks are made from ``protos``, or a pose model's ``kpt_shape``
+    keypoints, drawn as the labels' ``label_keypoints`` rows are)."""
     h, w = imgs.shape[-2:]
     labels_path = save_dir / f"val_batch{index}_labels.jpg"
-    cv2.imwrite(str(labels_path), draw_batch(imgs, targets.cpu(), names, masks, overlap))
-    rows, pred_masks = [], []
+    cv2.imwrite(str(labels_path), draw_batch(imgs, targets.cpu(), names, masks, overlap, keypoints=label_keypoints))
+    rows, pred_masks, pred_keypoints = [], [], []
     scale = torch.tensor([w, h, w, h], dtype=torch.float64)
     for i, det in enumerate(dets):
         det = det[det[:, 4] >= PLOT_CONF].detach().double().cpu()
@@ -121,9 +123,15 @@ def save_val_batch(save_dir: Path, index: int, imgs: torch.Tensor, targets: torc
         if protos is not None:
             kept = det.to(protos.device, protos.dtype)
             pred_masks.append(process_masks(protos[i], kept[:, 6:], kept[:, :4], (h, w)).cpu())
+        if kpt_shape is not None:  # normalised as the labels' keypoints are
+            points = det[:, 6:].reshape(len(det), *kpt_shape).clone()
+            points[..., 0] /= w
+            points[..., 1] /= h
+            pred_keypoints.append(points)
     pred_path = save_dir / f"val_batch{index}_pred.jpg"
     cv2.imwrite(str(pred_path), draw_batch(imgs, torch.cat(rows), names,
-                                           torch.cat(pred_masks) if protos is not None else None, overlap=False))
+                                           torch.cat(pred_masks) if protos is not None else None, overlap=False,
+                                           keypoints=torch.cat(pred_keypoints) if kpt_shape is not None else None))
     return labels_path, pred_path
 
 

@@ -293,6 +293,7 @@ class DetectionValidation(Protocol):
     extends it with the masks) about its models' outputs, their scores and the files written of them."""
 
     dataset_kind: str  # what the val loader reads the labels as (yolotrain.data.loaders.DATASET_KINDS)
+    coco_result_field: str  # the key of a COCO result that holds the first of original_masks' values
 
     def check_inference(self, model: BoxDetector) -> None: ...
 
@@ -332,7 +333,9 @@ class DetectionValidation(Protocol):
     def label_rows(self, det: torch.Tensor, polygons: list[np.ndarray] | None, shape: tuple[int, int],
                    with_conf: bool) -> str: ...
 
-    def coco_polygons(self, dataset) -> list | None: ...
+    def coco_label_fields(self, dataset) -> dict:
+        """The task's own keyword arguments of :func:`~yolotrain.eval.coco.coco_ground_truth` for ``dataset``'s
+        labels (a segmentation model's ``polygons``); empty for boxes alone."""
 
     def coco_masks(self, metrics: Metrics, out_dir: Path) -> None: ...
 
@@ -537,7 +540,7 @@ class _ImageScorer:
             if self.coco_ids is not None:
                 found = self.task.json_detections(det_native.cpu(), self.coco_ids[first + i])
                 for item, rle in zip(found, rles or ()):
-                    item["segmentation"] = rle
+                    item[self.task.coco_result_field] = rle
                 self.coco_dets += found
             if self.labels_dir is not None:
                 stem = self.label_stems[first + i]
@@ -557,7 +560,7 @@ def _save_results(metrics: Metrics, scorer: _ImageScorer, names: list[str], out_
         (out_dir / "predictions.json").write_text(json.dumps(scorer.coco_dets))
     elif scorer.coco_ids is not None:
         metrics.coco = _coco_eval(scorer.dataset, names, scorer.coco_dets, out_dir,
-                                  scorer.task.coco_polygons(scorer.dataset))
+                                  scorer.task.coco_label_fields(scorer.dataset))
         scorer.task.coco_masks(metrics, out_dir)
     (out_dir / "metrics.json").write_text(json.dumps(metrics.as_dict(), indent=2))
 
@@ -590,10 +593,11 @@ def _remap(det: torch.Tensor, class_map: torch.Tensor) -> torch.Tensor:
 
 
 def _coco_eval(dataset, names: list[str], detections: list[dict], out_dir: Path,
-               polygons: list | None = None) -> list[float]:
-    """Write COCO ground truth (with each label's polygon when given: a segmentation model's) and detections,
-    evaluate the boxes and return the 12 summary numbers."""
-    gt = coco_ground_truth(dataset.im_files, dataset.labels, dataset.shapes, names, polygons)
+               label_fields: dict | None = None) -> list[float]:
+    """Write COCO ground truth (with the task's own fields of each label: a segmentation model's polygons,
+    see :func:`~yolotrain.eval.coco.coco_ground_truth`) and detections, evaluate the boxes and return the 12
+    summary numbers."""
+    gt = coco_ground_truth(dataset.im_files, dataset.labels, dataset.shapes, names, **(label_fields or {}))
     gt_path, pred_path = out_dir / "ground_truth.json", out_dir / "predictions.json"
     gt_path.write_text(json.dumps(gt))
     pred_path.write_text(json.dumps(detections))

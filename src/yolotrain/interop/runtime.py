@@ -65,6 +65,8 @@ class ExportedModel(abc.ABC):
         self.nms_settings: dict | None = fields["nms"]
         self.task: Task = fields["task"]
         self.num_masks: int = fields["nm"]
+        # Keypoints (count, values each) after the class scores of a keypoint model's rows; None without them.
+        self.kpt_shape: tuple[int, int] | None = fields["kpt_shape"]
         self.family: str = fields["family"]
         # Predictions per cell of each output level: YOLOv5's anchors, one for an anchor-free head.
         self.anchors_per_level = len(fields["anchors"][0]) if fields["anchors"] else int(bool(fields["strides"]))
@@ -273,6 +275,9 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
                 "the NMS settings (conf, iou, max_det, multi_label)", None)
     nm = field("nm", lambda v: _is_int(v) and (v == 0) == (MASK_PROTOTYPES not in outputs) and 0 <= v <= 1024,
                "the number of mask coefficients (from 1 to 1024 for a segmentation model)", 0)
+    kpt_shape = field("kpt_shape", lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(
+        _is_int(k) for k in v) and 1 <= v[0] <= 1000 and v[1] in (2, 3)),
+        "[keypoints 1..1000, 2 or 3 values each]", None)
     problem = get_task(task).exported_metadata_problem(raw, nms is not None)
     if problem:
         raise CheckpointError(f"{path}: {problem}")
@@ -281,7 +286,7 @@ def _read_metadata(metadata: Mapping[str, str], path: Path) -> dict[str, Any]:
                               "never have")
     return {"nc": nc, "names": names, "strides": strides, "size_multiple": size_multiple, "anchors": anchors,
             "img_size": img_size, "raw": raw, "precision": precision, "nms": nms, "task": task, "nm": nm,
-            "family": family}
+            "family": family, "kpt_shape": None if kpt_shape is None else tuple(kpt_shape)}
 
 
 _REQUIRED = object()

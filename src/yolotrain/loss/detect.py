@@ -26,7 +26,7 @@ from .divergence import DivergenceError
 class LossConfig:
     """Loss gains, before scaling for layers, classes and image size; the reference's scratch-low values. The
     anchor-free heads' loss reads ``box``, ``cls`` and ``dfl`` (their family's recipe sets its own gains), their
-    oriented-box loss ``angle`` too."""
+    oriented-box loss ``angle`` too, a pose model's also ``pose`` and ``kobj`` (ultralytics' gains)."""
 
     box: float = setting(0.05, "box (CIoU) loss gain", min=0)
     cls: float = setting(0.5, "class loss gain", min=0)
@@ -38,6 +38,8 @@ class LossConfig:
     label_smoothing: float = setting(0.0, "class label smoothing: targets 1-eps/2 and eps/2", min=0, max=1)
     dfl: float = setting(1.5, "distribution focal loss gain (anchor-free heads: yolov8, yolo11, yolov5u)", min=0)
     angle: float = setting(1.0, "angle loss gain (oriented-box models: yolov8n-obb ...)", min=0)
+    pose: float = setting(12.0, "keypoint location loss gain (pose models)", min=0)
+    kobj: float = setting(1.0, "keypoint visibility loss gain (pose models)", min=0)
 
 # Objectness weight of each level: small objects (P3) dominate the count of cells. The reference uses
 # the first table for three levels (P5 models) and the second for any other count (P6 models: 4).

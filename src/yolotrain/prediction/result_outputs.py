@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import cv2
 import numpy as np
 
-from ..draw import draw_detections, draw_masks
+from ..draw import draw_detections, draw_keypoints, draw_masks
 
 if TYPE_CHECKING:
     import pandas
@@ -127,7 +127,8 @@ class ResultOutputs(ABC):
 
 
 class DetectionOutputs(ResultOutputs):
-    """The drawing of detection results: masks (segmentation) under the boxes, class names and scores."""
+    """The drawing of detection results: masks (segmentation) under the boxes, class names and scores, keypoints
+    (pose) over them."""
 
     boxes: Any
     scores: Any
@@ -135,13 +136,16 @@ class DetectionOutputs(ResultOutputs):
     names: list[str]
     masks: np.ndarray | None
     polygons: list[np.ndarray] | None
+    keypoints: np.ndarray | None
 
     def annotate(self, image: np.ndarray, *, line_width: int | None = None, hide_labels: bool = False,
                  hide_conf: bool = False) -> np.ndarray:
-        """A copy of the BGR ``image`` with the masks blended in and each box drawn with its label."""
+        """A copy of the BGR ``image`` with the masks blended in, each box drawn with its label, and a pose
+        model's keypoints on top."""
         if self.masks is not None:
             image = draw_masks(image, self.masks, self.classes)
         # Rotated boxes are drawn as their corners' polygons (a mask's outline is drawn as its box).
         outlines = self.polygons if getattr(self, "rotated", None) is not None else None
-        return draw_detections(image, self.boxes, self.classes, self.names, self.scores, line_width=line_width,
-                               hide_labels=hide_labels, hide_conf=hide_conf, outlines=outlines)
+        image = draw_detections(image, self.boxes, self.classes, self.names, self.scores, line_width=line_width,
+                                hide_labels=hide_labels, hide_conf=hide_conf, outlines=outlines)
+        return image if self.keypoints is None else draw_keypoints(image, self.keypoints)

@@ -124,7 +124,9 @@ class Result(DetectionOutputs):
     original image) and ``polygons`` (its outline, ``(k, 2)`` float32 x, y pixels, k >= 3; its box's
     four corners when the mask is too small for an outline: empty, one pixel or one line); both are None
     for a detector. An oriented-box model's results carry ``rotated`` ``[n, 5]`` (cx, cy, w, h in original
-    pixels, angle in radians), their four corners as ``polygons`` and their axis-aligned bounds as ``boxes``.
+    pixels, angle in radians), their four corners as ``polygons`` and their axis-aligned bounds as ``boxes``. A pose
+    model's results carry each detection's ``keypoints`` (float32 ``[n, K, D]``: x, y original pixels, and with
+    D == 3 the predicted visibility, 0..1); None for other models.
     ``image`` is the BGR image or frame predicted on, on the results of ``predict(stream=True)`` only
     (a list of results would hold every frame of a video).
     ``plot()``, ``save(path)``, ``to_json()`` and ``to_df()`` come from :class:`DetectionOutputs`.
@@ -141,6 +143,7 @@ class Result(DetectionOutputs):
     polygons: list[np.ndarray] | None = None
     image: np.ndarray | None = field(default=None, repr=False, compare=False)
     rotated: torch.Tensor | None = None
+    keypoints: np.ndarray | None = None
 
     def summary(self) -> str:
         """What was found, as the reference's detect.py says it: ``PATH: 2 circles, 1 square`` (``PATH frame N:
@@ -167,6 +170,8 @@ class Result(DetectionOutputs):
             det["polygon"] = [round(v, 1) for v in polygon.reshape(-1).tolist()]
         for det, rotated in zip(dets, [] if self.rotated is None else self.rotated.tolist()):
             det["rbox"] = [round(v, 2) for v in rotated[:4]] + [round(rotated[4], 5)]
+        for det, points in zip(dets, () if self.keypoints is None else self.keypoints):
+            det["keypoints"] = [round(v, 3) for v in points.reshape(-1).tolist()]
         out = {"source": self.path, "height": self.orig_shape[0], "width": self.orig_shape[1], "detections": dets}
         if self.frame is not None:
             out["frame"] = self.frame
@@ -175,7 +180,7 @@ class Result(DetectionOutputs):
     def yolo_lines(self) -> list[str]:
         """Rows ``class cx cy w h score`` normalised to the image, as YOLO label files hold them; for a
         segmentation model ``class x1 y1 x2 y2 ... score`` (its outline, or its box's corners for a mask too
-        small for one): a row for every detection."""
+        small for one), for a pose model ``class cx cy w h x0 y0 [v0] ... score``: a row for every detection."""
         h, w = self.orig_shape
         if self.polygons is not None:
             scale = np.array((w, h), np.float64)
@@ -184,8 +189,12 @@ class Result(DetectionOutputs):
         b = self.boxes.double()
         xywh = torch.stack(((b[:, 0] + b[:, 2]) / 2 / w, (b[:, 1] + b[:, 3]) / 2 / h,
                             (b[:, 2] - b[:, 0]) / w, (b[:, 3] - b[:, 1]) / h), 1)
-        return [f"{c} {x:.6f} {y:.6f} {bw:.6f} {bh:.6f} {s:.5f}"
-                for c, (x, y, bw, bh), s in zip(self.classes.tolist(), xywh.tolist(), self.scores.tolist())]
+        points = [""] * len(xywh)
+        if self.keypoints is not None:  # ultralytics' pose rows: the keypoints (normalised x, y[, v]) after the box
+            normalised = self.keypoints.astype(np.float64) / np.array([w, h, 1.0][:self.keypoints.shape[-1]])
+            points = ["".join(f" {v:.6f}" for v in row.reshape(-1)) for row in normalised]
+        return [f"{c} {x:.6f} {y:.6f} {bw:.6f} {bh:.6f}{p} {s:.5f}"
+                for c, (x, y, bw, bh), p, s in zip(self.classes.tolist(), xywh.tolist(), points, self.scores.tolist())]
 
 
 def _suffix(path: Path) -> str:
@@ -295,11 +304,12 @@ class Predictor:
         h0, w0 = image.shape[:2]
         # The xyxy boxes in the original image and, for rotated boxes, their xywhr there (else None).
         boxes, rotated = self.task.result_boxes(self.task.original_boxes(det, gain, pad, (h0, w0)))
-        # A segmentation model's masks and outlines in the original image (rotated boxes: their corners).
-        masks, polygons = self.task.result_masks(None if proto is None else proto[0], det, boxes, x.shape[2:], gain,
-                                                 pad, (h0, w0), self.retina_masks)
+        # What the task's model gives beside the boxes, in the original image (a segmentation model's masks and
+        # outlines, a pose model's keypoints, an oriented-box model's corners); nothing for a detector's boxes.
+        fields = self.task.result_fields(None if proto is None else proto[0], det, boxes, x.shape[2:], gain, pad,
+                                         (h0, w0), self.retina_masks)
         return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame,
-                      masks, polygons, image, rotated=None if rotated is None else rotated.cpu())
+                      image=image, rotated=None if rotated is None else rotated.cpu(), **fields)
 
 
 def _frames(path: Path, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray, float]]:

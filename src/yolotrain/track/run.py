@@ -205,6 +205,7 @@ def _tracked(tracker: ByteTracker, result: Result, sequence: str, position: int)
     mot_frame = result.frame + 1 if result.frame is not None else position
     return TrackResult(result.path, torch.from_numpy(tracks.boxes), result.scores[index], result.classes[index],
                        result.names, result.orig_shape, result.frame, ids=torch.from_numpy(tracks.ids),
+                       keypoints=None if result.keypoints is None else result.keypoints[tracks.det_index],
                        sequence=sequence, mot_frame=mot_frame)
 
 

@@ -27,6 +27,7 @@ from ...loss import (
     AnchorFreeSegmentLoss,
     LossConfig,
 )
+from ...loss.anchor_free_pose import AnchorFreePoseLoss, AnchorFreePoseLossConfig
 from ...model.anchor_free import AnchorFreeSpec, AnchorFreeYolo, builtin_spec, check_spec
 from ...model.anchor_free.pose import KEYPOINT_DIMENSIONS, MAX_KEYPOINTS
 from ...model.anchor_free.spec import ARCHITECTURES, PUBLISHED
@@ -42,28 +43,30 @@ RECIPE = {"loss.box": 7.5, "loss.cls": 0.5, "loss.dfl": 1.5, "augment.close_mosa
 # small for the IoU loss normalised by the target scores.
 SEARCH_LIMITS = {"box": (1.0, 20.0), "cls": (0.1, 4.0), "dfl": (0.4, 12.0)}
 # The head block of each task's published architectures.
-HEAD_TASKS = {"detect": "Detect", "segment": "Segment", "classify": "Classify", "obb": "OBB"}
+HEAD_TASKS = {"detect": "Detect", "segment": "Segment", "classify": "Classify", "obb": "OBB", "pose": "Pose"}
 
 
-# The run's loss settings each anchor-free loss reads (the assigner keeps its published settings): its gains.
-GAINS = ("box", "cls", "dfl")
-OBB_GAINS = (*GAINS, "angle")
+# The run's loss settings each loss configuration takes (the assigner keeps its published settings).
+LOSS_GAINS = {AnchorFreeLossConfig: ("box", "cls", "dfl"),
+              AnchorFreeOBBLossConfig: ("box", "cls", "dfl", "angle"),
+              AnchorFreePoseLossConfig: ("box", "cls", "dfl", "pose", "kobj")}
 
 
-def loss_config(hyp: LossConfig | Mapping[str, Any] | None, config_class: type = AnchorFreeLossConfig,
-                gains: tuple[str, ...] = GAINS) -> AnchorFreeLossConfig:
-    """The anchor-free loss's settings (a ``config_class``) with the ``gains`` a run's loss settings give."""
+def loss_config(hyp: LossConfig | Mapping[str, Any] | None,
+                config_class: type[AnchorFreeLossConfig] = AnchorFreeLossConfig) -> AnchorFreeLossConfig:
+    """The anchor-free loss's gains (a ``config_class``) from a run's loss settings (``box``, ``cls``, ``dfl``; an
+    oriented-box loss's ``angle``, a pose loss's ``pose`` and ``kobj`` too)."""
     if hyp is None:
         return config_class()
     values = hyp if isinstance(hyp, Mapping) else vars(hyp)
-    return config_class(**{key: values[key] for key in gains if key in values})
+    return config_class(**{key: values[key] for key in LOSS_GAINS[config_class] if key in values})
 
 
 def _loss(loss_class: type, model: Any, rect_training: bool = False, img_size: int | None = None,
-          hyp: LossConfig | Mapping[str, Any] | None = None, config_class: type = AnchorFreeLossConfig,
-          gains: tuple[str, ...] = GAINS, **options: Any) -> AnchorFreeLoss:
-    return loss_class(model, rect_training=rect_training, img_size=img_size,
-                      hyp=loss_config(hyp, config_class, gains), **options)
+          hyp: LossConfig | Mapping[str, Any] | None = None,
+          config_class: type[AnchorFreeLossConfig] = AnchorFreeLossConfig, **options: Any) -> AnchorFreeLoss:
+    return loss_class(model, rect_training=rect_training, img_size=img_size, hyp=loss_config(hyp, config_class),
+                      **options)
 
 
 class AnchorFreeFamily(ModelFamily):
@@ -116,12 +119,16 @@ class AnchorFreeFamily(ModelFamily):
     def training_loss(self, task: str, config: Any) -> Callable[..., Callable]:
         losses = {"detect": partial(_loss, AnchorFreeLoss),
                   "segment": partial(_loss, AnchorFreeSegmentLoss, overlap=config.data.overlap_mask),
-                  "obb": partial(_loss, AnchorFreeOBBLoss, config_class=AnchorFreeOBBLossConfig, gains=OBB_GAINS)}
+                  "obb": partial(_loss, AnchorFreeOBBLoss, config_class=AnchorFreeOBBLossConfig),
+                  "pose": partial(_loss, AnchorFreePoseLoss, config_class=AnchorFreePoseLossConfig)}
         return losses[task]
 
-    def with_new_head(self, model: AnchorFreeYolo, num_classes: int) -> AnchorFreeYolo:
-        """Same layers for another class count: every tensor but the class branch's last convolutions is kept."""
-        fresh = AnchorFreeYolo(model.spec, num_classes=num_classes, in_channels=model.in_channels)
+    def with_new_head(self, model: AnchorFreeYolo, num_classes: int,
+                      kpt_shape: tuple[int, int] | None = None) -> AnchorFreeYolo:
+        """Same layers for another class count (a pose model: and another ``kpt_shape``): every tensor but the
+        class branch's (the keypoint branch's) last convolutions is kept."""
+        fresh = AnchorFreeYolo(model.spec, num_classes=num_classes, in_channels=model.in_channels,
+                               kpt_shape=kpt_shape)
         fresh.load_matching(model.state_dict())
         return fresh
 

@@ -23,6 +23,8 @@ class DetectEvaluation:
     """Detection's answers to val, predict, inference and tracking: boxes only (segmentation adds its masks
     to these answers)."""
 
+    # The key of a COCO result that holds each detection's first value of ``original_masks`` (a mask's RLE).
+    coco_result_field = "segmentation"
 
     def augment_refusal(self, name: str) -> str | None:
         return None
@@ -116,8 +118,8 @@ class DetectEvaluation:
                    with_conf: bool) -> str:
         return yolo_rows(det, shape, with_conf)
 
-    def coco_polygons(self, dataset: Any) -> list | None:
-        return None
+    def coco_label_fields(self, dataset: Any) -> dict[str, Any]:
+        return {}
 
     def coco_masks(self, metrics: Metrics, out_dir: Path) -> None:
         return None
@@ -127,13 +129,13 @@ class DetectEvaluation:
         and its rotated boxes (``rotated``; a detection model has none), from :meth:`original_boxes`."""
         return det_native[:, :4], None
 
-    def result_masks(self, proto: torch.Tensor | None, det: torch.Tensor, boxes: torch.Tensor,
-                     input_hw: tuple[int, int], gain: tuple[float, float], pad: tuple[float, float],
-                     original_hw: tuple[int, int],
-                     retina_masks: bool) -> tuple[np.ndarray | None, list[np.ndarray] | None]:
-        """A prediction's masks and outlines in the original image (:class:`~yolotrain.prediction.run.Result`'s
-        ``masks`` and ``polygons``): a detection model has none."""
-        return None, None
+
+    def result_fields(self, proto: torch.Tensor | None, det: torch.Tensor, boxes: torch.Tensor,
+                      input_hw: tuple[int, int], gain: tuple[float, float], pad: tuple[float, float],
+                      original_hw: tuple[int, int], retina_masks: bool) -> dict[str, Any]:
+        """A prediction's fields of :class:`~yolotrain.prediction.run.Result` beside its boxes, in the original
+        image (a segmentation model's ``masks`` and ``polygons``): a detection model has none."""
+        return {}
 
 
 def yolo_rows(det: torch.Tensor, shape: tuple[int, int], with_conf: bool) -> str:

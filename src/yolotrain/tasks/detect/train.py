@@ -75,7 +75,7 @@ class DetectTraining:
         if not dataset_names:
             raise ValueError(f"{root}: the dataset defines no class names")
         trainer.names = run_class_names(dataset_names, cfg.data)
-        trainer.model = _detection_model(trainer)
+        trainer.model = self.training_model(trainer, root)
         if cfg.data.autobatch:
             cfg = autobatch()
         stride = trainer.model.max_stride
@@ -98,6 +98,11 @@ class DetectTraining:
         trainer.dataset_record = dataset_record(root, dataset_names, {"train": loaders.train_index,
                                                                    "val": loaders.val_index},
                                              generated=cfg.data.path is None)
+
+    def training_model(self, trainer: Any, root: str) -> Any:
+        """The model ``trainer`` trains on the dataset at ``root`` (its class names set): the run's model, with a
+        new head for the data's class count, and the ``--pretrained`` weights that fit it."""
+        return _detection_model(trainer)
 
     def fit_anchors(self, trainer: Any, model: Any) -> None:
         family_of(model).fit_anchors(trainer, model)

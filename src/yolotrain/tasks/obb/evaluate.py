@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -107,10 +108,9 @@ class OBBEvaluation(DetectEvaluation):
         corners = xywhr_to_corners(rotated)
         return torch.cat((corners.amin(1), corners.amax(1)), 1), rotated
 
-    def result_masks(self, proto: torch.Tensor | None, det: torch.Tensor, boxes: torch.Tensor,
-                     input_hw: tuple[int, int], gain: tuple[float, float], pad: tuple[float, float],
-                     original_hw: tuple[int, int],
-                     retina_masks: bool) -> tuple[np.ndarray | None, list[np.ndarray] | None]:
-        """No masks; the outlines are the rotated boxes' corners in the original image."""
+    def result_fields(self, proto: torch.Tensor | None, det: torch.Tensor, boxes: torch.Tensor,
+                      input_hw: tuple[int, int], gain: tuple[float, float], pad: tuple[float, float],
+                      original_hw: tuple[int, int], retina_masks: bool) -> dict[str, Any]:
+        """No masks; the outlines (``polygons``) are the rotated boxes' corners in the original image."""
         corners = xywhr_to_corners(rotated_columns(self.original_boxes(det, gain, pad, original_hw)))
-        return None, list(corners.float().cpu().numpy())
+        return {"polygons": list(corners.float().cpu().numpy())}

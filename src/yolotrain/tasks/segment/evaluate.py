@@ -123,23 +123,22 @@ class SegmentEvaluation:
                    with_conf: bool) -> str:
         return polygon_rows(det, polygons, shape, with_conf)
 
-    def coco_polygons(self, dataset: Any) -> list | None:
+    def coco_label_fields(self, dataset: Any) -> dict[str, Any]:
         polygons = getattr(dataset, "segments", None)
         if polygons is None:  # a detection dataset: the polygons are read from its label files
             polygons = [read_polygons(img2label_path(f), labels) for f, labels in zip(dataset.im_files, dataset.labels)]
-        return polygons
+        return {"polygons": polygons}
 
     def coco_masks(self, metrics: Metrics, out_dir: Path) -> None:
         if metrics.masks is not None:
             metrics.masks.coco = coco_evaluate(out_dir / "ground_truth.json", out_dir / "predictions.json",
                                                iou_type="segm")
 
-    def result_masks(self, proto: torch.Tensor | None, det: torch.Tensor, boxes: torch.Tensor,
-                     input_hw: tuple[int, int], gain: tuple[float, float], pad: tuple[float, float],
-                     original_hw: tuple[int, int],
-                     retina_masks: bool) -> tuple[np.ndarray | None, list[np.ndarray] | None]:
-        """The detections' bool masks ``[n, h0, w0]`` of the original image (made there directly with
-        ``retina_masks``, else at the network input and resized) and their outlines."""
+    def result_fields(self, proto: torch.Tensor | None, det: torch.Tensor, boxes: torch.Tensor,
+                      input_hw: tuple[int, int], gain: tuple[float, float], pad: tuple[float, float],
+                      original_hw: tuple[int, int], retina_masks: bool) -> dict[str, Any]:
+        """The detections' bool ``masks`` ``[n, h0, w0]`` of the original image (made there directly with
+        ``retina_masks``, else at the network input and resized) and their outlines (``polygons``)."""
         resized = (original_hw[1] * gain[0], original_hw[0] * gain[1])
         if retina_masks:
             chunks = masks_in_original(proto, det[:, 6:], boxes, input_hw, pad, resized, original_hw)
@@ -148,7 +147,7 @@ class SegmentEvaluation:
                       for m in upsampled_masks(proto, det[:, 6:], det[:, :4], input_hw))
         parts = [m.cpu().numpy() for m in chunks]
         masks = np.concatenate(parts) if parts else np.zeros((0, *original_hw), bool)
-        return masks, polygons_or_boxes(masks_to_polygons(masks), boxes)
+        return {"masks": masks, "polygons": polygons_or_boxes(masks_to_polygons(masks), boxes)}
 
 
 def _original_masks(proto: torch.Tensor, det: torch.Tensor, det_native: torch.Tensor, input_hw: tuple[int, int],
