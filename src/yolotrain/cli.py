@@ -180,7 +180,7 @@ def _data_parser(sub: argparse._SubParsersAction) -> None:
     shapes.add_argument("--n-val", type=int, default=40, help="validation images")
     shapes.add_argument("--img-size", type=int, default=256, help="side of the square images")
     shapes.add_argument("--seed", type=int, default=0, help="seed of the shapes, colours and positions")
-    shapes.add_argument("--labels", choices=LABEL_KINDS, default=LABEL_KINDS[0],
+    shapes.add_argument("--labels", choices=list(LABEL_KINDS), default="polygons",
                         help="what the labels hold: polygons (detection, segmentation), pose (boxes with four "
                              "keypoints) or obb (objects turned by any angle, their rotated boxes)")
     shapes.set_defaults(run=_run_data_shapes)

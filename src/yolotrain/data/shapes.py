@@ -18,7 +18,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -36,8 +39,6 @@ MAX_OBJECTS = 4
 MAX_OCCLUSION = 0.4
 OUTLINE = (20, 20, 20)
 HATCH_PERIOD = 3  # pixels per stripe of the rectangles' fill
-# What the label files hold: YOLO-seg polygons (detection and segmentation), boxes with keypoints, rotated boxes.
-LABEL_KINDS = ("polygons", "pose", "obb")
 # The pose variant's keypoints of every object, in label order; a left-right flip swaps the left and right ones.
 KEYPOINT_NAMES = ("top-left", "top-right", "bottom-right", "bottom-left")
 FLIP_IDX = (1, 0, 3, 2)
@@ -104,12 +105,6 @@ def draw_sample(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.nda
     :func:`object_polygon` of each label)."""
     im, labels, _ = _draw_objects(rng, size, turned=False)
     return im, labels
-
-
-def draw_turned_sample(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One image (BGR uint8) of objects turned by any angle, their labels ``(n, 5)`` = class and the axis-aligned
-    box of the turned object (cx, cy, w, h normalised), and their rotated boxes' corners ``(n, 4, 2)`` normalised."""
-    return _draw_objects(rng, size, turned=True)
 
 
 def _draw_objects(rng: np.random.Generator, size: int, turned: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -197,31 +192,49 @@ def object_polygon(label: np.ndarray) -> np.ndarray:
     return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]])
 
 
-def _label_rows(labels: np.ndarray, corners: np.ndarray, kind: str) -> list[np.ndarray]:
-    """Each object's values after its class in a label file of ``kind`` (see :data:`LABEL_KINDS`)."""
-    if kind == "obb":
-        return list(corners.reshape(len(corners), 8))
-    if kind == "pose":
-        return list(np.concatenate([labels[:, 1:], object_keypoints(labels).reshape(len(labels), -1)], 1))
+def _polygon_rows(labels: np.ndarray, corners: np.ndarray) -> list[np.ndarray]:
     return [object_polygon(row).ravel() for row in labels]
 
 
-def _write_split(root: Path, split: str, n: int, size: int, seed: int, split_id: int, kind: str) -> None:
+def _keypoint_rows(labels: np.ndarray, corners: np.ndarray) -> list[np.ndarray]:
+    return list(np.concatenate([labels[:, 1:], object_keypoints(labels).reshape(len(labels), -1)], 1))
+
+
+def _corner_rows(labels: np.ndarray, corners: np.ndarray) -> list[np.ndarray]:
+    return list(corners.reshape(len(corners), 8))
+
+
+@dataclass(frozen=True)
+class LabelKind:
+    """One variant of the dataset: whether its objects are turned by any angle, each object's values after its class
+    in a label file (from the labels ``(n, 5)`` and the turned objects' corners ``(n, 4, 2)``), and the fields its
+    ``data.yaml`` adds."""
+
+    turned: bool
+    rows: Callable[[np.ndarray, np.ndarray], list[np.ndarray]]
+    yaml_fields: dict[str, Any] = field(default_factory=dict)
+
+
+# What the label files hold: YOLO-seg polygons (detection and segmentation), boxes with keypoints, rotated boxes.
+LABEL_KINDS: dict[str, LabelKind] = {
+    "polygons": LabelKind(False, _polygon_rows),
+    "pose": LabelKind(False, _keypoint_rows, {"kpt_shape": [len(KEYPOINT_NAMES), 3], "flip_idx": list(FLIP_IDX)}),
+    "obb": LabelKind(True, _corner_rows),
+}
+
+
+def _write_split(root: Path, split: str, n: int, size: int, seed: int, split_id: int, kind: LabelKind) -> None:
     (root / "images" / split).mkdir(parents=True)
     (root / "labels" / split).mkdir(parents=True)
     for i in range(n):
         # One generator per image: a split's images do not depend on the other split's size.
-        rng = np.random.default_rng([seed, split_id, i])
-        if kind == "obb":
-            im, labels, corners = draw_turned_sample(rng, size)
-        else:
-            (im, labels), corners = draw_sample(rng, size), None
+        im, labels, corners = _draw_objects(np.random.default_rng([seed, split_id, i]), size, kind.turned)
         ok, buf = cv2.imencode(".jpg", im, [cv2.IMWRITE_JPEG_QUALITY, 92])
         if not ok:
             raise OSError(f"JPEG encoding failed for {split} image {i}")
         (root / "images" / split / f"{i:05d}.jpg").write_bytes(buf.tobytes())
         rows = "".join(f"{int(row[0])} " + " ".join(f"{v:.6f}" for v in values) + "\n"
-                       for row, values in zip(labels, _label_rows(labels, corners, kind)))
+                       for row, values in zip(labels, kind.rows(labels, corners)))
         (root / "labels" / split / f"{i:05d}.txt").write_text(rows)
 
 
@@ -252,12 +265,11 @@ def generate_shapes_dataset(
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=parent))
     try:
-        _write_split(tmp, "train", n_train, img_size, seed, 0, labels)
-        _write_split(tmp, "val", n_val, img_size, seed, 1, labels)
+        kind = LABEL_KINDS[labels]
+        _write_split(tmp, "train", n_train, img_size, seed, 0, kind)
+        _write_split(tmp, "val", n_val, img_size, seed, 1, kind)
         cfg = {"path": ".", "train": "images/train", "val": "images/val", "nc": len(CLASS_NAMES),
-               "names": list(CLASS_NAMES)}
-        if labels == "pose":
-            cfg |= {"kpt_shape": [len(KEYPOINT_NAMES), 3], "flip_idx": list(FLIP_IDX)}
+               "names": list(CLASS_NAMES), **kind.yaml_fields}
         (tmp / "data.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         tmp.chmod(0o777 & ~current_umask())  # mkdtemp makes it 0700; give it a plain mkdir's mode
         try:

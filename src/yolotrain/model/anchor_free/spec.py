@@ -628,24 +628,42 @@ def _head(name: str, args: list[Any], c_in: int, resolved: int | list[int], chan
         raise ValueError(f"detection levels at strides {level_strides}, which must be whole numbers")
     level_channels = [channels[j] for j in resolved]
     level_strides_int = [int(s) for s in level_strides]
-    if name == "Detect":
-        return AnchorFreeDetect(nc, level_channels, level_strides_int, spec.reg_max, legacy), 0, 0.0
-    if name == "OBB":
-        # The loss and the decoded output know one rotation per box, the reference's ne=1.
-        if len(args) > 1 and args[1] != NUM_ANGLES:
-            raise ValueError(f"OBB predicts {NUM_ANGLES} angle per box, got {brief(args[1])}")
-        return AnchorFreeOBB(nc, level_channels, level_strides_int, NUM_ANGLES, spec.reg_max, legacy), 0, 0.0
-    if name == "Pose":
-        if spec.kpt_shape is None:
-            raise ValueError("a Pose head needs the YAML's kpt_shape: [keypoints, values each]")
-        if len(args) > 1 and args[1] not in ("kpt_shape", list(spec.kpt_shape)):
-            raise ValueError(f"Pose's keypoint shape {brief(args[1])} differs from the YAML's kpt_shape="
-                             f"{list(spec.kpt_shape)} (write 'kpt_shape')")
-        return AnchorFreePose(nc, level_channels, level_strides_int, spec.kpt_shape, spec.reg_max, legacy), 0, 0.0
+    return HEAD_BUILDERS[name](args, nc, level_channels, level_strides_int, spec, legacy), 0, 0.0
+
+
+def _detect_head(args: list[Any], nc: int, channels: list[int], strides: list[int], spec: AnchorFreeSpec,
+                 legacy: bool) -> nn.Module:
+    return AnchorFreeDetect(nc, channels, strides, spec.reg_max, legacy)
+
+
+def _segment_head(args: list[Any], nc: int, channels: list[int], strides: list[int], spec: AnchorFreeSpec,
+                  legacy: bool) -> nn.Module:
     masks, protos = (list(args[1:]) + [NUM_MASKS, NUM_PROTOS][len(args) - 1:])[:2]
     if not is_int_in(masks, 1, MAX_MASKS):
         raise ValueError(f"Segment's mask count must be an integer from 1 to {MAX_MASKS}, got {brief(masks)}")
     protos = _scaled_channels(protos, spec, "prototype channels")
-    return AnchorFreeSegment(nc, level_channels, level_strides_int, masks, protos, spec.reg_max, legacy), 0, 0.0
+    return AnchorFreeSegment(nc, channels, strides, masks, protos, spec.reg_max, legacy)
+
+
+def _obb_head(args: list[Any], nc: int, channels: list[int], strides: list[int], spec: AnchorFreeSpec,
+              legacy: bool) -> nn.Module:
+    # The loss and the decoded output know one rotation per box, the reference's ne=1.
+    if len(args) > 1 and args[1] != NUM_ANGLES:
+        raise ValueError(f"OBB predicts {NUM_ANGLES} angle per box, got {brief(args[1])}")
+    return AnchorFreeOBB(nc, channels, strides, NUM_ANGLES, spec.reg_max, legacy)
+
+
+def _pose_head(args: list[Any], nc: int, channels: list[int], strides: list[int], spec: AnchorFreeSpec,
+               legacy: bool) -> nn.Module:
+    if spec.kpt_shape is None:
+        raise ValueError("a Pose head needs the YAML's kpt_shape: [keypoints, values each]")
+    if len(args) > 1 and args[1] not in ("kpt_shape", list(spec.kpt_shape)):
+        raise ValueError(f"Pose's keypoint shape {brief(args[1])} differs from the YAML's kpt_shape="
+                         f"{list(spec.kpt_shape)} (write 'kpt_shape')")
+    return AnchorFreePose(nc, channels, strides, spec.kpt_shape, spec.reg_max, legacy)
+
+
+# Each box head block's builder, from its YAML arguments, class count, levels' channels and strides.
+HEAD_BUILDERS = {"Detect": _detect_head, "Segment": _segment_head, "OBB": _obb_head, "Pose": _pose_head}
 
 
