@@ -185,3 +185,52 @@ def test_rotated_nms_keeps_the_same_boxes_whatever_rows_of_overlaps_it_takes_at_
     found = rotated_non_max_suppression(prediction, conf=0.001, iou=0.6, multi_label=True, max_det=1000)
     for mine, reference in zip(found, expected):
         torch.testing.assert_close(mine, reference, rtol=0, atol=0)
+
+
+def awkward_xywhr(seed: int, n: int) -> torch.Tensor:
+    """``n`` float32 boxes of sides from ~0.1 to ~2000 px, a fifth of them 50 times thinner than long, each pair
+    ``(i, n/2 + i)`` a jittered copy, from nearly equal to far apart, so that ProbIoUs span the whole range."""
+    generator = torch.Generator().manual_seed(seed)
+    boxes = random_xywhr(generator, n // 2, dtype=torch.float32)
+    scale = torch.exp(torch.randn(n // 2, 1, generator=generator) * 1.5)
+    thin = torch.rand(n // 2, 1, generator=generator) < 0.2
+    sides = boxes[:, 2:4] * scale * torch.where(thin, torch.tensor([1.0, 0.02]), torch.tensor([1.0, 1.0]))
+    boxes = torch.cat((boxes[:, :2] * scale.sqrt(), sides, boxes[:, 4:]), 1)
+    jitter = (torch.randn(n // 2, 5, generator=generator) * torch.tensor([0.3, 0.3, 0.2, 0.2, 0.3])
+              * 10 ** (-3 * torch.rand(n // 2, 1, generator=generator)))
+    copies = torch.cat((boxes[:, :2] + jitter[:, :2] * boxes[:, 2:4], boxes[:, 2:4] * jitter[:, 2:4].exp(),
+                        boxes[:, 4:] + jitter[:, 4:]), 1)
+    return torch.cat((boxes, copies))
+
+
+@pytest.mark.parametrize("iou", [0.01, 0.3, 0.45, 0.7, 0.95])
+def test_pairs_the_rotated_nms_leaves_out_never_overlap_by_more_than_its_threshold(iou):
+    """The centre-distance test that spares the NMS most ProbIoU computations is a bound: every pair of boxes
+    it applies to that overlaps by more than ``iou`` passes it; pairs with a tiny or very thin box are always
+    computed (float32 ProbIoU is not bounded there)."""
+    boxes = awkward_xywhr(int(iou * 100), 6000)
+    first, second = boxes[:3000], boxes[3000:]
+    overlapping = probiou_pairs(first, second) > iou
+    applies = nms_module._well_conditioned(first) & nms_module._well_conditioned(second)
+    distances = (first[:, :2] - second[:, :2]).pow(2).sum(1)
+    reach = nms_module._probiou_reach(iou) * (first[:, 2:4].pow(2).sum(1) + second[:, 2:4].pow(2).sum(1))
+    assert 100 < (overlapping & applies).sum() < 2900 and (~applies).sum() > 300
+    assert (distances < reach)[overlapping & applies].all()
+    # Two thirds of the bound (its margin taken off) is still a bound: the margin is not what makes this pass.
+    assert (distances < reach / 1.5)[overlapping & applies].all()
+
+
+@pytest.mark.parametrize("iou", [0.3, 0.7])
+def test_the_rotated_nms_keeps_what_it_keeps_when_it_computes_every_overlap(monkeypatch, iou):
+    """Awkward boxes (tiny, thin, huge, near-duplicates) of three classes: leaving out the far pairs changes
+    nothing against computing every pair's ProbIoU."""
+    generator = torch.Generator().manual_seed(3)
+    boxes = awkward_xywhr(7, 400)
+    scores = torch.rand(400, 3, generator=generator)
+    prediction = torch.cat((boxes[:, :4], torch.ones(400, 1), scores, boxes[:, 4:]), 1)[None]
+    options = dict(conf=0.001, iou=iou, multi_label=True, max_det=30000)
+    pruned = rotated_non_max_suppression(prediction, **options)[0]
+    monkeypatch.setattr(nms_module, "_probiou_reach", lambda iou: math.inf)
+    everything = rotated_non_max_suppression(prediction, **options)[0]
+    assert 100 < len(pruned) < 1100
+    torch.testing.assert_close(pruned, everything, rtol=0, atol=0)

@@ -8,6 +8,7 @@ most ``max_nms`` boxes (highest scores) enter NMS, and at most ``max_det`` leave
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from torchvision.ops import nms
 from .boxes import xywh_to_xyxy
 from .family import ModelFamily
 from .messages import brief
-from .rotated import probiou
+from .rotated import probiou_pairs
 from .settings import setting
 
 # Boxes entering NMS per image at most: beyond this NMS time grows quadratically for no gain.
@@ -29,7 +30,8 @@ MAX_WH = 7680
 # at val's thresholds on a 2-core x86 CPU (per-class: 0.5x the time at 5000 candidates, 1.5x at 1000,
 # where its per-class calls cost more than they save).
 PER_CLASS_NMS_FROM = 3000
-# Rows of the rotated NMS's overlap matrix taken at once: a few hundred MB of temporaries at MAX_NMS candidates.
+# Rows of the rotated NMS's distance and overlap matrices taken at once: tens of MB of temporaries at MAX_NMS
+# candidates.
 ROTATED_NMS_BLOCK = 256
 
 
@@ -175,28 +177,71 @@ def non_max_suppression(
     return output
 
 
+def _probiou_reach(iou: float) -> float:
+    """How far apart two well-conditioned boxes' centres can be and still overlap by more than ``iou`` (ProbIoU), as
+    a factor of the sum of their squared diagonals: ``|d|² < reach * (w1² + h1² + w2² + h2²)``.
+
+    ProbIoU exceeds ``iou`` only while the Bhattacharyya distance stays below ``B = -ln(1 - (1 - iou)²)``; that
+    distance is its Mahalanobis part ``|d|² / (4 tr(Σ1 + Σ2))`` (with ``tr Σ = (w² + h²) / 12``, hence
+    ``3 |d|² / (w1² + h1² + w2² + h2²)`` at least) plus a part that is never negative. The bound is widened by half
+    and by 0.01 against rounding, so every pair it leaves out is one the full computation would not suppress.
+    """
+    remaining = 1.0 - (1.0 - iou) ** 2
+    return math.inf if remaining <= 0 else (1.5 * -math.log(remaining) + 0.01) / 3
+
+
+def _well_conditioned(boxes: torch.Tensor) -> torch.Tensor:
+    """Boxes whose ProbIoU with any box float32 computes to its true value closely enough for
+    :func:`_probiou_reach`: area not below about 0.4 px² (where ProbIoU's ``eps`` of 1e-7 would outweigh the
+    covariance determinants) and sides not thinner than 1:30 (where the determinants cancel in rounding)."""
+    variances = boxes[:, 2:4].pow(2) / 12
+    determinant = variances.prod(1)
+    return (determinant >= 1e-3) & (determinant >= 1e-3 * variances.sum(1).pow(2))
+
+
 def _fast_rotated_nms(boxes: torch.Tensor, iou: float) -> torch.Tensor:
     """Rows of ``boxes`` (``[n, 5]`` xywhr, sorted by score, highest first) that no higher-scoring box overlaps
-    by more than ``iou`` (ProbIoU), ascending: Fast NMS (Bolya et al., 2019), as the reference's rotated NMS,
+    by more than ``iou`` (ProbIoU), ascending: Fast NMS (Bolya et al., 2019), as the reference's rotated rule,
     where a box that is itself suppressed still suppresses the boxes below it.
 
-    The reference builds the whole ``[n, n]`` ProbIoU matrix (gigabytes, times its temporaries, at
-    :data:`MAX_NMS` candidates); the same overlaps are taken here :data:`ROTATED_NMS_BLOCK` suppressing rows at a time.
+    The reference computes the whole ``[n, n]`` ProbIoU matrix (gigabytes, times its temporaries, at
+    :data:`MAX_NMS` candidates). Here :data:`ROTATED_NMS_BLOCK` suppressing rows at a time first compare centre
+    distances with :func:`_probiou_reach` (a few operations per pair; other classes are far apart after the class
+    offset), and ProbIoU is computed only for the pairs near enough to exceed ``iou`` and for those with a box
+    too small or too thin for the bound (:func:`_well_conditioned`), so the kept boxes are the reference's.
     """
     n = boxes.shape[0]
-    suppressed = torch.zeros(n, dtype=torch.bool, device=boxes.device)
+    reach = _probiou_reach(iou)
+    squared_diagonals = boxes[:, 2:4].pow(2).sum(1)
+    conditioned = _well_conditioned(boxes)
     columns = torch.arange(n, device=boxes.device)
+    suppressed = torch.zeros(n, dtype=torch.bool, device=boxes.device)
     for start in range(0, n, ROTATED_NMS_BLOCK):
-        rows = columns[start:start + ROTATED_NMS_BLOCK, None]
-        above = probiou(boxes[start:start + ROTATED_NMS_BLOCK], boxes) > iou
-        suppressed = suppressed | (above & (columns[None] > rows)).any(0)
+        block = slice(start, start + ROTATED_NMS_BLOCK)
+        distances = (boxes[block, None, :2] - boxes[None, :, :2]).pow(2).sum(2)
+        near = distances < reach * (squared_diagonals[block, None] + squared_diagonals)
+        unbounded = ~(conditioned[block, None] & conditioned[None])
+        below = columns[None] > columns[block, None]
+        rows, cols = ((near | unbounded) & below).nonzero().unbind(1)
+        overlapped = cols[probiou_pairs(boxes[block][rows], boxes[cols]) > iou]
+        suppressed = suppressed | torch.zeros_like(suppressed).index_fill(0, overlapped, True)
     return (~suppressed).nonzero().view(-1)
+
+
+def _per_class(boxes: torch.Tensor, classes: torch.Tensor, iou: float) -> torch.Tensor:
+    """:func:`_fast_rotated_nms` of each class's rows of ``boxes`` (sorted by score) on its own, merged back into
+    ascending row order: the same kept rows as one call on all of them, since boxes of different classes never
+    suppress each other (their class offsets put them far apart), without comparing them."""
+    order = classes.argsort(stable=True)  # each class's rows stay in score order
+    counts = torch.unique_consecutive(classes[order], return_counts=True)[1].tolist()
+    kept = [rows[_fast_rotated_nms(boxes[rows], iou)] for rows in order.split(counts)]
+    return torch.cat(kept).sort().values if kept else order
 
 
 def rotated_non_max_suppression(
     prediction: torch.Tensor,
     conf: float = NMSConfig.conf,
-    iou: float = NMSConfig.iou,
+    iou: float = ModelFamily.predict_iou,
     classes: Sequence[int] | None = None,
     agnostic: bool = False,
     multi_label: bool = False,
@@ -210,8 +255,9 @@ def rotated_non_max_suppression(
             class probabilities, angle (radians).
         conf, iou, classes, agnostic, multi_label, max_det, max_nms: as in :func:`non_max_suppression`;
             the overlap is ProbIoU and every candidate's suppressors are all higher-scoring candidates of its
-            class (Fast NMS, the reference's rotated rule): its time grows with the square of the candidates,
-            which ``max_nms`` bounds.
+            class (Fast NMS, the reference's rotated rule). Each class is taken on its own and ProbIoU computed
+            only for pairs near enough to exceed ``iou``, so the time grows with the square of the largest
+            class's candidates (``max_nms`` bounds them) times a few operations, not with ProbIoU's.
 
     Returns:
         One ``[n, 7]`` tensor per image: cx, cy, w, h (input pixels), score, class, angle; sorted by score.
@@ -234,7 +280,8 @@ def rotated_non_max_suppression(
         det = torch.cat((x[source[order], :4], scored[order, 4:6], x[source[order], -1:]), 1)
         offsets = det[:, 5:6] * (0 if agnostic else MAX_WH)  # classes far apart, as non_max_suppression's
         shifted = torch.cat((det[:, :2] + offsets, det[:, 2:4], det[:, 6:7]), 1)
-        output.append(det[_fast_rotated_nms(shifted, iou)[:max_det]])
+        kept = _fast_rotated_nms(shifted, iou) if agnostic else _per_class(shifted, det[:, 5], iou)
+        output.append(det[kept[:max_det]])
     return output
 
 
