@@ -6,8 +6,8 @@ model → NMS → boxes in original pixels; median latency), all on this machine
 runs first and last; speeds are ratios to the faster of its two passes.
 
 ONNX and OpenVINO exports keep a dynamic image size, so they are scored on the same rectangular
-batches as PyTorch. LiteRT, TorchScript, NCNN and MNN exports are fixed at ``--img`` square (batch 1): they are
-compared with PyTorch scored on square letterboxed batches too (``pytorch_square`` below).
+batches as PyTorch. LiteRT, TorchScript, NCNN, MNN and ExecuTorch exports are fixed at ``--img`` square (batch 1):
+they are compared with PyTorch scored on square letterboxed batches too (``pytorch_square`` below).
 
 int8 exports are calibrated on the coco128 images themselves (coco128 has no separate split), so
 they are scored on their calibration images; the table says so.
@@ -46,10 +46,10 @@ from yolotrain.data.sources import link_subset
 # (format, precision) rows, each run when its packages are installed.
 ROWS = [("onnx", "fp32"), ("onnx", "fp16"), ("onnx", "int8"), ("openvino", "fp32"), ("openvino", "fp16"),
         ("openvino", "int8"), ("tflite", "fp32"), ("tflite", "fp16"), ("tflite", "int8"), ("torchscript", "fp32"),
-        ("ncnn", "fp32"), ("ncnn", "fp16"), ("mnn", "fp32"), ("mnn", "fp16")]
+        ("ncnn", "fp32"), ("ncnn", "fp16"), ("mnn", "fp32"), ("mnn", "fp16"), ("executorch", "fp32")]
 NEEDS = {"onnx": ("onnxruntime",), "openvino": ("openvino", "nncf"),
          "tflite": ("litert_torch", "ai_edge_litert", "ai_edge_quantizer"), "torchscript": (),
-         "ncnn": ("ncnn", "pnnx"), "mnn": ("MNN",)}
+         "ncnn": ("ncnn", "pnnx"), "mnn": ("MNN",), "executorch": ("executorch",)}
 
 
 def available(fmt: str) -> bool:

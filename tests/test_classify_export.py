@@ -22,12 +22,15 @@ pytest.importorskip("onnxruntime", reason="needs the export extra: pip install '
 
 SIZE = 64
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
-SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param", "mnn": ".mnn"}
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param", "mnn": ".mnn",
+          "executorch": ".pte"}
 NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
                           reason="pip install 'yolotrain[ncnn]'")
 MNN = pytest.mark.skipif(importlib.util.find_spec("MNN") is None, reason="pip install 'yolotrain[mnn]'")
+EXECUTORCH = pytest.mark.skipif(importlib.util.find_spec("executorch") is None,
+                                reason="pip install 'yolotrain[executorch]'")
 FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript", pytest.param("ncnn", marks=NCNN),
-           pytest.param("mnn", marks=MNN)]
+           pytest.param("mnn", marks=MNN), pytest.param("executorch", marks=EXECUTORCH)]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,7 @@ def test_exports_give_the_logits_and_accuracy_of_torch(classifier, crops, tmp_pa
 
 
 @pytest.mark.parametrize(("fmt", "options", "message"), [
-    ("tflite", {}, "classifiers export to mnn, ncnn, onnx, openvino, torchscript, not tflite"),
+    ("tflite", {}, "classifiers export to executorch, mnn, ncnn, onnx, openvino, torchscript, not tflite"),
     ("onnx", {"half": True}, "--half is for detection models: a classifier's export gives float32 logits"),
     ("onnx", {"raw": True}, "--raw is for detection models"),
     ("torchscript", {"raw": True, "nms": False}, "--raw is for detection models"),

@@ -41,8 +41,9 @@ COREML = pytest.mark.skipif(not installed("coremltools"), reason="pip install 'y
 TENSORRT = pytest.mark.skipif(tensorrt_unavailable() is not None, reason="needs a CUDA GPU and tensorrt")
 NCNN = pytest.mark.skipif(not installed("pnnx", "ncnn"), reason="pip install 'yolotrain[ncnn]'")
 MNN = pytest.mark.skipif(not installed("MNN"), reason="pip install 'yolotrain[mnn]'")
+EXECUTORCH = pytest.mark.skipif(not installed("executorch"), reason="pip install 'yolotrain[executorch]'")
 SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "tflite": ".tflite", "engine": ".engine", "torchscript": ".torchscript",
-          "ncnn": ".ncnn.param", "mnn": ".mnn"}
+          "ncnn": ".ncnn.param", "mnn": ".mnn", "executorch": ".pte"}
 # (format, precision) → allowed |export - PyTorch| on scores and on boxes (px, 96 px input): fp32 runtimes
 # agree to float32 rounding, fp16 keeps ~3 significant digits, int8 a few percent of the value range.
 CASES = [
@@ -60,6 +61,7 @@ CASES = [
     pytest.param("ncnn", "fp16", 5e-3, 0.5, id="ncnn-fp16", marks=NCNN),
     pytest.param("mnn", "fp32", 1e-4, 1e-3, id="mnn-fp32", marks=MNN),
     pytest.param("mnn", "fp16", 5e-3, 0.5, id="mnn-fp16", marks=MNN),
+    pytest.param("executorch", "fp32", 1e-4, 1e-3, id="executorch-fp32", marks=EXECUTORCH),
     # GPU float32 kernels sum in another order than the CPU's.
     pytest.param("engine", "fp32", 1e-3, 1e-2, id="engine-fp32", marks=TENSORRT),
     pytest.param("engine", "fp16", 5e-3, 0.5, id="engine-fp16", marks=TENSORRT),
@@ -128,6 +130,7 @@ def test_export_runs_in_its_runtime_like_torch(setup, fmt, precision, score_tol,
                                                 ("torchscript", "fp32"),
                                                 pytest.param("ncnn", "fp32", marks=NCNN),
                                                 pytest.param("mnn", "fp32", marks=MNN),
+                                                pytest.param("executorch", "fp32", marks=EXECUTORCH),
                                                 pytest.param("engine", "fp32", marks=TENSORRT)])
 def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision):
     model, data, _ = setup

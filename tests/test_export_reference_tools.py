@@ -32,6 +32,8 @@ TOLERANCE, MAP50_95_TOLERANCE = 0.002, 0.004
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
 NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
                           reason="pip install 'yolotrain[ncnn]'")
+EXECUTORCH = pytest.mark.skipif(importlib.util.find_spec("executorch") is None,
+                                reason="pip install 'yolotrain[executorch]'")
 MNN = pytest.mark.skipif(importlib.util.find_spec("MNN") is None, reason="pip install 'yolotrain[mnn]'")
 NAMES = ["circle", "rectangle"]
 
@@ -95,17 +97,20 @@ def test_openvino_folder_metadata_only_in_a_folder_of_one_model(model, tmp_path)
     assert _ultralytics_view(shared / "a.xml").names == dict(enumerate(NAMES))  # a's, not replaced by b's
 
 
-@NCNN
-def test_ultralytics_reads_our_ncnn_model_folder_and_we_run_it(model, tmp_path):
-    """An NCNN export into a ``*_ncnn_model`` folder (ultralytics' layout: the folder is the model) carries
-    ultralytics' ``metadata.yaml``; ours travels in the ``.ncnn.json`` beside the param file."""
+@pytest.mark.parametrize(("fmt", "files"), [
+    pytest.param("ncnn", ["metadata.yaml", "model.ncnn.bin", "model.ncnn.json", "model.ncnn.param"], marks=NCNN),
+    pytest.param("executorch", ["metadata.yaml", "model.pte", "model.pte.json"], marks=EXECUTORCH),
+])
+def test_ultralytics_reads_our_model_folder_and_we_run_it(model, tmp_path, fmt, files):
+    """An NCNN or ExecuTorch export into a ``*_ncnn_model`` / ``*_executorch_model`` folder (ultralytics' layout: the
+    folder is the model) carries ultralytics' ``metadata.yaml``; ours travels in the JSON file beside the model."""
     model.names = NAMES
-    param = export(model, "ncnn", out=tmp_path / "model_ncnn_model" / "model.ncnn.param", img_size=(64, 96))
-    assert sorted(p.name for p in param.parent.iterdir()) == ["metadata.yaml", "model.ncnn.bin", "model.ncnn.json",
-                                                              "model.ncnn.param"]
-    view = _ultralytics_view(param.parent)
+    spec = REGISTRY[fmt]
+    path = export(model, fmt, out=tmp_path / f"model_{fmt}_model" / f"model{spec.suffix}", img_size=(64, 96))
+    assert sorted(p.name for p in path.parent.iterdir()) == files
+    view = _ultralytics_view(path.parent)
     assert (view.stride, view.names, view.task, view.imgsz) == (32, dict(enumerate(NAMES)), "detect", [64, 96])
-    runtime = load_exported(param)
+    runtime = load_exported(path)
     assert (runtime.names, runtime.img_size, runtime.precision) == (NAMES, (64, 96), "fp32")
     imgs = torch.rand(2, 3, 64, 96, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

@@ -21,12 +21,15 @@ pytest.importorskip("onnxruntime", reason="needs the export extra: pip install '
 
 SIZE = 128
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
-SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param", "mnn": ".mnn"}
+SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param", "mnn": ".mnn",
+          "executorch": ".pte"}
 NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
                           reason="pip install 'yolotrain[ncnn]'")
 MNN = pytest.mark.skipif(importlib.util.find_spec("MNN") is None, reason="pip install 'yolotrain[mnn]'")
+EXECUTORCH = pytest.mark.skipif(importlib.util.find_spec("executorch") is None,
+                                reason="pip install 'yolotrain[executorch]'")
 FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript", pytest.param("ncnn", marks=NCNN),
-           pytest.param("mnn", marks=MNN)]
+           pytest.param("mnn", marks=MNN), pytest.param("executorch", marks=EXECUTORCH)]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +73,8 @@ def test_exports_return_decoded_predictions_and_prototypes_like_torch(segmenter,
 
 
 @pytest.mark.parametrize(("fmt", "options", "message"), [
-    ("tflite", {}, "segmentation models export to mnn, ncnn, onnx, openvino, torchscript: tflite cannot carry"),
+    ("tflite", {}, "segmentation models export to executorch, mnn, ncnn, onnx, openvino, torchscript: tflite cannot "
+                   "carry"),
     ("onnx", {"raw": True}, "--raw is for detection models"),
     ("onnx", {"nms": True}, "--nms is for detection models"),
     ("openvino", {"int8": True, "data": "unused"}, "int8 export is for detection models"),
@@ -107,7 +111,7 @@ def test_val_and_predict_on_exports_score_as_pytorch(reference, tmp_path, fmt):
     model = our_segmenter(reference_segmenter(reference, YOLOV5N_WEIGHTS))
     data = coco128_subset(tmp_path / "data", 4, COCO128_SEG)
     runner_path = exported(model, tmp_path, fmt).path
-    rect = fmt not in ("torchscript", "ncnn", "mnn")  # graphs fixed at one size: val letterboxes square
+    rect = fmt not in ("torchscript", "ncnn", "mnn", "executorch")  # graphs fixed at one size: val letterboxes square
     ours = val(model, data, img_size=SIZE, workers=0, rect=rect, verbose=False, plots=False, half=False)
     theirs = val(runner_path, data, img_size=SIZE, workers=0, verbose=False, plots=False, trust_code=True)
     assert ours.map50 > 0 and ours.masks.map50 > 0

@@ -8,6 +8,7 @@ import contextlib
 import io
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -76,6 +77,24 @@ def staged(out: Path, suffixes: Sequence[str] = ("",)) -> Iterator[Path]:
             os.replace(source, target)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def quiet_output(descriptors: Sequence[int] = (1, 2)) -> Iterator[None]:
+    """File ``descriptors`` (stdout, stderr) pointed at the null device meanwhile: the notes a runtime's compiled
+    code prints (the CPU's features, the precision) stay off the program's output."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in descriptors]
+    try:
+        with open(os.devnull, "w") as null:
+            for fd in descriptors:
+                os.dup2(null.fileno(), fd)
+            yield
+    finally:
+        for fd, copy in zip(descriptors, saved):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def _boxes_outputs(graph: ExportGraph, batch: dict[int, str], dynamic_size: bool) -> dict[str, dict[int, str]]:

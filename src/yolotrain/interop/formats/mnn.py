@@ -9,7 +9,6 @@ which an export must not do."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import mmap
@@ -17,7 +16,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +24,7 @@ from ...checkpoint import CheckpointError
 from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
 from ..runtime import ExportedModel
 from . import ExportFormat
-from ._common import MAX_METADATA_BYTES, ExportJob, onnx_module, onnx_proto, staged
+from ._common import MAX_METADATA_BYTES, ExportJob, onnx_module, onnx_proto, quiet_output, staged
 
 EXTRA = "pip install 'yolotrain[mnn]'"
 # The child process that converts: MNN's compiled converter, given its command line (it says "Converted Success!").
@@ -39,26 +37,11 @@ _MARKER = b'{"producer": "yolotrain"'
 
 def _mnn_module():
     try:
-        with _quiet_stdout():
+        with quiet_output((1,)):
             import MNN
     except ImportError:
         raise ImportError(f"MNN models need the 'MNN' package ({EXTRA})") from None
     return MNN
-
-
-@contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    """File descriptor 1 pointed at the null device meanwhile: the engine's notes printed by compiled code (the CPU's
-    features, the precision) stay off the program's output."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _unavailable() -> str | None:
@@ -113,7 +96,7 @@ class MnnModel(ExportedModel):
         mnn = _mnn_module()
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
-            with _quiet_stdout():
+            with quiet_output((1,)):
                 runtime = mnn.nn.create_runtime_manager(({"precision": "high", "backend": "CPU",
                                                           "numThread": threads},))
                 self.net = mnn.nn.load_module_from_file(str(path), [], [], runtime_manager=runtime, rearrange=True)
