@@ -277,12 +277,12 @@ class DetectionDataset(Dataset):
                     if written is not plane:
                         plane[...] = written
         else:
-            # Split to planes and scale straight into the batch buffer: one pass over the float memory,
-            # several times faster than converting a permuted uint8 tensor.
+            # Scaled straight from the HWC image into the CHW batch buffer: one pass over the float memory,
+            # several times faster than converting a permuted uint8 tensor, and no temporary planes (a
+            # split allocates fresh memory per image, whose page faults cost more than the conversion).
             scale = np.float32(1 / 255)
             for i, (img, _) in enumerate(batch):
-                for c, plane in enumerate(cv2.split(img)):
-                    np.multiply(plane, scale, out=planes[i, c], casting="unsafe")
+                np.multiply(img.transpose(2, 0, 1), scale, out=planes[i], casting="unsafe")
         counts = [len(b[1]) for b in batch]
         targets = torch.zeros((sum(counts), 6), dtype=torch.float32)
         # Filled through numpy: torch's repeat_interleave wakes its thread pool for a few hundred numbers,
