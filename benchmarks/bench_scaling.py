@@ -81,9 +81,11 @@ def synthetic_dataset(root: Path, n: int, seed: int = 0) -> Path:
     return images
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process in MB. Not ``ru_maxrss``: Linux keeps that across
+    ``exec``, so a child would report its parent's peak."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -97,7 +99,7 @@ def child(tool: str, images: Path) -> dict:
         from yolotrain.data.dataset import DetectionDataset
         from yolotrain.data.sources import list_images
         from yolotrain.data.verify import verify_split
-    base = _rss_mb()
+    base = _status_mb("VmRSS")
     wall, cpu = time.perf_counter(), time.process_time()
     if tool == "reference":
         dataset = LoadImagesAndLabels(str(images), 640, 16)
@@ -108,7 +110,7 @@ def child(tool: str, images: Path) -> dict:
     wall = time.perf_counter() - wall
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = time.process_time() - cpu + children.ru_utime + children.ru_stime
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _status_mb("VmHWM")
     return {"images": n, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "rss_growth_mb": round(peak - base, 1)}
 
 
