@@ -31,9 +31,9 @@ from .verify import DataWarning, LabelIndex, verify_split
 
 # The reference pads rectangular val batches by half a stride; training batches get none.
 VAL_RECT_PAD = 0.5
-REDUCED_DECODE_HELP = ("decode a JPEG at least twice the size it is used at at 1/2, 1/4 or 1/8 scale (libjpeg's DCT "
-                       "scaling: several times faster on large photos), then resize; --no-reduced-decode: every "
-                       "image decoded at full size, the reference's pixels")
+REDUCED_DECODE_HELP = ("decode JPEGs at least twice the size they are used at by 1/2, 1/4 or 1/8 (libjpeg's DCT "
+                       "scaling, the most that keeps them at or above that size), then resize: faster on large "
+                       "photos; --no-reduced-decode: every image decoded at full size, the reference's pixels")
 # With no class names known (``data check`` of a bare folder), only the label syntax is checked.
 UNBOUNDED_CLASSES = 1 << 20
 
