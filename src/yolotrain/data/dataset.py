@@ -50,6 +50,7 @@ def read_image(path: Path, scale: float, reduced: bool = True) -> np.ndarray | N
     but never smaller than ``scale`` times it; ``None`` when OpenCV cannot read it."""
     return cv2.imread(str(path), decode_flag(path, scale, reduced))
 
+
 SampleKey = tuple[int, int, bool]  # (index, epoch, mosaic enabled)
 DEFAULT_CACHE_MB = 512
 
