@@ -69,7 +69,8 @@ def assert_parity(reference, monkeypatch, tmp_path, coco128, model, n, img_size,
     data = coco128_subset(tmp_path / "data", n, coco128)
     ref_metrics, ref_dets = reference_val(reference, monkeypatch, data, tmp_path, img_size, rect)
     # float32, the reference's precision on the CPU (the default is bfloat16 on CPUs with native bf16)
-    ours = val(model, data, img_size=img_size, rect=rect, device="cpu", workers=0, half=False,
+    # reduced_decode off: the reference decodes every image at full size, and its pixels are compared here
+    ours = val(model, data, img_size=img_size, rect=rect, device="cpu", workers=0, half=False, reduced_decode=False,
                save_dir=tmp_path / "ours", save_json=True, save_txt=True, save_conf=True, plots=False, verbose=False)
     tolerances = (TOLERANCE, TOLERANCE, TOLERANCE, map_tolerance)
     for name, a, b, tol in zip(("P", "R", "mAP50", "mAP50-95"), (ours.mp, ours.mr, ours.map50, ours.map),
@@ -269,12 +270,13 @@ def test_single_cls_matches_reference(reference, coco128, weights, monkeypatch, 
     data = coco128_subset(tmp_path / "data", 16, coco128)
     ref_metrics, _ = reference_val(reference, monkeypatch, data, tmp_path, 320, True, single_cls=True)
     ours = val(weights, data, img_size=320, device="cpu", workers=0, half=False, plots=False, verbose=False,
-               single_cls=True)
+               single_cls=True, reduced_decode=False)
     tolerances = (TOLERANCE, TOLERANCE, TOLERANCE, MAP50_95_TOLERANCE_SMALL)
     for name, a, b, tol in zip(("P", "R", "mAP50", "mAP50-95"), (ours.mp, ours.mr, ours.map50, ours.map),
                                ref_metrics, tolerances):
         assert abs(a - b) <= tol, f"{name}: ours {a:.4f}, reference {b:.4f}"
-    multi = val(weights, data, img_size=320, device="cpu", workers=0, half=False, plots=False, verbose=False)
+    multi = val(weights, data, img_size=320, device="cpu", workers=0, half=False, plots=False, verbose=False,
+                reduced_decode=False)
     assert len(ours.instances) == 1 and ours.instances[0] == multi.instances.sum()
     assert abs(ours.map50 - multi.map50) > 0.01  # scoring as one class really changes the result
 
@@ -325,7 +327,8 @@ def test_segmentation_parity_box_and_mask_rows(reference, coco128_seg, segmenter
     data = coco128_subset(tmp_path / "data", 32, coco128_seg)
     ref = reference_segment_val(reference, monkeypatch, segmenter, data, tmp_path / "ref", 320)
     capsys.readouterr()
-    ours = val(our_segmenter(segmenter), data, img_size=320, device="cpu", workers=0, half=False, plots=False)
+    ours = val(our_segmenter(segmenter), data, img_size=320, device="cpu", workers=0, half=False, plots=False,
+               reduced_decode=False)
     table = capsys.readouterr().out
     assert "Box(P" in table and "Mask(P" in table and len(table.splitlines()[1].split()) == 11
     values = (ours.mp, ours.mr, ours.map50, ours.map, ours.masks.mp, ours.masks.mr, ours.masks.map50, ours.masks.map)

@@ -46,3 +46,20 @@ def test_the_loader_profile_runs(tmp_path):
     text = (tmp_path / "profile.md").read_text()
     assert "| stage | yolotrain 64 | reference 64 |" in text
     assert "| JPEG decode |" in text and "| **total** |" in text and "- 64 px: reading and decoding" in text
+
+
+def test_the_scaling_benchmark_runs(tmp_path):
+    run("bench_scaling.py", tmp_path, "--img-size", "64", "--dataset-sizes", "20", "40", "--out-dir", str(tmp_path))
+    report = json.loads((tmp_path / "scaling.json").read_text())
+    assert [row["data"] for row in report["loader"]] == ["coco128", "coco128 upscaled 4x"]
+    big = report["loader"][1]
+    assert big["median_long_side"] >= 4 * 400 and big["images"] == 8
+    for key in ("reference_none", "yolotrain_none", "yolotrain_none_full_decode", "reference_ram", "yolotrain_ram"):
+        assert big[key]["img_s"] > 0
+    assert [row["images"] for row in report["datasets"]] == [20, 40]
+    for row in report["datasets"]:
+        for tool in ("reference", "yolotrain"):
+            assert row[f"{tool}_first"]["images"] == row[f"{tool}_cached"]["images"] == row["images"]
+            assert row[f"{tool}_cache_bytes"] > 0
+    text = (tmp_path / "scaling.md").read_text()
+    assert "| coco128 upscaled 4x (8 images) |" in text and "Reading:" in text and "| 40 | yolotrain |" in text

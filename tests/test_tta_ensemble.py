@@ -129,7 +129,7 @@ def _assert_equal_to_the_references(ours, our_dir: Path, reference_result) -> No
 
 def _our_val(weights, data: Path, save_dir: Path | None = None, **options):
     return val(weights, data, img_size=IMG_SIZE, device="cpu", workers=0, half=False, plots=False, verbose=False,
-               save_dir=save_dir, save_json=save_dir is not None, **options)
+               save_dir=save_dir, save_json=save_dir is not None, reduced_decode=False, **options)
 
 
 def test_val_augment_equals_the_references(reference, official, coco128, monkeypatch, tmp_path):

@@ -25,11 +25,31 @@ from .batch import Batch
 from .imagecache import disk_cache
 from .verify import LabelIndex
 
-# JPEG decoders can scale by 1/2, 1/4, 1/8 while decoding, cheaper than decoding then resizing.
+# JPEG decoders can scale by 1/2, 1/4, 1/8 while decoding (libjpeg's DCT scaling), far cheaper than decoding
+# every pixel and resizing; other formats have no such mode.
 _REDUCED_FLAGS = (
     (8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2)
 )
 _JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
+
+
+def decode_flag(path: Path, scale: float, reduced: bool = True) -> int:
+    """The ``cv2.imread`` flag for an image at ``path`` that will be used at ``scale`` times its size (BGR).
+
+    With ``reduced`` a JPEG at least twice the size it is used at is decoded at the largest of 1/2, 1/4
+    and 1/8 that still leaves it at or above that size, so resizing afterwards only ever shrinks it a
+    little; anything else (other formats, smaller images, ``reduced`` off) is decoded at full size.
+    """
+    if reduced and path.suffix.lower() in _JPEG_SUFFIXES:
+        return next((flag for factor, flag in _REDUCED_FLAGS if scale * factor <= 1), cv2.IMREAD_COLOR)
+    return cv2.IMREAD_COLOR
+
+
+def read_image(path: Path, scale: float, reduced: bool = True) -> np.ndarray | None:
+    """The image at ``path`` (BGR), decoded as :func:`decode_flag` says: possibly smaller than the file
+    but never smaller than ``scale`` times it; ``None`` when OpenCV cannot read it."""
+    return cv2.imread(str(path), decode_flag(path, scale, reduced))
+
 
 SampleKey = tuple[int, int, bool]  # (index, epoch, mosaic enabled)
 DEFAULT_CACHE_MB = 512
@@ -99,6 +119,8 @@ class DetectionDataset(Dataset):
         cache: ``ram`` decodes every image now and keeps them all (worker processes share the copy),
             ``disk`` reads images from decoded ``.npy`` arrays (see :mod:`.imagecache`), ``off`` only
             the ``cache_mb`` budget.
+        reduced_decode: decode JPEGs at least twice ``img_size`` at 1/2, 1/4 or 1/8 scale before resizing (see
+            :func:`decode_flag`); off: every image decoded at full size, the reference's pixels.
     """
 
     def __init__(
@@ -115,6 +137,7 @@ class DetectionDataset(Dataset):
         names: Sequence[str] = (),
         cache_mb: float = DEFAULT_CACHE_MB,
         cache: str = "off",
+        reduced_decode: bool = True,
     ) -> None:
         self.img_size = int(img_size)
         self.augment = augment
@@ -123,6 +146,7 @@ class DetectionDataset(Dataset):
         self.stride = stride
         self.seed = int(seed)
         self.names = list(names)
+        self.reduced_decode = reduced_decode
         self.epoch = 0
         self.mosaic = augment and not rect and self.hyp.mosaic > 0
         self.report = index.report
@@ -185,13 +209,8 @@ class DetectionDataset(Dataset):
             except (OSError, ValueError):
                 raise _unreadable(self._arrays[index], f"the decoded array of {path.name}") from None
         else:
-            flag = cv2.IMREAD_COLOR
-            # Decoder-side shrinking gives slightly different pixels than decode-then-resize: fine for
-            # training, but evaluation keeps the reference's pixels.
-            if self.augment and path.suffix.lower() in _JPEG_SUFFIXES:
-                flag = next((f for k, f in _REDUCED_FLAGS if r * k <= 1), flag)
             # Checked first: OpenCV prints a warning of its own for a file that is not there.
-            im = cv2.imread(str(path), flag) if path.is_file() else None
+            im = read_image(path, r, self.reduced_decode) if path.is_file() else None
             if im is None:
                 raise _unreadable(path, "image")
         if im.shape[1::-1] != size:
@@ -259,18 +278,20 @@ class DetectionDataset(Dataset):
                     if written is not plane:
                         plane[...] = written
         else:
-            # Split to planes and scale straight into the batch buffer: one pass over the float memory,
-            # several times faster than converting a permuted uint8 tensor.
+            # Scaled straight from the HWC image into the CHW batch buffer: one pass over the float memory,
+            # several times faster than converting a permuted uint8 tensor, and no temporary planes (a
+            # split allocates fresh memory per image, whose page faults cost more than the conversion).
             scale = np.float32(1 / 255)
             for i, (img, _) in enumerate(batch):
-                for c, plane in enumerate(cv2.split(img)):
-                    np.multiply(plane, scale, out=planes[i, c], casting="unsafe")
+                np.multiply(img.transpose(2, 0, 1), scale, out=planes[i], casting="unsafe")
         counts = [len(b[1]) for b in batch]
         targets = torch.zeros((sum(counts), 6), dtype=torch.float32)
-        targets[:, 0] = torch.repeat_interleave(torch.arange(len(batch), dtype=torch.float32),
-                                                torch.tensor(counts, dtype=torch.long))
-        if targets.shape[0]:
-            targets[:, 1:] = torch.from_numpy(np.concatenate([b[1] for b in batch]))
+        # Filled through numpy: torch's repeat_interleave wakes its thread pool for a few hundred numbers,
+        # which costs milliseconds per batch on a busy machine.
+        rows = targets.numpy()
+        rows[:, 0] = np.repeat(np.arange(len(batch), dtype=np.float32), counts)
+        if len(rows):
+            rows[:, 1:] = np.concatenate([b[1] for b in batch])
         return Batch(imgs, targets)
 
 

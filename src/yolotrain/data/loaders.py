@@ -31,6 +31,9 @@ from .verify import DataWarning, LabelIndex, verify_split
 
 # The reference pads rectangular val batches by half a stride; training batches get none.
 VAL_RECT_PAD = 0.5
+REDUCED_DECODE_HELP = ("decode JPEGs at least twice the size they are used at by 1/2, 1/4 or 1/8 (libjpeg's DCT "
+                       "scaling, the most that keeps them at or above that size), then resize: faster on large "
+                       "photos; --no-reduced-decode: every image decoded at full size, the reference's pixels")
 # With no class names known (``data check`` of a bare folder), only the label syntax is checked.
 UNBOUNDED_CLASSES = 1 << 20
 
@@ -53,6 +56,7 @@ class DataConfig:
     cache: Literal["ram", "disk", "off"] = setting(
         "off", "keep decoded images: ram (all, before training), disk (.npy beside the images, or under the "
         "cache folder when read-only), off (only the memory budget above)", const="ram")
+    reduced_decode: bool = setting(True, REDUCED_DECODE_HELP)
     single_cls: bool = setting(False, "train and validate as one class ('item' unless the data has one name)")
     multi_scale: bool = setting(False, "each training batch resized to a random 0.5-1.5x image size (multiple of 32)")
     image_weights: bool = setting(False, "each epoch, draw the training images (with replacement) by the weights of "
@@ -105,7 +109,8 @@ def build_loaders(
 
     The train loader shuffles and, with ``augment``, augments (mosaic unless ``config.rect``); the
     val loader never augments and walks the split in the reference's aspect order, in rectangular
-    batches padded by half a stride (``val_rect``) or square letterboxes, decoding at full size.
+    batches padded by half a stride (``val_rect``) or square letterboxes. Large JPEGs are decoded
+    reduced unless ``config.reduced_decode`` is off (see :func:`~yolotrain.data.dataset.decode_flag`).
     ``batch_size`` is the global batch: with ``world_size > 1`` each process takes its share of the
     training batches; validation is whole on every process that asks for it.
 
@@ -153,7 +158,7 @@ def build_loaders(
         train_set = dataset(_classes(loaders.train_index, config), img_size, batch_size,
                             augment=augment is not None, hyp=augment, rect=config.rect, pad=0.0,
                             stride=stride, seed=seed, names=names, cache_mb=config.cache_mb,
-                            cache=config.cache, **extra)
+                            cache=config.cache, reduced_decode=config.reduced_decode, **extra)
         loaders.train = make_loader(train_set, batch_size, True, workers, seed, rank, world_size)
         if device is not None:
             loaders.train = DeviceAugmentLoader(loaders.train, DeviceAugmenter(train_set.hyp, img_size, device))
@@ -167,7 +172,8 @@ def build_loaders(
         dataset, extra = DATASET_KINDS[kind](index, config, source, "val")
         val_set = dataset(_classes(index, config), img_size, batch_size, augment=False, rect=val_rect,
                           pad=VAL_RECT_PAD if val_rect else 0.0, stride=stride, seed=seed, names=names,
-                          cache_mb=config.cache_mb, cache=config.cache, **extra)
+                          cache_mb=config.cache_mb, cache=config.cache, reduced_decode=config.reduced_decode,
+                          **extra)
         loaders.val = make_loader(val_set, batch_size, False, workers, seed)
     return loaders
 

@@ -26,7 +26,7 @@ from ..boxes import letterbox_geometry
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.batch import Batch
 from ..data.dataset import loaded_size
-from ..data.loaders import DataConfig, build_loaders
+from ..data.loaders import REDUCED_DECODE_HELP, DataConfig, build_loaders
 from ..detector import BoxDetector
 from ..family import ModelFamily, family_of, nms_iou
 from ..names import class_names, describe_repeats, repeated_names
@@ -91,6 +91,7 @@ class ValConfig:
     slicing: SliceConfig = field(default_factory=SliceConfig)
     device: str | None = setting(None, "cpu, cuda, 0 ... (default: GPU if available)")
     workers: int | None = setting(None, "loader processes", min=0)
+    reduced_decode: bool = setting(DataConfig.reduced_decode, REDUCED_DECODE_HELP)
     half: bool | None = setting(None, "half-precision inference: float16 on CUDA, bfloat16 on the CPU "
                                   "(default: where the device computes it natively, else float32)")
     save_json: bool = setting(False, "COCO json + pycocotools evaluation (segmentation models: masks as RLE, segm too; "
@@ -118,14 +119,15 @@ class ValConfig:
 
 def build_val_loader(data: str | os.PathLike, nc: int | None, img_size: int = 640, batch_size: int = 32,
                      rect: bool = True, workers: int | None = None, stride: int = 32,
-                     kind: str = "boxes") -> DataLoader:
+                     kind: str = "boxes", reduced_decode: bool = DataConfig.reduced_decode) -> DataLoader:
     """The val split of a dataset folder or YAML as a non-augmented, ordered DataLoader (see
     :func:`yolotrain.data.loaders.build_loaders`): rectangular batches in the reference's order with
     ``rect``, shaped in multiples of ``stride`` (the model's largest: 64 for P6 models), else every
     image letterboxed to ``img_size`` square; ``kind``, what the labels are read as (see ``build_loaders``:
     ``masks``, batches of a segmentation dataset with its polygons' overlap masks at 1/4 of the input, as training
-    validates)."""
-    config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=batch_size, workers=workers)
+    validates); ``reduced_decode``, large JPEGs decoded at a reduced scale (see :class:`DataConfig`)."""
+    config = DataConfig(path=os.fspath(data), img_size=img_size, batch_size=batch_size, workers=workers,
+                        reduced_decode=reduced_decode)
     return build_loaders(config, num_classes=nc, splits=("val",), val_rect=rect, stride=stride, kind=kind).val
 
 
@@ -191,6 +193,7 @@ def val(
     rect: bool = ValConfig.rect,
     device: str | torch.device | None = ValConfig.device,
     workers: int | None = ValConfig.workers,
+    reduced_decode: bool = ValConfig.reduced_decode,
     criterion: Callable | None = None,
     save_dir: str | os.PathLike | None = None,
     save_json: bool = ValConfig.save_json,
@@ -227,6 +230,8 @@ def val(
         data: dataset folder or YAML (its ``val`` split), or a val DataLoader from
             :func:`yolotrain.get_loaders` (then ``img_size``, ``batch_size``, ``rect`` and ``workers``
             come from it).
+        reduced_decode: decode JPEGs at least twice ``img_size`` at 1/2, 1/4 or 1/8 scale, then resize (faster on
+            large photos, pixels slightly different from decoding at full size: set it off to get the reference's).
         img_size: long side of the inputs; by default the model's training size (640; 1280 for P6).
         conf, iou, max_det: NMS settings; the defaults are the reference's mAP settings (``iou``: the model family's,
             0.6 for YOLOv5, 0.7 for anchor-free models).
@@ -283,9 +288,9 @@ def val(
     # classifier's accuracy (eval/classify.py).
     return task_of(model).validate(
         model, model_or_weights, data, dev, img_size=img_size, batch_size=batch_size, conf=conf, iou=iou,
-        max_det=max_det, rect=rect, workers=workers, criterion=criterion, save_dir=save_dir, save_json=save_json,
-        plots=plots, verbose=verbose, map_classes=map_classes, save_txt=save_txt, save_conf=save_conf,
-        single_cls=single_cls, hooks=hooks)
+        max_det=max_det, rect=rect, workers=workers, reduced_decode=reduced_decode, criterion=criterion,
+        save_dir=save_dir, save_json=save_json, plots=plots, verbose=verbose, map_classes=map_classes,
+        save_txt=save_txt, save_conf=save_conf, single_cls=single_cls, hooks=hooks)
 
 
 class DetectionValidation(Protocol):
@@ -372,7 +377,7 @@ class DetectionValidation(Protocol):
 def validate_detections(
     task: DetectionValidation, model: BoxDetector, model_or_weights: ModelsOrWeights,
     data: str | os.PathLike | DataLoader, dev: torch.device, *, img_size: int | None, batch_size: int, conf: float,
-    iou: float, max_det: int, rect: bool, workers: int | None, criterion: Callable | None,
+    iou: float, max_det: int, rect: bool, workers: int | None, reduced_decode: bool, criterion: Callable | None,
     save_dir: str | os.PathLike | None, save_json: bool, plots: bool, verbose: bool, map_classes: bool, save_txt: bool,
     save_conf: bool, single_cls: bool, hooks: Callbacks,
 ) -> Metrics:
@@ -386,7 +391,8 @@ def validate_detections(
         stride = max(model.size_multiple, 32)
         size = model.default_img_size if img_size is None else img_size
         loader = build_val_loader(data, None if map_classes or single_cls else model.num_classes, size,
-                                  batch_size, rect, workers, stride=stride, kind=task.dataset_kind)
+                                  batch_size, rect, workers, stride=stride, kind=task.dataset_kind,
+                                  reduced_decode=reduced_decode)
     _check_ordered(loader)
     dataset = loader.dataset
     model_names = class_names(model.names, model.num_classes)

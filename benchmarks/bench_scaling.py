@@ -1,0 +1,336 @@
+"""How the data path's cost grows with image resolution and dataset size, ours against the reference's
+(``yolov5.utils.dataloaders.LoadImagesAndLabels``) in the same run.
+
+Loader rows: training-loader images/s at 640 (mosaic on, scratch-low, batch 16, workers 0: one process, so
+images/s is per core) on a copy of coco128 and on coco128 upscaled 4x with Lanczos (~2560 px, JPEG quality
+92, generated into a temporary folder), without an image cache (yolotrain ``cache_mb=0``; also with
+``reduced_decode`` off, the reference's full decode) and with the RAM cache (``cache=ram``, the reference's
+``cache_images="ram"``). Each loader runs one warm-up epoch, then ``--rounds`` timed epochs, the contenders
+taking turns; each row gives each loader's best epoch (the one least slowed by other work on a shared machine).
+
+Dataset-size rows: synthetic YOLO datasets of 1k, 10k, ... small JPEGs (160 x 120, COCO's label density: a
+Poisson number of boxes per image, mean 7.3, 80 classes). For each tool, in a fresh process: the first run's
+verification (every image and label checked, the label cache written), then a second process's start-up from
+that cache; wall and CPU seconds (the process and its pool workers), the process's peak RSS above its RSS after
+imports, and the cache file's size. Ours is ``list_images`` + ``verify_split`` + ``DetectionDataset``; the
+reference's ``LoadImagesAndLabels(path, 640, 16)``.
+
+Usage: python benchmarks/bench_scaling.py [--images N] [--rounds N] [--img-size PX] [--dataset-sizes 1000 10000]
+       [--out-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+from common import COCO128, ROOT, copy_images, cpu_model, reference_env
+
+UPSCALE = 4
+JPEG_QUALITY = 92
+SMALL_JPEG = (160, 120)
+BOXES_PER_IMAGE = 7.3  # COCO train2017: 860k boxes over 118k images
+
+
+def upscaled_copy(images: Path, root: Path, factor: int = UPSCALE) -> Path:
+    """``images`` (with their labels) enlarged ``factor`` times with Lanczos and saved as JPEG quality 92."""
+    out_images, out_labels = root / "images" / images.name, root / "labels" / images.name
+    out_images.mkdir(parents=True), out_labels.mkdir(parents=True)
+    for image in sorted(images.iterdir()):
+        im = cv2.imread(str(image), cv2.IMREAD_COLOR)
+        big = cv2.resize(im, (im.shape[1] * factor, im.shape[0] * factor), interpolation=cv2.INTER_LANCZOS4)
+        cv2.imwrite(str(out_images / f"{image.stem}.jpg"), big, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+        label = images.parent.parent / "labels" / images.name / f"{image.stem}.txt"
+        if label.is_file():
+            shutil.copy(label, out_labels / label.name)
+    return out_images
+
+
+def synthetic_dataset(root: Path, n: int, seed: int = 0) -> Path:
+    """``n`` small JPEGs (64 distinct pictures under distinct names) with labels of COCO's density."""
+    rng = np.random.default_rng(seed)
+    images, labels = root / "images" / "train", root / "labels" / "train"
+    images.mkdir(parents=True), labels.mkdir(parents=True)
+    w, h = SMALL_JPEG
+    y, x = np.mgrid[0:h, 0:w]
+    pictures = []
+    for _ in range(64):
+        f = rng.uniform(0.02, 0.2, 3)
+        im = np.stack([127 + 100 * np.sin(x * f[0] + y * f[1] + k * f[2]) for k in range(3)], 2).astype(np.uint8)
+        pictures.append(cv2.imencode(".jpg", im, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes())
+    counts = rng.poisson(BOXES_PER_IMAGE, n)
+    for i in range(n):
+        (images / f"{i:06d}.jpg").write_bytes(pictures[i % len(pictures)])
+        wh = rng.uniform(0.05, 0.5, (counts[i], 2))
+        centre = rng.uniform(wh / 2, 1 - wh / 2)
+        rows = [f"{c} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}"
+                for c, (cx, cy), (bw, bh) in zip(rng.integers(0, 80, counts[i]), centre, wh)]
+        (labels / f"{i:06d}.txt").write_text("".join(row + "\n" for row in rows))
+    return images
+
+
+def _status_mb(field: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process in MB. Not ``ru_maxrss``: Linux keeps that across
+    ``exec``, so a child would report its parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def child(tool: str, images: Path) -> dict:
+    """In this (fresh) process: build ``tool``'s training dataset of ``images``, time it, measure its memory."""
+    warnings.simplefilter("ignore")
+    if tool == "reference":
+        from yolov5.utils.dataloaders import LoadImagesAndLabels
+    else:
+        from yolotrain.data.dataset import DetectionDataset
+        from yolotrain.data.sources import list_images
+        from yolotrain.data.verify import verify_split
+    base = _status_mb("VmRSS")
+    wall, cpu = time.perf_counter(), time.process_time()
+    if tool == "reference":
+        dataset = LoadImagesAndLabels(str(images), 640, 16)
+        n = len(dataset)
+    else:
+        index = verify_split(list_images(images), 80)
+        n = len(DetectionDataset(index, 640, 16))
+    wall = time.perf_counter() - wall
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = time.process_time() - cpu + children.ru_utime + children.ru_stime
+    peak = _status_mb("VmHWM")
+    return {"images": n, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "rss_growth_mb": round(peak - base, 1)}
+
+
+def _cache_size(tool: str, images: Path) -> int:
+    labels = images.parent.parent / "labels"
+    name = f"{images.name}.cache" if tool == "reference" else f"{images.name}.yolotrain.cache"
+    return (labels / name).stat().st_size
+
+
+def dataset_rows(sizes: list[int], tmp: Path) -> list[dict]:
+    rows = []
+    for n in sizes:
+        started = time.perf_counter()
+        images = synthetic_dataset(tmp / f"synthetic-{n}", n)
+        generated = time.perf_counter() - started
+        row: dict = {"images": n, "generated_s": round(generated, 1)}
+        for tool in ("reference", "yolotrain"):
+            for phase in ("first", "cached"):
+                out = subprocess.run([sys.executable, __file__, "--child", tool, str(images)], check=True,
+                                     capture_output=True, text=True, env=os.environ).stdout
+                row[f"{tool}_{phase}"] = json.loads(out.strip().splitlines()[-1])
+            row[f"{tool}_cache_bytes"] = _cache_size(tool, images)
+            peak = max(row[f"{tool}_first"]["rss_growth_mb"], row[f"{tool}_cached"]["rss_growth_mb"])
+            row[f"{tool}_rss_kb_per_image"] = round(peak * 1024 / n, 2)
+        for phase in ("first", "cached"):
+            ref_s, ours_s = row[f"reference_{phase}"]["wall_s"], row[f"yolotrain_{phase}"]["wall_s"]
+            row[f"speedup_{phase}"] = round(ref_s / ours_s, 2)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        shutil.rmtree(images.parent.parent, ignore_errors=True)
+    return rows
+
+
+def _epoch(loader, epoch: int) -> tuple[int, float, float]:
+    """Images, wall seconds and CPU seconds (this process: workers 0) of one epoch of ``loader``."""
+    if hasattr(loader.dataset, "set_epoch"):
+        loader.dataset.set_epoch(epoch)
+    wall, cpu, n = time.perf_counter(), time.process_time(), 0
+    for imgs, *_ in loader:  # the reference's (imgs, targets, paths, shapes), ours a Batch of (imgs, targets)
+        n += len(imgs)
+    return n, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _alternating(loaders: dict[str, object], rounds: int) -> dict[str, dict[str, float]]:
+    """Each loader's best epoch over ``rounds`` rounds, the contenders taking turns within each round (after a
+    warm-up epoch each): on a machine shared with other work the load changes between epochs, and the best epoch
+    of each is the one least slowed by it."""
+    for loader in loaders.values():
+        _epoch(loader, 0)
+    best: dict[str, dict[str, float]] = {}
+    for r in range(1, rounds + 1):
+        for key, loader in loaders.items():
+            n, wall, cpu = _epoch(loader, r)
+            rate = {"img_s": round(n / wall, 1), "img_per_core_s": round(n / cpu, 1),
+                    "cores_used": round(cpu / wall, 2)}
+            if key not in best or rate["img_s"] > best[key]["img_s"]:
+                best[key] = rate
+    return best
+
+
+def loader_rows(datasets: dict[str, Path], rounds: int, img_size: int) -> list[dict]:
+    import torch
+    import yaml
+    from torch.utils.data import DataLoader
+    from yolov5.utils.dataloaders import LoadImagesAndLabels
+
+    from yolotrain.data.augment import AugmentConfig
+    from yolotrain.data.dataset import DetectionDataset
+    from yolotrain.data.loaders import make_loader
+    from yolotrain.data.sources import list_images
+    from yolotrain.data.verify import verify_split
+
+    torch.set_num_threads(1)  # one process, one core: neither side's collate spreads over threads
+    hyp_path = Path(sys.modules["yolov5"].__file__).parent / "data" / "hyps" / "hyp.scratch-low.yaml"
+    ref_hyp = yaml.safe_load(hyp_path.read_text())
+    rows = []
+    for name, images in datasets.items():
+        index = verify_split(list_images(images), 80)
+        long_side = int(np.median(np.asarray(index.shapes).reshape(-1, 2).max(1)))
+        row: dict = {"data": name, "images": len(index.files), "median_long_side": long_side, "img_size": img_size}
+        for cache in ("none", "ram"):
+            ref_ds = LoadImagesAndLabels(str(images), img_size, 16, augment=True, hyp=ref_hyp,
+                                         cache_images=cache == "ram" and "ram")
+            loaders = {f"reference_{cache}": DataLoader(ref_ds, batch_size=16, shuffle=True, num_workers=0,
+                                                        collate_fn=LoadImagesAndLabels.collate_fn)}
+            ours = {"none": {"cache_mb": 0}, "ram": {"cache": "ram"}}[cache]
+            variants = {"": {}, "_full_decode": {"reduced_decode": False}} if cache == "none" else {"": {}}
+            for suffix, extra in variants.items():
+                ds = DetectionDataset(index, img_size, 16, augment=True, hyp=AugmentConfig(), **ours, **extra)
+                loaders[f"yolotrain_{cache}{suffix}"] = make_loader(ds, 16, True, 0)
+            row.update(_alternating(loaders, rounds))
+            del loaders, ref_ds
+            for suffix in variants:
+                ours_s, ref_s = row[f"yolotrain_{cache}{suffix}"], row[f"reference_{cache}"]
+                row[f"ratio_{cache}{suffix}"] = round(ours_s["img_s"] / ref_s["img_s"], 2)
+                row[f"ratio_{cache}{suffix}_per_core"] = round(ours_s["img_per_core_s"] / ref_s["img_per_core_s"], 2)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def markdown(report: dict) -> str:
+    lines = ["# Scaling: how the data path's cost grows with image size and dataset size", "",
+             f"Made by `{report['command']}` on {report['cpu_model']} ({report['cpus']} CPUs, shared with other "
+             f"work: load average {report['load_before']} before, {report['load_after']} after), Python "
+             f"{report['python']}. Ours against the reference (PyPI yolov5 7.0.14) in the same run.", ""]
+    if report["loader"]:
+        lines += [f"## Loader at {report['loader'][0]['img_size']} px, one process (workers 0), mosaic on", "",
+                  "| data | median long side | cache | reference img/s | ours img/s | ratio (per core) | "
+                  "ours, full decode | ratio full decode |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|"]
+        for row in report["loader"]:
+            for cache in ("none", "ram"):
+                full = row.get(f"yolotrain_{cache}_full_decode")
+                lines.append(
+                    f"| {row['data']} ({row['images']} images) | {row['median_long_side']} | {cache} | "
+                    f"{row[f'reference_{cache}']['img_s']} | {row[f'yolotrain_{cache}']['img_s']} | "
+                    f"{row[f'ratio_{cache}']}x ({row[f'ratio_{cache}_per_core']}x) | "
+                    f"{full['img_s'] if full else ''} | "
+                    f"{str(row[f'ratio_{cache}_full_decode']) + 'x' if full else ''} |")
+        lines += ["", report["loader_reading"], ""]
+    if report["datasets"]:
+        lines += ["## Dataset size: verification, start-up from the cache, memory", "",
+                  "| images | tool | first run s (CPU s) | cached start-up s (CPU s) | peak RSS growth MB | "
+                  "RSS KB per image | cache file KB |", "|---:|---|---:|---:|---:|---:|---:|"]
+        for row in report["datasets"]:
+            for tool in ("reference", "yolotrain"):
+                first, cached = row[f"{tool}_first"], row[f"{tool}_cached"]
+                peak = max(first["rss_growth_mb"], cached["rss_growth_mb"])
+                lines.append(f"| {row['images']} | {tool} | {first['wall_s']} ({first['cpu_s']}) | "
+                             f"{cached['wall_s']} ({cached['cpu_s']}) | {peak} | "
+                             f"{row[f'{tool}_rss_kb_per_image']} | {row[f'{tool}_cache_bytes'] // 1024} |")
+        lines += ["", report["datasets_reading"], ""]
+    return "\n".join(lines)
+
+
+def _reading_loader(rows: list[dict]) -> str:
+    parts = [f"{row['data']} (median long side {row['median_long_side']} px): without a cache ours "
+             f"{row['ratio_none']}x the reference ({row['ratio_none_per_core']}x per core; "
+             f"{row['ratio_none_full_decode']}x with reduced_decode off), RAM cache {row['ratio_ram']}x "
+             f"({row['ratio_ram_per_core']}x per core)"
+             for row in rows]
+    return ("Reading: " + "; ".join(parts) + ". Without a cache both sides' cost grows with the size of the files: "
+            "decoding at reduced scale skips most of the inverse DCT, colour conversion and resizing, but not the "
+            "entropy decoding of every coefficient. With the RAM cache the cost does not depend on the files.")
+
+
+def _reading_datasets(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    first, last = rows[0], rows[-1]
+
+    def per_image_ms(row: dict, tool: str, phase: str) -> float:
+        return round(row[f"{tool}_{phase}"]["cpu_s"] / row["images"] * 1e3, 3)
+
+    costs = "; ".join(f"{tool}: first run {per_image_ms(first, tool, 'first')} -> {per_image_ms(last, tool, 'first')}, "
+                      f"cached start-up {per_image_ms(first, tool, 'cached')} -> {per_image_ms(last, tool, 'cached')}"
+                      for tool in ("yolotrain", "reference"))
+    return (f"Reading: CPU ms per image from {first['images']} to {last['images']} images, {costs}. At "
+            f"{last['images']} images ours takes {last['speedup_first']}x the reference's speed on the first run and "
+            f"{last['speedup_cached']}x on the cached start-up (wall clock), and holds "
+            f"{last['yolotrain_rss_kb_per_image']} KB per image against {last['reference_rss_kb_per_image']} KB.")
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=str(COCO128))
+    p.add_argument("--images", type=int, default=64, help="the first N images of coco128 (both resolutions)")
+    p.add_argument("--rounds", type=int, default=3, help="timed epochs of each loader, taking turns")
+    p.add_argument("--img-size", type=int, default=640)
+    p.add_argument("--dataset-sizes", type=int, nargs="*", default=[1000, 10000])
+    p.add_argument("--no-loader", action="store_true", help="dataset-size rows only")
+    p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--child", nargs=2, metavar=("TOOL", "IMAGES"), help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(a.child[0], Path(a.child[1]))))
+        return None
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
+    load_before = os.getloadavg()[0]
+    try:
+        os.environ.update(reference_env(tmp / "config"))
+        os.environ["YOLOTRAIN_CACHE"] = str(tmp / "cache")
+        warnings.simplefilter("ignore")
+        loader: list[dict] = []
+        if not a.no_loader:
+            images = copy_images(a.data, tmp / "coco128", a.images)
+            big = upscaled_copy(images, tmp / "coco128-4x")
+            loader = loader_rows({"coco128": images, f"coco128 upscaled {UPSCALE}x": big}, a.rounds, a.img_size)
+        datasets = dataset_rows(a.dataset_sizes, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    import torch
+
+    report = {
+        "what": "data-path cost as images and datasets grow, ours and the reference's in the same run",
+        "command": "python benchmarks/bench_scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "load_before": round(load_before, 1),
+        "load_after": round(os.getloadavg()[0], 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "opencv": cv2.__version__,
+        "rounds": a.rounds,
+        "timing": "each loader's best of the timed epochs, the contenders taking turns; per core = images per CPU "
+                  "second of the process (workers 0, torch and OpenCV as each side sets them, torch at 1 thread)",
+        "loader": loader,
+        "loader_reading": _reading_loader(loader) if loader else "",
+        "datasets": datasets,
+        "datasets_reading": _reading_datasets(datasets),
+    }
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scaling.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "scaling.md").write_text(markdown(report) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
