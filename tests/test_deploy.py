@@ -417,6 +417,14 @@ def test_exports_that_cannot_be_loaded_get_one_line_errors(tmp_path):
         (tmp_path / "lonely.ncnn.json").write_text("[]")
         with pytest.raises(CheckpointError, match="NCNN file without yolotrain metadata"):
             load_exported(tmp_path / "lonely.ncnn.param")
+    if installed("executorch"):
+        (tmp_path / "lonely.pte").write_bytes(b"not a program")
+        with pytest.raises(CheckpointError, match="metadata file lonely.pte.json is missing"):
+            load_exported(tmp_path / "lonely.pte")
+        (tmp_path / "lonely.pte.json").write_text('{"producer": "yolotrain"}')
+        with pytest.raises(CheckpointError) as info:
+            load_exported(tmp_path / "lonely.pte")
+        assert "not a loadable ExecuTorch program" in str(info.value) and "\n" not in str(info.value)
     if installed("MNN"):
         (tmp_path / "garbage.mnn").write_bytes(b"not an MNN model")
         with pytest.raises(CheckpointError) as info:

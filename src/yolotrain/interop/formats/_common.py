@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -18,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from ...checkpoint import CheckpointError
 from ..exporting.graph import (
     BOXES,
     DECODED_OUTPUT,
@@ -95,6 +97,29 @@ def quiet_output(descriptors: Sequence[int] = (1, 2)) -> Iterator[None]:
         for fd, copy in zip(descriptors, saved):
             os.dup2(copy, fd)
             os.close(copy)
+
+
+def metadata_beside(path: Path, companions: Sequence[tuple[Path, str]]) -> dict[str, str]:
+    """The metadata of a model file ``path`` kept in a JSON file beside it (the last of ``companions``, pairs of a
+    file and what it holds, each required): one line naming the missing file, ``{}`` for unreadable metadata (the
+    runtime's base then says the file lacks ours)."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file")
+    for companion, what in companions:
+        if not companion.is_file():
+            raise CheckpointError(f"{path}: its {what} file {companion.name} is missing")
+    try:
+        metadata = read_json_metadata(companions[-1][0])
+    except (OSError, ValueError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def read_json_metadata(source: Path) -> dict[str, str]:
+    """A metadata JSON file, as data; ``{}`` when it is larger than any metadata of ours."""
+    if source.stat().st_size > MAX_METADATA_BYTES:
+        return {}
+    return json.loads(source.read_text(encoding="utf-8"))
 
 
 def _boxes_outputs(graph: ExportGraph, batch: dict[int, str], dynamic_size: bool) -> dict[str, dict[int, str]]:

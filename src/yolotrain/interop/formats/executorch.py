@@ -25,7 +25,7 @@ from ...checkpoint import CheckpointError
 from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
 from ..runtime import ExportedModel
 from . import ExportFormat
-from ._common import MAX_METADATA_BYTES, ExportJob, quiet_output, staged
+from ._common import ExportJob, metadata_beside, quiet_output, read_json_metadata, staged
 
 EXTRA = "pip install 'yolotrain[executorch]'"
 SUFFIX = ".pte"
@@ -74,10 +74,7 @@ def _is_model_folder(out: Path) -> bool:
 
 def read_metadata(path: Path) -> dict[str, str]:
     """Our metadata, from the JSON file beside the program."""
-    source = path.with_suffix(METADATA_SUFFIX)
-    if source.stat().st_size > MAX_METADATA_BYTES:
-        return {}
-    return json.loads(source.read_text(encoding="utf-8"))
+    return read_json_metadata(path.with_suffix(METADATA_SUFFIX))
 
 
 class ExecuTorchModel(ExportedModel):
@@ -88,16 +85,7 @@ class ExecuTorchModel(ExportedModel):
 
     def __init__(self, path: str | os.PathLike) -> None:
         path = Path(path)
-        if not path.is_file():
-            raise CheckpointError(f"{path}: no such file")
-        if not path.with_suffix(METADATA_SUFFIX).is_file():
-            raise CheckpointError(f"{path}: its metadata file {path.with_suffix(METADATA_SUFFIX).name} is missing")
-        try:
-            metadata = read_metadata(path)
-        except (OSError, ValueError):
-            metadata = {}
-        if not isinstance(metadata, dict):
-            metadata = {}
+        metadata = metadata_beside(path, ((path.with_suffix(METADATA_SUFFIX), "metadata"),))
         try:
             with warnings.catch_warnings():  # the runtime's Python API calls itself experimental, at each import
                 warnings.filterwarnings("ignore", message="This API is experimental")

@@ -25,7 +25,7 @@ from ...checkpoint import CheckpointError
 from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
 from ..runtime import ExportedModel
 from . import ExportFormat
-from ._common import MAX_METADATA_BYTES, ExportJob, staged
+from ._common import ExportJob, metadata_beside, read_json_metadata, staged
 
 EXTRA = "pip install 'yolotrain[ncnn]'"
 SUFFIX = ".ncnn.param"
@@ -94,10 +94,7 @@ def metadata_path(param: Path) -> Path:
 
 def read_metadata(path: Path) -> dict[str, str]:
     """Our metadata, from the JSON file beside the param file."""
-    source = metadata_path(path)
-    if source.stat().st_size > MAX_METADATA_BYTES:
-        return {}
-    return json.loads(source.read_text(encoding="utf-8"))
+    return read_json_metadata(metadata_path(path))
 
 
 def _output_names(param: Path) -> list[str]:
@@ -122,17 +119,7 @@ class NcnnModel(ExportedModel):
 
     def __init__(self, path: str | os.PathLike) -> None:
         path = Path(path)
-        if not path.is_file():
-            raise CheckpointError(f"{path}: no such file")
-        for companion, what in ((path.with_suffix(".bin"), "weights"), (metadata_path(path), "metadata")):
-            if not companion.is_file():
-                raise CheckpointError(f"{path}: its {what} file {companion.name} is missing")
-        try:
-            metadata = read_metadata(path)
-        except (OSError, ValueError):
-            metadata = {}
-        if not isinstance(metadata, dict):
-            metadata = {}
+        metadata = metadata_beside(path, ((path.with_suffix(".bin"), "weights"), (metadata_path(path), "metadata")))
         size = json.loads(metadata["img_size"]) if "img_size" in metadata else [None, None]
         super().__init__(path, metadata, [1, 3, *size])
         ncnn = _ncnn_module()
