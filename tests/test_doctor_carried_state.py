@@ -28,6 +28,7 @@ FIXES = {
     "gan_image_pool.py": ("carried", "scores = discriminator(torch.cat([torch.randn(8, 16), history.detach()]))"),
     "gru_state_passed_back.py": ("passed", "logits, state = tagger(window, state.detach())"),
     "lstm_lm_partial_repackage.py": ("produced", "return h[0].detach(), h[1].detach()"),
+    "lstm_repackage_unpacked.py": ("produced", "return h.detach(), c.detach()"),
     "memory_bank_queue.py": ("produced", "memory_bank.append(key.detach())"),
     "tracker_previous_embeddings.py": ("carried", "similarity = embeddings @ previous.detach().t() / 0.07"),
     "world_model_latent.py": ("passed", "latent, predicted = model(latent.detach(), action)"),

@@ -20,6 +20,7 @@ from doctor_corpus import (
     corpus,
     json_report,
     lines_by_role,
+    patched_lines,
     run_cell_magic,
     run_doctor,
     run_pytest_plugin,
@@ -32,6 +33,31 @@ CORPUS = corpus("graph_cut")
 FOLDER, CASES, FAILING, CLEAN = CORPUS
 PYTORCH_ERROR = "element 0 of tensors does not require grad and does not have a grad_fn"
 runs = runs_fixture(CORPUS)
+# Per failing program, its fixed version: the changed lines as they should read, in line order. The doctor's
+# patches must be these lines, and the copy they make must run clean.
+FIXES = {
+    "contrastive_tensor_wrap.py": ("similarity = z1 @ z2.T / 0.1",),
+    "custom_function_detached_input.py": ("code = StraightThroughRound.apply(encoder(x) * 4)",),
+    "distill_student_in_no_grad.py": ("with torch.enable_grad(): student_logits = student(x).float()",),
+    "epoch_loss_item.py": ("total += batch_loss", "loss = total / len(batches)"),
+    "grad_disabled_globally.py": ("torch.set_grad_enabled(True)",),
+    "helper_inference_mode_decorator.py": ("@torch.enable_grad()",),
+    "helper_no_grad_decorator.py": ("@torch.enable_grad()",),
+    "inference_mode_block.py": ("with torch.inference_mode(False): logits = model(x)",),
+    "keypoint_argmax.py": (
+        "predicted = (heatmaps.softmax(-1) * torch.arange(heatmaps.shape[-1], device=heatmaps.device)).sum(-1).float()",
+    ),
+    "logits_through_data.py": ("logits = model(x)",),
+    "numpy_dice_loss.py": ("probs = net(image).sigmoid()",),
+    "per_sample_losses_list.py": (
+        "losses = [nn.functional.smooth_l1_loss(box, target) for box, target in zip(boxes, targets)]",
+        "loss = torch.stack(losses).mean()",
+    ),
+    "policy_gradient_detach.py": ("log_probs = dist.log_prob(actions)",),
+    "set_grad_enabled_phase.py": ("with torch.enable_grad(): prediction = model(x)",),
+    "validation_copy_no_grad.py": ("with torch.enable_grad(): logits = model(x)",),
+    "weight_frozen_in_place.py": ("weight.requires_grad_(True)",),
+}
 
 
 def _marks(path: Path) -> dict[str, set[int]]:
@@ -40,6 +66,7 @@ def _marks(path: Path) -> dict[str, set[int]]:
 
 def test_corpus_size() -> None:
     assert len(FAILING) >= 8 and len(CLEAN) >= 2
+    assert sorted(FIXES) == FAILING
 
 
 @pytest.mark.parametrize("name", FAILING)
@@ -57,6 +84,7 @@ def test_applied_fix_runs_clean(name: str, runs: dict) -> None:
     _, report, patched = runs[name]
     assert {p["line"] for p in report["patches"]} == _marks(CASES / name)["cut"], report["fix"]
     assert all(f"`{p['code']}`" in report["fix"] for p in report["patches"])
+    assert patched_lines(report) == FIXES[name]
     assert (patched.returncode, patched.stdout, patched.stderr) == (0, "", "")
 
 
@@ -100,18 +128,11 @@ def test_frozen_parameters_and_integer_results_are_named_without_a_patch() -> No
     assert opt.param_groups
 
 
-def test_argmax_is_fixed_by_its_soft_argmax_once_a_run_verified_it() -> None:
-    """``_keypoint_argmax.py``, left out of the corpus runs (which do not verify), gets its soft-argmax as the patch."""
-    name = "_keypoint_argmax.py"
-    proc = run_doctor("--json", "--verify-fix", f"{FOLDER}/{name}")
-    report = json_report(proc.stdout)
-    assert proc.returncode == 1 and report is not None, proc.stderr
-    assert (report["kind"], report["severity"]) == ("graph_cut", "error")
-    marks = _marks(CASES / name)
-    assert {s["line"] for s in report["sites"] if s["role"] == "cut at"} == marks["cut"]
-    fixed = ("predicted = (heatmaps.softmax(-1) * torch.arange(heatmaps.shape[-1], device=heatmaps.device))"
-             ".sum(-1).float()")
-    assert report["patches"] == [{"file": f"{FOLDER}/{name}", "line": min(marks["cut"]), "code": fixed}]
+def test_argmax_is_fixed_by_its_soft_argmax_once_a_run_verified_it(runs: dict) -> None:
+    """``keypoint_argmax.py`` runs with ``--verify-fix`` (its ``# doctor-options``): its soft-argmax candidate is
+    the patch once the run verified it, and without a run there is no patch."""
+    name = "keypoint_argmax.py"
+    _, report, _ = runs[name]
     assert report["verification"]["verified"] is True and report["verification"]["steps"] == 2
     unverified = json_report(run_doctor("--json", "--no-verify-fix", f"{FOLDER}/{name}").stdout)
     assert unverified["patches"] == [] and "verification" not in unverified

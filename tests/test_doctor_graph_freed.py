@@ -22,6 +22,7 @@ from doctor_corpus import (
     corpus,
     json_report,
     lines_by_role,
+    patched_lines,
     run_doctor,
     runs_fixture,
 )
@@ -32,6 +33,18 @@ FIX = re.compile(r"#\s*doctor-fix:\s*(detach|retain_graph)")
 CORPUS = corpus("graph_freed")
 FOLDER, CASES, FAILING, CLEAN = CORPUS
 runs = runs_fixture(CORPUS)
+# Per failing program, its fixed version: the changed lines as they should read, in line order. The doctor's
+# patches must be these lines, and the copy they make must run clean.
+FIXES = {
+    "autocast_memory.py": ("memory = out.detach().float()",),
+    "custom_function_state.py": ("state = ClipGrad.apply(torch.sigmoid(state.detach() @ w))",),
+    "gan_fake_not_detached.py": ("loss_d.backward(retain_graph=True)",),
+    "lstm_tbptt.py": ("out, (h, c) = lstm(embed(chunk), (h.detach(), c.detach()))",),
+    "multitask_heads.py": ("cls_loss.backward(retain_graph=True)",),
+    "rl_td_target.py": ("advantage = reward + gamma * next_value - value.detach()",),
+    "rnn_gru_hidden.py": ("h = cell(x, h.detach())",),
+    "running_center.py": ("center = 0.9 * center.detach() + 0.1 * out.mean(0)",),
+}
 
 
 def _marks(path: Path) -> dict[str, set[int]]:
@@ -41,6 +54,7 @@ def _marks(path: Path) -> dict[str, set[int]]:
 def test_corpus_covers_both_fixes() -> None:
     fixes = [FIX.search((CASES / name).read_text()).group(1) for name in FAILING]
     assert len(FAILING) >= 8 and len(CLEAN) >= 2
+    assert sorted(FIXES) == FAILING
     assert {"detach", "retain_graph"} == set(fixes)
 
 
@@ -66,6 +80,7 @@ def test_applied_fix_runs_clean(name: str, runs: dict) -> None:
     assert {p["line"] for p in report["patches"]} == expected_lines
     token = ".detach()" if kind == "detach" else "retain_graph=True"
     assert all(token in p["code"] for p in report["patches"]) and token in report["fix"]
+    assert patched_lines(report) == FIXES[name]
     assert (patched.returncode, patched.stdout, patched.stderr) == (0, "", "")
 
 
@@ -123,26 +138,3 @@ def test_retain_graph_patch(code: str, expected: str | None) -> None:
 )
 def test_detach_patch_rewrites_only_reads(code: str, names: list[str], expected: str | None) -> None:
     assert _detach_names(code, names) == expected
-
-
-def test_state_carried_through_a_helper_is_detached_where_it_is_produced(tmp_path: Path) -> None:
-    """``repackage()`` detaches h but not c, and the LSTM that uses them runs inside ``forward``: the
-    report names the call in the loop that passes the state, and the change is made where the helper
-    returns it, detaching every part of the tuple."""
-    name = "_lstm_repackage_half.py"
-    source = (CASES / name).read_text()
-    passed = source.splitlines().index("    hidden = repackage(hidden)  # doctor: passed") + 1
-    produced = source.splitlines().index("    return h.detach(), c") + 1
-    proc = run_doctor("--json", f"{FOLDER}/{name}")
-    report = json_report(proc.stdout)
-    assert_error_report(proc, report, "graph_freed", f"{FOLDER}/{name}")
-    marks = lines_by_role(CASES / name, re.compile(r"#\s*doctor:\s*(\w+(?:\s+\w+)*)\s*$"),
-                          ("freed", "carried", "failed", "passed"))
-    roles = {role: {s["line"] for s in report["sites"] if s["role"] == role}
-             for role in ("freed by", "carried by", "passed at", "produced at", "failed at")}
-    assert roles == {"freed by": marks["freed"], "carried by": marks["carried"], "passed at": {passed},
-                     "produced at": {produced}, "failed at": marks["failed"]}
-    assert [(p["line"], p["code"]) for p in report["patches"]] == [(produced, "return h.detach(), c.detach()")]
-    assert "retain_graph" not in report["fix"]
-    (tmp_path / name).write_text(inplace_doctor.Patch(name, produced, report["patches"][0]["code"]).apply(source))
-    assert_reports_nothing(run_doctor(name, cwd=tmp_path))

@@ -16,7 +16,15 @@ from pathlib import Path
 import inplace_doctor
 import pytest
 import torch
-from doctor_corpus import assert_error_report, assert_reports_nothing, corpus, marked_lines, run_doctor, runs_fixture
+from doctor_corpus import (
+    assert_error_report,
+    assert_reports_nothing,
+    corpus,
+    marked_lines,
+    patched_lines,
+    run_doctor,
+    runs_fixture,
+)
 
 MARK = re.compile(r"#\s*doctor:\s*(.+?)\s*$")
 ROLES = {"first": "non-finite", "forward": "forward op", "backward": "backward node"}
@@ -25,6 +33,25 @@ FOLDER, CASES, FAILING, CLEAN = CORPUS
 # Programs whose repair is no one-line change of the named line, and what the fix must say instead.
 UNPATCHED = {"autocast_fp16_attention.py": "overflowed float16", "lr_blowup.py": "lower the learning rate"}
 runs = runs_fixture(CORPUS, "--nan")
+# Per failing program, its fixed version: the changed lines as they should read, in line order. The doctor's
+# patches must be these lines, and the copy they make must run clean.
+FIXES = {
+    "acos_angle_loss.py": ("angle = torch.acos(cosine.clamp(-0.999999, 0.999999))",),
+    "acos_cosine_rounding.py": ("angle = torch.acos(cosine.clamp(-0.999999, 0.999999))",),
+    "cosine_zero_norm.py": ("embeddings = features / features.norm(dim=1, keepdim=True).clamp_min(1e-12)",),
+    "custom_function_backward_div.py": ("return grad / (1 + norm) * x / norm.clamp_min(1e-12)",),
+    "exp_loss_overflow.py": ("loss = torch.exp((-y * scores * 10).clamp(max=79.0)).mean()",),
+    "logdet_negative_det.py": ("loss = -torch.linalg.slogdet(matrices).logabsdet.mean()",),
+    "masked_entropy_log.py": (
+        "entropy = -torch.where(p > 0, p * torch.log(torch.where(p > 0, p, 1.0)), torch.zeros_like(p)).sum(1).mean()",
+    ),
+    "pairwise_sqrt_backward.py": ("dist = diff.pow(2).sum(-1).clamp_min(1e-12).sqrt()",),
+    "rms_zero_pow.py": ("magnitude = (features ** 2).sum(-1).clamp_min(1e-12) ** 0.5",),
+    "signed_sqrt_where.py": (
+        "signed_root = torch.where(z >= 0, torch.sqrt(z.clamp_min(1e-12)), -torch.sqrt((-z).clamp_min(1e-12)))",
+    ),
+    "softmax_log_underflow.py": ("log_probs = torch.log_softmax(model(x) / temperature, dim=1)",),
+}
 
 
 def _marks(path: Path) -> set[tuple[str, str, int]]:
@@ -38,6 +65,7 @@ def _marks(path: Path) -> set[tuple[str, str, int]]:
 
 def test_corpus_size() -> None:
     assert len(FAILING) >= 8 and len(CLEAN) >= 2
+    assert sorted(FIXES) == sorted(set(FAILING) - set(UNPATCHED))
 
 
 @pytest.mark.parametrize("name", FAILING)
@@ -54,6 +82,7 @@ def test_applied_fix_runs_clean(name: str, runs: dict) -> None:
     first = min(line for _, _, line in _marks(CASES / name))
     assert [p["line"] for p in report["patches"]] == [first], report["fix"]
     assert f"`{report['patches'][0]['code']}`" in report["fix"]
+    assert patched_lines(report) == FIXES[name]
     assert (patched.returncode, patched.stdout, patched.stderr) == (0, "", "")
 
 

@@ -21,6 +21,7 @@ from doctor_corpus import (
     assert_reports_nothing,
     corpus,
     marked_lines,
+    patched_lines,
     run_cell_magic,
     run_doctor,
     run_pytest_plugin,
@@ -34,6 +35,20 @@ FOLDER, CASES, FAILING, CLEAN = CORPUS
 KIND = {"no_grad": "leaf_write", "out_of_place": "view_write", "clone": "view_write"}
 TOKEN = {"no_grad": "torch.no_grad()", "out_of_place": " = ", "clone": ".clone()"}
 runs = runs_fixture(CORPUS)
+# Per failing program, its fixed version: the changed lines as they should read, in line order. The doctor's
+# patches must be these lines, and the copy they make must run clean.
+FIXES = {
+    "attention_qkv_unbind.py": ("q = q * ((dim // heads) ** -0.5)",),
+    "autocast_split_logits.py": ("cls_logits, reg = (part.clone() for part in model(x).split([4, 6], dim=1))",),
+    "contrastive_chunk_normalise.py": ("z1 = z1.div(z1.norm(dim=1, keepdim=True))",),
+    "dqn_target_view.py": ("bootstrap = q_next[:, 0].clone()",),
+    "embedding_padding_row.py": ("with torch.no_grad(): emb.weight[PAD] = 0",),
+    "layer_scale_reset.py": ("with torch.no_grad(): self.gamma.fill_(self.init)",),
+    "lstm_gates_chunk.py": ("i = i.sigmoid()",),
+    "manual_sgd_update.py": ("with torch.no_grad(): w -= lr * w.grad",),
+    "wgan_weight_clip.py": ("with torch.no_grad(): p.clamp_(-0.01, 0.01)",),
+    "yolo_split_decode.py": ("xy = xy.sigmoid()",),
+}
 
 
 def _marks(path: Path) -> dict[str, int]:
@@ -46,6 +61,7 @@ def _fix(name: str) -> str:
 
 def test_corpus_covers_both_fixes() -> None:
     assert len(FAILING) >= 8 and len(CLEAN) >= 2
+    assert sorted(FIXES) == FAILING
     assert {_fix(name) for name in FAILING} == {"no_grad", "out_of_place", "clone"}
 
 
@@ -67,6 +83,7 @@ def test_applied_fix_runs_clean(name: str, runs: dict) -> None:
     assert [p["line"] for p in report["patches"]] == [expected_line], report["fix"]
     code = report["patches"][0]["code"]
     assert TOKEN[fix] in code
+    assert patched_lines(report) == FIXES[name]
     assert TOKEN[fix] in report["fix"] if fix == "no_grad" else f"`{code}`" in report["fix"]
     assert (patched.returncode, patched.stdout, patched.stderr) == (0, "", "")
 

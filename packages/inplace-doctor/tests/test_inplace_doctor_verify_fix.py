@@ -210,6 +210,7 @@ def test_soft_argmax_candidate_is_proposed_once_it_ran(tmp_path: Path) -> None:
     report = json.loads(_doctor(folder, "--json", "--verify-fix", "keypoint.py").stdout)
     soft = "column = (heatmap.softmax(1) * torch.arange(heatmap.shape[1], device=heatmap.device)).sum(1).float()"
     assert report["patches"] == [{"file": "keypoint.py", "line": 7, "code": soft}]
+    assert report["fix"].endswith(f"; a run verified the change `{soft}` at keypoint.py:7")
     assert report["verification"]["verified"] is True and report["verification"]["steps"] == 2
     unverified = json.loads(_doctor(folder, "--json", "--no-verify-fix", "keypoint.py").stdout)
     assert unverified["patches"] == [] and "verification" not in unverified

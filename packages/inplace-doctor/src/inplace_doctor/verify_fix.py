@@ -153,7 +153,8 @@ def verify(report: Report | GraphReport, script: str, args: Sequence[str], docto
     """``report`` with its patches run: kept with a ``verified`` sentence, or dropped with the reason.
 
     The report's own patches are run first; when they do not run clean (or there are none), each of its
-    ``candidates`` is run alone in turn, and the first that runs clean becomes the report's patch.
+    ``candidates`` is run alone in turn, and the first that runs clean becomes the report's patch, which
+    the fix then names (the fix as read from the source could not).
     """
     attempts = ([tuple(report.patches)] if report.patches else []) + [(patch,) for patch in report.candidates]
     reasons = []
@@ -161,7 +162,8 @@ def verify(report: Report | GraphReport, script: str, args: Sequence[str], docto
         steps, reason = _run_outcome(script, args, doctor_options, tried, timeout)
         if reason is None:
             detail = f"verified: the patched program ran {steps} steps without the error"
-            return replace(report, patches=list(tried), candidates=[],
+            verified = "" if list(tried) == report.patches else f"; a run verified the change {_describe(tried)}"
+            return replace(report, fix=report.fix + verified, patches=list(tried), candidates=[],
                            verification=Verification(True, detail, steps, tried))
         reasons.append(f"with {_describe(tried)}, {reason}")
     detail = f"{NOT_VERIFIED}: " + "; ".join(reasons)

@@ -1,5 +1,4 @@
-"""A word-level LSTM language model whose repackage() helper detaches h but passes c on with its graph."""
-# doctor-fix: detach (where repackage() returns the state; the report also names the call that passes it: `# doctor: passed`)
+"""A word-level LSTM language model whose repackage() unpacks (h, c), detaches h and passes c on with its graph."""
 import torch
 from torch import nn
 
@@ -18,7 +17,7 @@ class LanguageModel(nn.Module):
 
 def repackage(hidden):
     h, c = hidden
-    return h.detach(), c
+    return h.detach(), c  # doctor: produced
 
 
 torch.manual_seed(0)

@@ -1,4 +1,6 @@
 """Pose estimation regressing each keypoint's column as its heatmap row's argmax, which has no gradient."""
+# doctor-options: --verify-fix
+# (its fix, the soft-argmax, is a candidate the doctor proposes only once a run verified it)
 import torch
 from torch import nn
 
