@@ -26,7 +26,7 @@ TILE = 256
 MATCH = 0.5  # ProbIoU for a prediction to find a labelled object
 
 
-@pytest.mark.slow  # a short training: about three minutes on a busy 2-core CPU
+@pytest.mark.slow  # a short training: one to three minutes on a 2-core CPU, as busy as it is
 @pytest.mark.skipif(not (DOTA8 / "images").is_dir() or not YOLOV5N.is_file(),
                     reason="needs ../shared/datasets/dota8 and ../shared/weights/yolov5n.pt")
 def test_tiled_prediction_finds_the_small_objects_that_whole_image_prediction_misses(tmp_path):
