@@ -41,7 +41,7 @@ DATASETS = SHARED / "datasets"
 # images (as coco128-obb's run does on its own): whether the keypoints are learnt at all, apart from generalising.
 RUNS = {
     "obb": {"data": DATASETS / "coco128-obb" / "data.yaml", "model": "yolov5nu-obb",
-            "settings": {"epochs": 10, "img_size": 256, "batch_size": 8, "optimizer": "AdamW", "lr0": 0.002},
+            "settings": {"epochs": 20, "img_size": 256, "batch_size": 8, "optimizer": "AdamW", "lr0": 0.002},
             "metrics": ("mAP50", "mAP50-95")},
     "pose": {"data": DATASETS / "coco8-pose" / "coco8-pose.yaml", "model": "yolov5nu-pose",
              "settings": {"epochs": 250, "img_size": 256, "batch_size": 4},
