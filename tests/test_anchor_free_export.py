@@ -1,10 +1,13 @@
 """Exports of anchor-free models (YOLOv8, YOLO11, YOLOv5u): ONNX, OpenVINO and TorchScript give the PyTorch model's
 decoded predictions (and prototype masks), their metadata names the family, ``val`` and ``predict`` on them score
-as PyTorch does, NMS inside an export keeps PyTorch's detections, and ``--raw`` (anchor maps) is refused in one line."""
+as PyTorch does, NMS inside an export keeps PyTorch's detections, and ``--raw`` (anchor maps) is refused in one line.
+Pose and oriented-box models give PyTorch's keypoints and angles in each format they export to, and every other
+format is refused in one line."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 
 import pytest
@@ -14,7 +17,9 @@ from yolotrain import predict, val
 from yolotrain.checkpoint import CheckpointError
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import export, load_exported
+from yolotrain.interop.formats import REGISTRY
 from yolotrain.model.anchor_free import AnchorFreeYolo
+from yolotrain.task import get_task
 
 pytest.importorskip("onnxruntime", reason="needs the export extra: pip install 'yolotrain[export]'")
 
@@ -33,12 +38,12 @@ TFLITE = (pytest.mark.litert, pytest.mark.skipif(
     reason="pip install 'yolotrain[tflite]'"))
 
 
-def untrained(arch: str) -> AnchorFreeYolo:
+def untrained(arch: str, **head: object) -> AnchorFreeYolo:
     """An untrained model that detects something to compare: its BatchNorms given spread statistics (fresh ones make
     every layer's output nearly constant, so all boxes and scores tie) and its class scores spread around 0.5 (the
     published prior puts them near 1e-4, below any threshold)."""
     torch.manual_seed(0)
-    model = AnchorFreeYolo(arch, num_classes=2, names=["circle", "rectangle"]).eval()
+    model = AnchorFreeYolo(arch, num_classes=2, names=["circle", "rectangle"], **head).eval()
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.BatchNorm2d):
@@ -59,6 +64,16 @@ def detector() -> AnchorFreeYolo:
 @pytest.fixture(scope="module")
 def segmenter() -> AnchorFreeYolo:
     return untrained("yolo11n-seg")
+
+
+@pytest.fixture(scope="module")
+def pose_model() -> AnchorFreeYolo:
+    return untrained("yolov8n-pose", kpt_shape=(4, 3))
+
+
+@pytest.fixture(scope="module")
+def obb_model() -> AnchorFreeYolo:
+    return untrained("yolov8n-obb")
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +202,50 @@ def test_sliced_inference_with_one_tile_equals_the_whole_image(request, shapes, 
         assert len(a.boxes) == len(b.boxes) and torch.equal(a.classes, b.classes)
         torch.testing.assert_close(b.boxes, a.boxes, atol=1e-3, rtol=1e-5)
         assert (a.masks is None) == (b.masks is None) == (model.task == "detect")
+
+
+# The formats a pose or oriented-box model exports to, each compared with PyTorch below, and those it is refused:
+# together every format the exporter knows.
+KEYPOINT_AND_ANGLE_FORMATS = [*FORMATS, pytest.param("tflite", marks=TFLITE)]
+REFUSED_FOR_KEYPOINTS_AND_ANGLES = ["coreml", "engine"]
+
+
+def test_every_format_either_exports_keypoints_and_angles_or_is_refused():
+    tested = {p if isinstance(p, str) else p.values[0] for p in KEYPOINT_AND_ANGLE_FORMATS}
+    assert tested.isdisjoint(REFUSED_FOR_KEYPOINTS_AND_ANGLES)
+    assert tested | set(REFUSED_FOR_KEYPOINTS_AND_ANGLES) == set(REGISTRY)
+    assert get_task("pose").export_formats == get_task("obb").export_formats == tested
+
+
+@pytest.mark.parametrize("fmt", KEYPOINT_AND_ANGLE_FORMATS)
+@pytest.mark.parametrize("arch", ["pose_model", "obb_model"])
+def test_pose_and_oriented_box_exports_give_the_keypoints_and_angles_of_pytorch(request, tmp_path, fmt, arch):
+    model = request.getfixturevalue(arch)
+    runtime = exported(model, tmp_path, fmt)
+    assert (runtime.family, runtime.task, runtime.names) == ("anchor_free", model.task, model.names)
+    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = copy.deepcopy(model).fuse()(imgs)
+    actual = runtime(imgs)
+    extra = 4 * 3 if model.task == "pose" else 1  # the keypoints (x, y, visibility), or the angle
+    assert actual.shape == expected.shape == (2, expected.shape[1], 5 + 2 + extra)
+    torch.testing.assert_close(actual[..., 4:7], expected[..., 4:7], atol=1e-4, rtol=0)  # objectness 1, scores
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=1e-5)  # pixels
+    if model.task == "pose":
+        torch.testing.assert_close(actual[..., 7:].unflatten(-1, (4, 3)), expected[..., 7:].unflatten(-1, (4, 3)),
+                                   atol=1e-3, rtol=1e-5)  # x, y in pixels, visibility 0..1
+    else:
+        torch.testing.assert_close(actual[..., 7], expected[..., 7], atol=1e-4, rtol=0)  # radians
+
+
+@pytest.mark.parametrize("fmt", REFUSED_FOR_KEYPOINTS_AND_ANGLES)
+@pytest.mark.parametrize(("arch", "what"), [("pose_model", "pose"), ("obb_model", "oriented-box")])
+def test_pose_and_oriented_box_exports_to_other_formats_are_one_line(request, tmp_path, monkeypatch, fmt, arch,
+                                                                      what):
+    """Refused before anything is written, also where the format's own tools are installed."""
+    monkeypatch.setitem(REGISTRY, fmt, dataclasses.replace(REGISTRY[fmt], unavailable=None))
+    supported = ", ".join(sorted(get_task("pose").export_formats))
+    out = tmp_path / f"model{REGISTRY[fmt].suffix}"
+    with pytest.raises(ValueError, match=rf"^{what} models export to {supported}, not {fmt}$"):
+        export(request.getfixturevalue(arch), fmt, out=out, img_size=SIZE)
+    assert list(tmp_path.iterdir()) == []

@@ -1,5 +1,5 @@
 """Multi-process training under torchrun (CPU, gloo): a restarted group, two nodes, the join timeout, a
-segmentation model."""
+segmentation model, a classifier, a pose and an oriented-box model."""
 
 from __future__ import annotations
 
@@ -145,6 +145,39 @@ def test_two_processes_train_a_classifier_and_score_it(tmp_path):
     assert float(row["train_loss"]) > 0 and float(row["val_loss"]) > 0
     assert 0 <= float(row["top1"]) <= float(row["top5"]) <= 1
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["cls"]  # one run, written by rank 0
+
+
+# The box tasks of the anchor-free head: the shapes' label variant, the model, and the loss part and metric
+# columns of results.csv beyond detection's that the task's final validation and loss write.
+ANCHOR_FREE_TASKS = {
+    "pose": ("yolov8n-pose", "train_pose", ("pose_precision", "pose_recall", "pose_mAP50", "pose_mAP50-95")),
+    "obb": ("yolov8n-obb", "train_angle", ()),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("labels", list(ANCHOR_FREE_TASKS))
+def test_two_processes_train_a_pose_or_oriented_box_model_and_score_it(labels, tmp_path):
+    """A pose and an oriented-box model train under torchrun with two workers: each process's share of the
+    keypoints or rotated boxes reaches the task's loss, rank 0 alone writes the run, its final validation the
+    task's metric columns, and the checkpoint loads as a model of the task."""
+    from yolotrain.interop import load_checkpoint
+    from yolotrain.task import task_of
+
+    model_name, loss_column, metric_columns = ANCHOR_FREE_TASKS[labels]
+    data = generate_shapes_dataset(root=tmp_path / "data", n_train=8, n_val=4, img_size=64, labels=labels)
+    output = finish(torchrun("--standalone", "--nproc_per_node", "2", "-m", "yolotrain", "train", "--data",
+                             str(data / "data.yaml"), "--model", model_name, "--img", "64", "--batch", "4", "--epochs",
+                             "1", "--workers", "1", "--project", "runs", "--name", labels, cwd=tmp_path,
+                             log=f"{labels}.log"), tmp_path, f"{labels}.log")
+    assert "on 2 process(es)" in output
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [labels]  # one run, written by rank 0
+    (row,) = csv.DictReader((tmp_path / "runs" / labels / "results.csv").open())
+    assert float(row[loss_column]) > 0 and float(row[loss_column.replace("train_", "val_")]) > 0
+    for column in ("precision", "recall", "mAP50", "mAP50-95", *metric_columns):
+        assert 0 <= float(row[column]) <= 1, (column, row[column])
+    model, _ = load_checkpoint(tmp_path / "runs" / labels / "weights" / "last")
+    assert task_of(model).name == labels
 
 
 def test_mps_is_chosen_where_available_and_refused_in_one_line_elsewhere(monkeypatch):

@@ -179,9 +179,15 @@ def test_sliced_prediction_with_one_tile_equals_the_whole_image(model, shapes):
         torch.testing.assert_close(b.rotated, a.rotated, atol=1e-3, rtol=1e-5)
 
 
-def test_tracking_and_options_without_rotated_meaning_are_refused_in_one_line(model, tmp_path):
+def test_tracking_and_options_without_rotated_meaning_are_refused_in_one_line(model, shapes, tmp_path):
     task = get_task("obb")
     assert "rotated boxes" in task.track_refusal("yolov8n-obb")
+    from yolotrain.track import track
+
+    image = next((shapes / "images" / "val").iterdir())
+    with pytest.raises(ValueError, match=r"^[^\n]*rotated boxes[^\n]*$"):
+        track(model, image, save_dir=tmp_path / "track")
+    assert not (tmp_path / "track").exists()
     from yolotrain.interop import export
 
     for option in ("raw", "nms", "int8"):

@@ -21,6 +21,7 @@ from yolotrain import YOLO, predict, train, val
 from yolotrain.checkpoint import CheckpointError
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.data.check import check_dataset
+from yolotrain.data.shapes_video import generate_shapes_video
 from yolotrain.draw import COCO_SKELETON, draw_keypoints
 from yolotrain.engine import resolve_config
 from yolotrain.engine.loggers import TAGS
@@ -30,6 +31,7 @@ from yolotrain.interop import export, load_checkpoint, load_exported
 from yolotrain.prediction.run import Result
 from yolotrain.task import get_task
 from yolotrain.tasks.pose.evaluate import ImageKeypoints, keypoints_to_original, pose_rows
+from yolotrain.track import TrackerConfig, track
 
 TINY = {"img_size": 64, "batch_size": 4, "workers": 0, "device": "cpu"}
 KPT_SHAPE = (4, 3)  # the shapes' keypoints: a box's four corners, with visibility
@@ -132,6 +134,32 @@ def test_predict_carries_keypoints_in_original_pixels_and_draws_them(trained, po
     rows = (tmp_path / "out" / "labels" / "big.txt").read_text().splitlines()
     assert rows and all(len(r.split()) == 5 + 12 + 1 for r in rows)
     assert (tmp_path / "out" / "big.jpg").is_file()
+
+
+def test_track_carries_each_tracks_keypoints_into_its_results_and_saved_files(trained, tmp_path):
+    """A few frames of the moving-shapes video: every tracked result's keypoints are those of its tracks' boxes
+    ``[n, K, D]``, and the sequence's JSON and label rows carry them with the ids."""
+    clip = generate_shapes_video(tmp_path / "data", frames=4)
+    tracker = TrackerConfig(tracker_type="bytetrack", track_high_thresh=0.005, track_low_thresh=0.001,
+                            new_track_thresh=0.005, fuse_score=False)
+    out = tmp_path / "run"
+    tracked = track(str(trained.last), clip / "shapes.mp4", tracker, save_dir=out, save_txt=True, conf=0.001,
+                    max_det=6, img_size=64, device="cpu")
+    assert len(tracked) == 4 and sum(len(r.ids) for r in tracked) > 0
+    for result in tracked:
+        assert result.keypoints.shape == (len(result.boxes), *KPT_SHAPE) == (len(result.ids), *KPT_SHAPE)
+    frames = json.loads((out / "shapes.json").read_text())["frames"]
+    saved = [[(t["id"], t["keypoints"]) for t in frame["tracks"]] for frame in frames]
+    expected = [[(i, np.round(k.reshape(-1), 3).tolist()) for i, k in zip(r.ids.tolist(), r.keypoints)]
+                for r in tracked]
+    assert [[i for i, _ in f] for f in saved] == [[i for i, _ in f] for f in expected]
+    for frame, frame_expected in zip(saved, expected):
+        for (_, points), (_, points_expected) in zip(frame, frame_expected):
+            np.testing.assert_allclose(points, points_expected, atol=1e-3)
+    rows = [row.split() for label in sorted((out / "labels").iterdir()) for row in label.read_text().splitlines()]
+    assert len(rows) == sum(len(r.ids) for r in tracked)
+    assert all(len(row) == 5 + 12 + 2 for row in rows)  # class, box, keypoints, score, id
+    assert (out / "shapes.mp4").stat().st_size > 0
 
 
 def test_keypoints_are_drawn_as_points_with_coco_skeleton():

@@ -181,11 +181,14 @@ class Task(ABC):
     # ``"mask_prototypes"``, ``"logits"``: see yolotrain.interop.exporting.graph); a format exports them when it
     # carries every one.
     export_outputs: tuple[str, ...]
+    # The formats (by name) whose exports of this task's models were checked to give PyTorch's outputs, where
+    # not every format that carries the output kinds does; None: each of those formats.
+    export_formats: frozenset[str] | None = None
 
     @abstractmethod
     def export_format_refusal(self, fmt: str, supported: Sequence[str]) -> str:
-        """Why this task's models do not export to ``fmt``, a format that lacks one of :attr:`export_outputs`
-        (``supported``: the formats that carry them all), in one line."""
+        """Why this task's models do not export to ``fmt``, a format that lacks one of :attr:`export_outputs` or is
+        not among :attr:`export_formats` (``supported``: the formats it exports to), in one line."""
 
     @abstractmethod
     def check_export_options(self, half: bool, int8: bool, raw: bool, nms: bool) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ..draw import class_colour, draw_detections
+from ..draw import class_colour, draw_detections, draw_keypoints
 from ..prediction.run import _show
 from .result import TrackResult
 
@@ -66,7 +66,8 @@ class SequenceOutputs:
             self._crops(result, image)
 
     def draw(self, image: np.ndarray, result: TrackResult) -> np.ndarray:
-        """Boxes labelled ``#ID class score`` in one colour per id, each with its last ``trail`` centres."""
+        """Boxes labelled ``#ID class score`` in one colour per id, each with its last ``trail`` centres, and a
+        pose model's keypoints on top (as predict draws them)."""
         ids = result.ids.tolist()
         labels = [""] * (max(ids, default=-1) + 1)  # draw_detections colours and names by this index: the id
         for track_id, c in zip(ids, result.classes.tolist()):
@@ -77,7 +78,7 @@ class SequenceOutputs:
             points = self.trails[track_id]
             if self.trail and len(points) > 1:
                 cv2.polylines(out, [np.array(points, np.int32)], False, class_colour(track_id), thickness, cv2.LINE_AA)
-        return out
+        return out if result.keypoints is None else draw_keypoints(out, result.keypoints)
 
     def _save_media(self, result: TrackResult, annotated: np.ndarray) -> None:
         if not self.video:  # frames from a folder: annotated images of the same names

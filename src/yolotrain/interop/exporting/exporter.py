@@ -190,10 +190,11 @@ def export_metadata(model: Yolov5 | Classifier, size: tuple[int, int], raw: bool
 
 def _check_task(model: Yolov5 | Classifier, fmt: str, half: bool, int8: bool, raw: bool, nms: bool) -> None:
     """One-line errors for what the model's task cannot be exported as: a format that lacks one of its
-    output kinds, then the options its exports cannot have."""
+    output kinds or that the task does not export to, then the options its exports cannot have."""
     task = task_of(model)
-    if not REGISTRY[fmt].carries(task.export_outputs):
-        supported = sorted(name for name, spec in REGISTRY.items() if spec.carries(task.export_outputs))
+    supported = sorted(name for name, spec in REGISTRY.items() if spec.carries(task.export_outputs)
+                       and (task.export_formats is None or name in task.export_formats))
+    if fmt not in supported:
         raise ValueError(task.export_format_refusal(fmt, supported))
     task.check_export_options(half, int8, raw, nms)
     refusal = family_of(model).raw_export_refusal() if raw else None

@@ -13,10 +13,15 @@ from ...interop.runtime import ExportedModel, decoded_only_problem, output_shape
 from ..detect.export import DetectExport
 
 ANGLE_COLUMNS = 1  # after the class scores: the angle in radians
+# The formats whose exports of an oriented-box model give PyTorch's outputs (tests/test_anchor_free_export.py);
+# Core ML (no runtime off macOS) and TensorRT (no GPU build here) were not checked, so they are refused.
+EXPORT_FORMATS = frozenset({"onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite"})
 
 
 class OBBExport(DetectExport):
     """Oriented boxes' answers about export and exported runtimes."""
+
+    export_formats = EXPORT_FORMATS
 
     def export_format_refusal(self, fmt: str, supported: Sequence[str]) -> str:
         return f"oriented-box models export to {', '.join(supported)}, not {fmt}"

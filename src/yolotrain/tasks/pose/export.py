@@ -13,10 +13,16 @@ from ...interop.exporting.graph import ExportGraph
 from ...interop.runtime import ExportedModel, decoded_only_problem, output_shape_mismatch
 from ..detect.export import DetectExport
 
+# The formats whose exports of a pose model give PyTorch's outputs (tests/test_anchor_free_export.py); Core ML
+# (no runtime off macOS) and TensorRT (no GPU build here) were not checked, so they are refused.
+EXPORT_FORMATS = frozenset({"onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite"})
+
 
 class PoseExport(DetectExport):
     """Pose's answers about export and exported runtimes; its checkpoints are detection's (the family records
     ``kpt_shape``)."""
+
+    export_formats = EXPORT_FORMATS
 
     def export_format_refusal(self, fmt: str, supported: Sequence[str]) -> str:
         return f"pose models export to {', '.join(supported)}, not {fmt}"
