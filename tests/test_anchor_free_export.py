@@ -26,12 +26,14 @@ pytest.importorskip("onnxruntime", reason="needs the export extra: pip install '
 SIZE = 96
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
 SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param", "mnn": ".mnn",
-          "tflite": ".tflite"}
+          "tflite": ".tflite", "executorch": ".pte"}
 NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
                           reason="pip install 'yolotrain[ncnn]'")
 MNN = pytest.mark.skipif(importlib.util.find_spec("MNN") is None, reason="pip install 'yolotrain[mnn]'")
+EXECUTORCH = pytest.mark.skipif(importlib.util.find_spec("executorch") is None,
+                                reason="pip install 'yolotrain[executorch]'")
 FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript", pytest.param("ncnn", marks=NCNN),
-           pytest.param("mnn", marks=MNN)]
+           pytest.param("mnn", marks=MNN), pytest.param("executorch", marks=EXECUTORCH)]
 # `make test` runs these in the LiteRT environment (.venv-litert) and deselects them elsewhere.
 TFLITE = (pytest.mark.litert, pytest.mark.skipif(
     importlib.util.find_spec("litert_torch") is None or importlib.util.find_spec("ai_edge_litert") is None,
