@@ -21,6 +21,7 @@ from yolotrain import Yolov5
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.data.sources import link_subset
+from yolotrain.model.anchor_free import AnchorFreeYolo
 
 # The doctor corpus tests' shared assertions get pytest's detailed failure messages.
 pytest.register_assert_rewrite("doctor_corpus")
@@ -152,3 +153,21 @@ def coco128() -> Path:
     if not (COCO128 / "images").is_dir():
         pytest.skip(f"shared dataset not found at {COCO128}")
     return COCO128
+
+
+def untrained(arch: str, **head: object) -> AnchorFreeYolo:
+    """An untrained model that detects something to compare: its BatchNorms given spread statistics (fresh ones make
+    every layer's output nearly constant, so all boxes and scores tie) and its class scores spread around 0.5 (the
+    published prior puts them near 1e-4, below any threshold)."""
+    torch.manual_seed(0)
+    model = AnchorFreeYolo(arch, num_classes=2, names=["circle", "rectangle"], **head).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.normal_(0, 0.2)
+                module.running_var.uniform_(0.5, 2.0)
+                module.weight.normal_(1, 0.3)
+                module.bias.normal_(0, 0.3)
+        for branch in model.head.cv3:
+            branch[-1].bias.zero_()
+    return model

@@ -12,6 +12,7 @@ import importlib.util
 
 import pytest
 import torch
+from conftest import untrained
 
 from yolotrain import predict, val
 from yolotrain.checkpoint import CheckpointError
@@ -38,24 +39,6 @@ FORMATS = ["onnx", pytest.param("openvino", marks=OPENVINO), "torchscript", pyte
 TFLITE = (pytest.mark.litert, pytest.mark.skipif(
     importlib.util.find_spec("litert_torch") is None or importlib.util.find_spec("ai_edge_litert") is None,
     reason="pip install 'yolotrain[tflite]'"))
-
-
-def untrained(arch: str, **head: object) -> AnchorFreeYolo:
-    """An untrained model that detects something to compare: its BatchNorms given spread statistics (fresh ones make
-    every layer's output nearly constant, so all boxes and scores tie) and its class scores spread around 0.5 (the
-    published prior puts them near 1e-4, below any threshold)."""
-    torch.manual_seed(0)
-    model = AnchorFreeYolo(arch, num_classes=2, names=["circle", "rectangle"], **head).eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.BatchNorm2d):
-                module.running_mean.normal_(0, 0.2)
-                module.running_var.uniform_(0.5, 2.0)
-                module.weight.normal_(1, 0.3)
-                module.bias.normal_(0, 0.3)
-        for branch in model.head.cv3:
-            branch[-1].bias.zero_()
-    return model
 
 
 @pytest.fixture(scope="module")

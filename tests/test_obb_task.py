@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import untrained
 
 from yolotrain import YOLO, predict, train, val
 from yolotrain.cli import main
@@ -30,23 +31,6 @@ SIZE = 64
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
 
-def untrained_obb() -> AnchorFreeYolo:
-    """An untrained yolov8n-obb that detects something to compare: spread BatchNorm statistics (fresh ones make every
-    output nearly constant) and class scores around 0.5 (the published prior puts them below any threshold)."""
-    torch.manual_seed(0)
-    model = AnchorFreeYolo("yolov8n-obb", num_classes=2, names=["circle", "rectangle"]).eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.BatchNorm2d):
-                module.running_mean.normal_(0, 0.2)
-                module.running_var.uniform_(0.5, 2.0)
-                module.weight.normal_(1, 0.3)
-                module.bias.normal_(0, 0.3)
-        for branch in model.head.cv3:
-            branch[-1].bias.zero_()
-    return model
-
-
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> Path:
     return generate_shapes_dataset(root=tmp_path_factory.mktemp("shapes"), n_train=8, n_val=6, img_size=SIZE,
@@ -55,7 +39,7 @@ def shapes(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def model() -> AnchorFreeYolo:
-    return untrained_obb()
+    return untrained("yolov8n-obb")
 
 
 @pytest.fixture(scope="module")
