@@ -189,3 +189,16 @@ def test_process_pool_verification_equals_the_in_process_one(bad, monkeypatch):
     again = _cache_arrays(bad)
     assert again.keys() == cached.keys()
     assert all(np.array_equal(again[k], cached[k]) for k in cached)
+
+
+def test_string_path_helpers_agree_with_pathlib():
+    from yolotrain.data.sources import _sorted_unique, img2label_path, label_path_text
+    from yolotrain.data.walk import _suffix
+
+    for name in ("a.jpg", ".jpg", "a.", "a..jpg", "a.tar.gz", "x", "..", "a.b."):
+        assert _suffix(name) == Path(name).suffix, name
+    for image in ("/d/images/a.jpg", "d/images/x/a.b.png", "/images/a.", "a.jpg", "/x/images/y/images/.hid"):
+        assert label_path_text(Path(image)) == str(img2label_path(Path(image))), image
+    paths = [Path(p) for p in ("/a/b", "/a.b/c", "a/b", "a.b/c", "../x", "/b", ".h/x", "-x/y", "/a/b/c", "a",
+                               "a/./b", "//s/x", "/a/../a/b")]
+    assert _sorted_unique(paths) == sorted({Path(os.path.normpath(p)) for p in paths})

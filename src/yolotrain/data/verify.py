@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from ..atomic import write_atomic
 from .cachedir import cache_root, file_signature
-from .sources import img2label_path
+from .sources import img2label_path, label_path_text
 
 CACHE_VERSION = 5
 # Boxes may poke out of the image by this fraction of its size and are clipped; further out they are dropped.
@@ -353,7 +353,7 @@ def _fingerprint(files: list[Path], num_classes: int, kpt_shape: tuple[int, int]
     """Hash of the file list with the version of each image and label file (:func:`.cachedir.file_signature`)."""
     h = hashlib.sha256(f"v{CACHE_VERSION} nc={num_classes} kpt_shape={kpt_shape}\n".encode())
     for f in files:
-        for p in (f, img2label_path(f)):
+        for p in (str(f), label_path_text(f)):
             try:
                 h.update(f"{p}\0{file_signature(p)}\n".encode())
             except OSError:
@@ -433,17 +433,21 @@ def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int,
     report = VerifyReport(*(int(x) for x in cached["totals"]))
     for k, w in zip(cached["issue_kinds"].tolist(), cached["issue_where"].tolist()):
         report.add(str(k), str(w))
-    polygons = np.split(cached["points"].astype(np.float32), np.cumsum(cached["polygon_sizes"])[:-1])
-    if not len(cached["polygon_sizes"]):
-        polygons = []
+    polygons = _pieces(cached["points"].astype(np.float32), cached["polygon_sizes"])
     starts = np.cumsum(counts) - counts
     segments = [polygons[start:start + count] for start, count in zip(starts.tolist(), counts.tolist())]
     keypoints = None
     if kpt_shape is not None:
-        rows = cached["keypoints"].astype(np.float32).reshape(-1, *kpt_shape)
-        keypoints = np.split(rows, np.cumsum(counts)[:-1]) if len(counts) else []
-    return LabelIndex([Path(p) for p in cached["files"].tolist()], np.split(labels, np.cumsum(counts)[:-1]),
+        keypoints = _pieces(cached["keypoints"].astype(np.float32).reshape(-1, *kpt_shape), counts)
+    by_name = {str(f): f for f in files}  # the split's own Paths: building them again costs more than the load
+    return LabelIndex([by_name[name] for name in cached["files"].tolist()], _pieces(labels, counts),
                       cached["shapes"].astype(np.int64), report, segments, keypoints)
+
+
+def _pieces(rows: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """``rows`` cut into consecutive views of ``counts`` rows each (:func:`numpy.split`'s pieces, made faster)."""
+    ends = np.cumsum(counts).tolist()
+    return [rows[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 
 
 def _untrusted(cached: dict[str, np.ndarray], files: list[Path], num_classes: int,
@@ -555,11 +559,11 @@ def _scan(files: list[Path], num_classes: int, name: str, workers: int | None,
                 report.labelled += 1
             else:
                 report.backgrounds += 1
-    sharing: dict[Path, list[Path]] = defaultdict(list)
+    sharing: dict[str, list[Path]] = defaultdict(list)
     for f in kept:
-        sharing[img2label_path(f)].append(f)
+        sharing[label_path_text(f)].append(f)
     for label, images in sharing.items():
-        if len(images) > 1 and label.is_file():
+        if len(images) > 1 and os.path.isfile(label):
             report.add("images sharing one label file", f"{label} <- {', '.join(p.name for p in images)}")
     if kept and not report.labelled:
         report.add("no boxes in the whole split", f"{len(kept)} images, every one a background")
