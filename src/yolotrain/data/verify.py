@@ -322,16 +322,25 @@ def _validated_rows(path: Path, num_classes: int, issues: list[tuple[str, str]],
     polygons = [p for p, k in zip(polygons, keep) if k]
     # Two people may share a box: a pose row is a duplicate only when its keypoints are the same too.
     rows = out if kpt_shape is None else np.concatenate([out, keypoints.reshape(len(out), np.prod(kpt_shape))], 1)
-    _, first = np.unique(rows, axis=0, return_index=True)
+    first = _first_of_equal_rows(rows)
     if len(first) < len(out):
         dup = np.ones(len(out), bool)
         dup[first] = False
         for i in np.flatnonzero(dup):
             issues.append(("duplicate row removed", f"{path}:{ln[i]}"))
-        first = np.sort(first)
         out, polygons = out[first], [polygons[i] for i in first]
         keypoints = None if keypoints is None else keypoints[first]
     return out, polygons, keypoints
+
+
+def _first_of_equal_rows(rows: np.ndarray) -> np.ndarray:
+    """Positions of the first of each set of equal rows of finite ``rows``, in order (what ``np.unique(rows,
+    axis=0, return_index=True)`` finds, sorted, at a fraction of its cost on a label file's few rows). Adding
+    zero turns -0.0 into 0.0, so equal values have equal bytes."""
+    first: dict[bytes, int] = {}
+    for i, row in enumerate(np.ascontiguousarray(rows + 0.0)):
+        first.setdefault(row.tobytes(), i)
+    return np.fromiter(first.values(), np.int64, len(first))
 
 
 def _check_pair(args: tuple[Path, int, tuple[int, int] | None]) -> _Checked:
