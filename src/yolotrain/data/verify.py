@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from itertools import accumulate
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
@@ -442,7 +443,10 @@ def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int,
     report = VerifyReport(*(int(x) for x in cached["totals"]))
     for k, w in zip(cached["issue_kinds"].tolist(), cached["issue_where"].tolist()):
         report.add(str(k), str(w))
-    polygons = _pieces(cached["points"].astype(np.float32), cached["polygon_sizes"])
+    # A box-only row's polygon is the shared empty one, as a scan records it: an empty array per box would cost
+    # about 0.1 KB each, and the garbage collector's walks over them.
+    points, sizes = cached["points"].astype(np.float32), cached["polygon_sizes"].tolist()
+    polygons = [points[end - size:end] if size else NO_POLYGON for size, end in zip(sizes, accumulate(sizes))]
     starts = np.cumsum(counts) - counts
     segments = [polygons[start:start + count] for start, count in zip(starts.tolist(), counts.tolist())]
     keypoints = None
