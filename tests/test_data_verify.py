@@ -151,3 +151,54 @@ def test_parallel_scan_matches_file_order(tmp_path):
     assert [int(s[0]) for s in index.shapes] == [16 + i for i in range(40)]
     assert [int(lab[0, 0]) for lab in index.labels] == [i % 3 for i in range(40)]
     assert os.path.isfile(tmp_path / "labels" / "train.yolotrain.cache")
+
+
+def _cache_arrays(root: Path) -> dict[str, np.ndarray]:
+    with np.load(root / "labels" / "train.yolotrain.cache", allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def test_process_pool_verification_equals_the_in_process_one(bad, monkeypatch):
+    from yolotrain.data import verify
+
+    in_process, warned = _verify(bad)
+    cached = _cache_arrays(bad)
+    (bad / "labels" / "train.yolotrain.cache").unlink()
+    monkeypatch.setattr(verify, "PROCESS_POOL_MIN_IMAGES", 0)
+    monkeypatch.setattr(verify, "PROCESS_CHUNK_IMAGES", 5)  # several chunks, results joined in order
+    pool_started, start_pool, read_header = [], verify.ProcessPoolExecutor, verify._oversize
+    monkeypatch.setattr(verify, "ProcessPoolExecutor", lambda *a, **k: pool_started.append(a) or start_pool(*a, **k))
+
+    def read_header_with_a_warning(path: Path) -> str | None:  # a library warning issued inside a worker
+        warnings.warn(f"odd header in {path.name}", UserWarning, stacklevel=1)
+        return read_header(path)
+
+    monkeypatch.setattr(verify, "_oversize", read_header_with_a_warning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pooled = verify_split(list_images(bad / "images" / "train"), 3, "train", workers=2)
+    assert pool_started
+    from_workers = sorted(str(w.message) for w in caught if w.category is UserWarning)
+    assert from_workers == sorted(f"odd header in {f.name}" for f in list_images(bad / "images" / "train")
+                                  if (f.stat().st_size > 0))
+    assert [str(w.message) for w in caught if issubclass(w.category, DataWarning)] == [str(w.message) for w in warned]
+    assert pooled.files == in_process.files
+    assert pooled.report.summary() == in_process.report.summary()
+    assert all(np.array_equal(a, b) for a, b in zip(pooled.labels, in_process.labels, strict=True))
+    assert np.array_equal(pooled.shapes, in_process.shapes)
+    again = _cache_arrays(bad)
+    assert again.keys() == cached.keys()
+    assert all(np.array_equal(again[k], cached[k]) for k in cached)
+
+
+def test_string_path_helpers_agree_with_pathlib():
+    from yolotrain.data.sources import _sorted_unique, img2label_path, label_path_text
+    from yolotrain.data.walk import _suffix
+
+    for name in ("a.jpg", ".jpg", "a.", "a..jpg", "a.tar.gz", "x", "..", "a.b."):
+        assert _suffix(name) == Path(name).suffix, name
+    for image in ("/d/images/a.jpg", "d/images/x/a.b.png", "/images/a.", "a.jpg", "/x/images/y/images/.hid"):
+        assert label_path_text(Path(image)) == str(img2label_path(Path(image))), image
+    paths = [Path(p) for p in ("/a/b", "/a.b/c", "a/b", "a.b/c", "../x", "/b", ".h/x", "-x/y", "/a/b/c", "a",
+                               "a/./b", "//s/x", "/a/../a/b")]
+    assert _sorted_unique(paths) == sorted({Path(os.path.normpath(p)) for p in paths})

@@ -131,7 +131,7 @@ def walk_folders(roots: Sequence[str | os.PathLike], formats: frozenset[str] | N
                         walk.repeated_folders.append((Path(entry.path), first))
                     continue
                 heapq.heappush(queue, (links + is_link, entry.path, root_index, identity))
-            elif formats is None or Path(entry.name).suffix[1:].lower() in formats:
+            elif formats is None or _suffix(entry.name)[1:].lower() in formats:
                 if not is_link:
                     if entry.is_file(follow_symlinks=False):
                         candidates.append((links, folder, entry.name, root_index, (folder_dev, entry.inode())))
@@ -144,20 +144,26 @@ def walk_folders(roots: Sequence[str | os.PathLike], formats: frozenset[str] | N
                     continue
                 if entry.is_file():
                     candidates.append((links + 1, folder, entry.name, root_index, _identity(target)))
-    listed_files: dict[Identity, Path] = {}
+    # Paths stay strings until the end: building a Path costs more than the rest of a file's listing.
+    listed_files: dict[Identity, str] = {}
     kept: list[tuple[str, str, int]] = []
     for _, folder, name, root_index, identity in sorted(candidates):
-        path = Path(folder) / name
         if identity is not None and identity in listed_files:
-            walk.repeated_files.append((path, listed_files[identity]))
+            walk.repeated_files.append((Path(folder, name), Path(listed_files[identity])))
             continue
         if identity is not None:
-            listed_files[identity] = path
+            listed_files[identity] = os.path.join(folder, name)
         kept.append((folder, name, root_index))
     for folder, name, root_index in sorted(kept):
-        walk.files[root_index].append(Path(folder) / name)
+        walk.files[root_index].append(Path(os.path.join(folder, name)))
     walk.repeated_files.sort()
     return walk
+
+
+def _suffix(name: str) -> str:
+    """``Path(name).suffix`` of a file name, without building a Path: from the last dot inside the name."""
+    dot = name.rfind(".")
+    return name[dot:] if 0 < dot < len(name) - 1 else ""
 
 
 def unique_files(paths: Iterable[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
