@@ -82,6 +82,30 @@ def test_a_checkpoint_loads_as_an_obb_model_and_resumes(trained):
         assert [int(row["epoch"]) for row in csv.DictReader(f)] == [1, 2]
 
 
+@pytest.mark.slow
+def test_a_resumed_obb_run_ends_where_the_whole_run_ends(shapes, tmp_path):
+    """Bit for bit: the weights and the angle loss of a run cut after its first epoch and resumed equal those of
+    the same run made in one go."""
+    from safetensors.torch import load_file
+
+    settings = dict(model="yolov8n-obb", data=str(shapes / "data.yaml"), epochs=2, img_size=SIZE, batch_size=4,
+                    device="cpu", workers=0, val=False)
+    whole = train(project=str(tmp_path / "whole"), **settings)
+
+    def stop_after_first_epoch(trainer, epoch, *rest):
+        trainer.stop = True
+
+    cut = train(project=str(tmp_path / "cut"), callbacks={"on_fit_epoch_end": stop_after_first_epoch}, **settings)
+    resumed = train(resume=str(cut.last))
+    a, b = load_file(f"{whole.last}.safetensors"), load_file(f"{resumed.last}.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    last_rows = []
+    for run in (whole, resumed):
+        with open(run.save_dir / "results.csv", newline="") as f:
+            last_rows.append(list(csv.DictReader(f))[-1])
+    assert last_rows[0]["train_angle"] == last_rows[1]["train_angle"]
+
+
 def test_the_command_line_trains_an_obb_model(shapes, tmp_path):
     assert main(["train", "--model", "yolov8n-obb", "--data", str(shapes / "data.yaml"), "--epochs", "1",
                  "--img", str(SIZE), "--batch", "4", "--workers", "0", "--device", "cpu", "--noplots",
@@ -161,6 +185,22 @@ def test_sliced_prediction_with_one_tile_equals_the_whole_image(model, shapes):
     for a, b in zip(whole, tiled):
         assert len(a.scores) == len(b.scores)
         torch.testing.assert_close(b.rotated, a.rotated, atol=1e-3, rtol=1e-5)
+
+
+def test_sliced_validation_with_one_tile_scores_and_writes_what_whole_images_do(model, shapes, tmp_path):
+    """val --slice runs the oriented-box model tile by tile and merges with the rotated NMS: with one tile per image
+    the rotated detections written and the scores are the whole image's."""
+    options = dict(img_size=SIZE, batch_size=3, workers=0, verbose=False, half=False, conf=0.01, rect=False,
+                   plots=False, save_json=True)
+    whole = val(model, str(shapes / "data.yaml"), save_dir=tmp_path / "whole", **options)
+    tiled = val(model, str(shapes / "data.yaml"), save_dir=tmp_path / "tiled", slice=SIZE, **options)
+    assert (tiled.map50, tiled.map) == pytest.approx((whole.map50, whole.map), abs=1e-6)
+    expected = json.loads((tmp_path / "whole" / "predictions.json").read_text())
+    found = json.loads((tmp_path / "tiled" / "predictions.json").read_text())
+    assert len(found) == len(expected) > 0
+    for a, b in zip(found, expected):
+        assert (a["image_id"], a["category_id"]) == (b["image_id"], b["category_id"])
+        np.testing.assert_allclose(a["rbox"] + [a["score"]], b["rbox"] + [b["score"]], atol=1e-3)
 
 
 def test_tracking_and_options_without_rotated_meaning_are_refused_in_one_line(model, shapes, tmp_path):
