@@ -157,6 +157,29 @@ def test_raw_maps_are_refused_for_an_anchor_free_model(detector, tmp_path):
     assert not (tmp_path / "raw.onnx").exists()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("coremltools") is None, reason="pip install 'yolotrain[coreml]'")
+@pytest.mark.parametrize("half", [False, True])
+def test_coreml_export_of_an_anchor_free_detector_has_its_decoded_output_and_family(detector, tmp_path, half):
+    """Core ML programs cannot run on Linux: the program holds the DFL decode (a softmax over each side's bins)
+    and gives one prediction per grid cell in YOLOv5's decoded form, and its metadata names the family."""
+    import coremltools as ct
+
+    path = export(detector, "coreml", out=tmp_path / "yolov8n.mlpackage", img_size=SIZE, half=half)
+    spec = ct.models.MLModel(str(path), skip_model_load=True).get_spec()
+    (inp,), (out,) = spec.description.input, spec.description.output
+    cells = sum((SIZE // stride) ** 2 for stride in (8, 16, 32))  # one prediction per cell: no anchors
+    assert (inp.name, list(inp.type.multiArrayType.shape)) == ("images", [1, 3, SIZE, SIZE])
+    assert (out.name, list(out.type.multiArrayType.shape)) == ("output0", [1, cells, 5 + len(detector.names)])
+    meta = dict(spec.description.metadata.userDefined)
+    assert (meta["family"], meta["model"], meta["reg_max"]) == ("anchor_free", "yolov8n", "16")
+    assert meta["precision"] == ("fp16" if half else "fp32") and "anchors" not in meta
+    ops = {op.type for block in spec.mlProgram.functions["main"].block_specializations.values()
+           for op in block.operations}
+    assert {"conv", "softmax", "sigmoid"} <= ops
+    with pytest.raises(CheckpointError, match="Core ML prediction needs macOS"):
+        load_exported(path)
+
+
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("family", "anchorless", "yolotrain metadata field 'family' must be one of yolov5, anchor_free"),
     ("raw", "true", "yolotrain metadata of an anchor_free model with raw outputs, which its exports never have"),
