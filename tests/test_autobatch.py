@@ -1,15 +1,17 @@
-"""AutoBatch: the batch search on a memory curve, the reference's spellings, the one-line fallback off CUDA."""
+"""AutoBatch: the batch search on a memory curve, the reference's spellings, the one-line fallback off CUDA, and the
+probe's training pass on every family and task's model."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import untrained
 from hypothesis import given
 from hypothesis import strategies as st
 
 from yolotrain.cli import build_parser, train_settings
 from yolotrain.data import generate_shapes_dataset
-from yolotrain.engine.autobatch import PROBE_BATCHES, autobatch, fit_batch_size
+from yolotrain.engine.autobatch import PROBE_BATCHES, autobatch, fit_batch_size, output_tensors, train_pass
 from yolotrain.engine.config import resolve_config
 from yolotrain.engine.trainer import Trainer
 
@@ -60,8 +62,28 @@ def test_off_cuda_autobatch_says_its_fallback_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_autobatch_measures_the_gpu():
+@pytest.mark.parametrize("arch", ["yolov5n", "yolov8n"])
+def test_autobatch_measures_the_gpu(arch):
     from yolotrain import Yolov5
 
-    batch = autobatch(Yolov5("n", num_classes=80), 640, torch.device("cuda", 0), 0.8, 16, torch.float16, print)
+    model = Yolov5("n", num_classes=80) if arch == "yolov5n" else untrained(arch)
+    batch = autobatch(model, 640, torch.device("cuda", 0), 0.8, 16, torch.float16, print)
     assert 1 <= batch <= 1024
+
+
+@pytest.mark.parametrize(("arch", "head"), [("yolov5n", {}), ("yolov5n-seg", {}), ("yolov8n", {}), ("yolo11n-seg", {}),
+                                            ("yolov8n-pose", {"kpt_shape": (4, 3)}), ("yolov8n-obb", {})])
+def test_the_probe_pass_reaches_every_trainable_parameter_of_each_family_and_task(arch, head):
+    """AutoBatch measures the memory of a forward and backward through all of a model's outputs (a segmentation
+    model's prototypes, a pose head's keypoints, an oriented-box head's angles): every trainable tensor gets a
+    gradient, so the probe holds what a training step holds. The same pass runs here on the CPU."""
+    from yolotrain import Yolov5
+
+    model = Yolov5("n", num_classes=2, task="segment" if arch.endswith("-seg") else "detect") \
+        if arch.startswith("yolov5n") else untrained(arch, **head)
+    model.train()
+    sum(o.float().sum() for o in output_tensors(model(torch.rand(2, 3, 64, 64)))).backward()
+    missing = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert missing == []
+    train_pass(model, 2, 64, torch.device("cpu"), torch.bfloat16)
+    assert all(p.grad is None for p in model.parameters())

@@ -48,6 +48,16 @@ def output_tensors(outputs: torch.Tensor | Sequence) -> list[torch.Tensor]:
     return [tensor for output in outputs for tensor in output_tensors(output)]
 
 
+def train_pass(model: nn.Module, batch: int, img_size: int, device: torch.device, dtype: torch.dtype | None) -> None:
+    """One forward and backward of ``model`` (in training mode) on a batch of square images, as a training step
+    holds memory: every output of any task's head takes part in the backward, under autocast when ``dtype``."""
+    images = torch.empty(batch, 3, img_size, img_size, device=device)
+    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        outputs = model(images)
+    sum(o.float().sum() for o in output_tensors(outputs)).backward()
+    model.zero_grad(set_to_none=True)
+
+
 def measure_memory(model: nn.Module, img_size: int, device: torch.device, dtype: torch.dtype | None,
                    batch_sizes: Sequence[int] = PROBE_BATCHES, repeats: int = 3) -> list[float | None]:
     """GiB reserved on ``device`` after ``repeats`` forward + backward passes of a copy of ``model`` at
@@ -56,12 +66,8 @@ def measure_memory(model: nn.Module, img_size: int, device: torch.device, dtype:
     memory: list[float | None] = []
     for batch in batch_sizes:
         try:
-            images = torch.empty(batch, 3, img_size, img_size, device=device)
             for _ in range(repeats):
-                with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                    outputs = probe(images)
-                sum(o.float().sum() for o in output_tensors(outputs)).backward()
-                probe.zero_grad(set_to_none=True)
+                train_pass(probe, batch, img_size, device, dtype)
             memory.append(torch.cuda.memory_reserved(device) / GIB)
         except torch.cuda.OutOfMemoryError:
             memory.append(None)
