@@ -10,6 +10,7 @@ import importlib.util
 import json
 import sys
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from yolotrain.eval import non_max_suppression
 from yolotrain.interop import add_export_arguments, export, load_exported, run_export
 from yolotrain.interop.exporting.exporter import DYNAMIC_FORMATS
 from yolotrain.interop.formats.engine import tensorrt_unavailable
+from yolotrain.interop.formats.torchscript import read_metadata as read_torchscript_metadata
 
 pytest.importorskip("onnxruntime", reason="needs the export extra: pip install 'yolotrain[export]'")
 
@@ -157,6 +159,32 @@ def test_val_and_predict_run_exports_through_their_runtime(setup, fmt, precision
             torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
         else:
             assert len(b.boxes) > 0
+
+
+def test_optimize_writes_torchscript_the_lite_interpreter_runs_like_torch(setup, tmp_path):
+    """``--optimize`` (the reference's TorchScript for PyTorch Mobile): the file loads in the lite interpreter and in
+    our runtime, both computing PyTorch's output, and val on it scores as the plain TorchScript export does."""
+    from torch.jit.mobile import _load_for_lite_interpreter
+
+    model, data, folder = setup
+    path = tmp_path / "mobile.torchscript"
+    assert run_export(parse(["--weights", str(save_checkpoint(tmp_path / "best", model)), "--format", "torchscript",
+                             "--optimize", "--img-size", str(SIZE), "--output", str(path)])) == 0
+    runner = load_exported(path, trust_code=True)
+    assert read_torchscript_metadata(path)["mobile"] in ("xnnpack", "frozen")
+    assert runner.names == ["circle", "rectangle"]
+    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+    expected = torch_output(model, imgs)
+    torch.testing.assert_close(runner(imgs), expected, atol=1e-4, rtol=1e-5)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Lite Interpreter is deprecated")
+        lite = _load_for_lite_interpreter(str(path))
+    with torch.inference_mode():
+        torch.testing.assert_close(torch.cat([lite(image[None]) for image in imgs]), expected, atol=1e-4, rtol=1e-5)
+    plain = export_case(setup, "torchscript", "fp32")
+    scores = [val(str(p), str(data), img_size=SIZE, batch_size=4, workers=0, verbose=False, plots=False,
+                  trust_code=True) for p in (path, plain)]
+    assert scores[0].map50 > 0 and scores[0].map == pytest.approx(scores[1].map, abs=1e-4)
 
 
 @OPENVINO
@@ -342,6 +370,8 @@ def test_bad_export_requests_fail_in_one_line_without_files(setup, tmp_path, cap
         (["--format", "torchscript", "--half"],
          "fp16 (--half) export is available for coreml, engine, mnn, ncnn, onnx, openvino, tflite"),
         (["--format", "torchscript", "--nms"], "NMS inside (--nms) export is available for onnx, openvino"),
+        (["--format", "onnx", "--optimize"], "mobile optimization (--optimize) export is available for torchscript, "
+                                             "not onnx"),
         (["--format", "onnx", "--int8"], "int8 export needs calibration images"),
         (["--format", "onnx", "--int8", "--data", str(tmp_path / "empty")], "no images to calibrate on"),
         (["--format", "onnx", "--int8", "--data", str(tmp_path / "absent")], "no such file or folder"),

@@ -45,7 +45,8 @@ class ExportJob:
     metadata to store (``metadata``: the string map, ours and the fields other tools read;
     ``interop_metadata``: those fields as values, for the formats that store values), the precision
     (``half``, or ``calibration`` images for int8) and the ONNX
-    tracing options (``dynamic_*`` already off for formats without free axes)."""
+    tracing options (``dynamic_*`` already off for formats without free axes); ``optimize``: written for
+    PyTorch Mobile's lite interpreter (TorchScript)."""
 
     graph: ExportGraph
     example: torch.Tensor
@@ -60,6 +61,7 @@ class ExportJob:
     dynamic_size: bool
     simplify: bool
     opset: int
+    optimize: bool = False
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.mobile_optimizer import optimize_for_mobile
 
 from ...checkpoint import CheckpointError
 from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
@@ -28,10 +29,29 @@ def write(job: ExportJob) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         # TorchScript is deprecated upstream but still what C++/mobile deployments load; the user asked for it.
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        # The lite interpreter is deprecated upstream too (ExecuTorch succeeds it); --optimize asked for it.
+        warnings.filterwarnings("ignore", message="Lite Interpreter is deprecated")
         traced = torch.jit.trace(job.graph, job.example, strict=False, check_trace=False)
+        module, mobile = for_mobile(traced) if job.optimize else (traced, None)
+        metadata = job.metadata if mobile is None else {**job.metadata, "mobile": mobile}
+        extra = {"config.json": json.dumps(metadata), "config.txt": json.dumps(job.interop_metadata)}
         with staged(job.out) as path:
-            torch.jit.save(traced, str(path), _extra_files={"config.json": json.dumps(job.metadata),
-                                                          "config.txt": json.dumps(job.interop_metadata)})
+            if mobile is None:
+                torch.jit.save(module, str(path), _extra_files=extra)
+            else:  # the bytecode the lite interpreter runs, beside the TorchScript code torch.jit.load reads
+                module._save_for_lite_interpreter(str(path), _extra_files=extra)
+
+
+def for_mobile(traced: torch.jit.ScriptModule) -> tuple[torch.jit.ScriptModule, str]:
+    """``traced`` prepared for PyTorch Mobile, and how: ``optimize_for_mobile`` (frozen, convolutions rewritten to
+    XNNPACK's prepacked ops) where this PyTorch build has XNNPACK, else frozen only (its weights folded into the
+    graph as constants; x86 wheels are built without XNNPACK, and the mobile pass then fails on an assertion)."""
+    try:
+        return optimize_for_mobile(traced), "xnnpack"
+    except RuntimeError as exc:
+        if "XNNPACK is not enabled" not in str(exc):
+            raise
+        return torch.jit.freeze(traced.eval()), "frozen"
 
 
 def read_metadata(path: Path) -> dict[str, str]:
@@ -80,7 +100,8 @@ class TorchScriptModel(ExportedModel):
 
 
 FORMAT = ExportFormat(name="torchscript", suffix=".torchscript", title="TorchScript", write=write,
-                      read_metadata=read_metadata, raw=True, outputs=frozenset({BOXES, MASK_PROTOTYPES, LOGITS}),
+                      read_metadata=read_metadata, raw=True, mobile=True,
+                      outputs=frozenset({BOXES, MASK_PROTOTYPES, LOGITS}),
                       runtime=TorchScriptModel,
                       runs_code="a TorchScript file is a program that runs its own code when loaded and called "
                                 "(it can create and write files)")
