@@ -13,6 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
@@ -52,6 +53,20 @@ def read_image(path: Path, scale: float, reduced: bool = True) -> np.ndarray | N
 
 
 SampleKey = tuple[int, int, bool]  # (index, epoch, mosaic enabled)
+
+
+class ComposedSample(NamedTuple):
+    """A sample after mosaic or letterbox (:meth:`DetectionDataset._compose`): ``labels`` pixel xyxy rows,
+    ``geometry`` their polygons or keypoints in pixels (None for boxes alone), ``rng`` the sample's generator for
+    the augmentations still to come, ``letterbox`` the loaded image's ``(h, w)`` and the padding ``(x, y)`` when
+    it was letterboxed (None for a mosaic)."""
+
+    index: int
+    img: np.ndarray
+    labels: np.ndarray
+    geometry: Any
+    rng: np.random.Generator
+    letterbox: tuple[tuple[int, int], tuple[float, float]] | None
 DEFAULT_CACHE_MB = 512
 
 
@@ -220,32 +235,60 @@ class DetectionDataset(Dataset):
         self._cache.put(index, im)
         return im
 
-    def _mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def _mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, Any]:
+        """A mosaic of image ``index`` and three drawn ones: the canvas, its pixel xyxy label rows and their geometry
+        (see :meth:`_compose`)."""
         picks = rng.permutation(np.concatenate([[index], rng.integers(0, len(self), 3)]))
         sizes = loaded_size(self.shapes[picks], self.img_size).astype(int)
         tiles = [((h, w), self.labels[i]) for i, (w, h) in zip(picks, sizes)]
-        return A.mosaic_warp(tiles, lambda k: self.load_image(int(picks[k])), self.img_size, rng, self.hyp)
+        return *A.mosaic_warp(tiles, lambda k: self.load_image(int(picks[k])), self.img_size, rng, self.hyp), None
 
-    def __getitem__(self, key: int | SampleKey) -> tuple[np.ndarray, np.ndarray]:
+    def _placed(self, index: int, size: tuple[int, int], offset: tuple[float, float]) -> Any:
+        """Image ``index``'s label geometry in pixels of the image drawn at ``size`` (w, h) with its corner at
+        ``offset``: nothing beyond the boxes here."""
+        return None
+
+    @staticmethod
+    def _joined(geometry: Any, other: Any) -> Any:
+        """The geometry of two mixed-up samples' rows, in the rows' order."""
+        return None
+
+    def _perspective(self, img: np.ndarray, labels: np.ndarray, geometry: Any,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, Any]:
+        """The random perspective of a letterboxed sample, applied to its image, boxes and geometry."""
+        return *A.random_perspective(img, labels, rng, self.hyp), None
+
+    def _compose(self, key: int | SampleKey) -> ComposedSample:
+        """Sample ``key``'s image and pixel xyxy labels with their geometry (a subclass's polygons or keypoints,
+        through the four hooks above), before the colour and flip augmentations every task shares: a mosaic (and
+        mixup) with probability ``hyp.mosaic`` when mosaic is on, else the letterboxed image (randomly warped when
+        augmenting). The generator's draws come in the reference's order, which the parity tests hold."""
         index, epoch, mosaic = key if isinstance(key, tuple) else (key, self.epoch, self.mosaic)
         index = int(index)
         rng = np.random.default_rng([self.seed, int(epoch), index])
-        hyp = self.hyp
-        if mosaic and rng.random() < hyp.mosaic:
-            img, labels = self._mosaic(index, rng)
-            if rng.random() < hyp.mixup:
-                img, labels = A.mixup(img, labels, *self._mosaic(int(rng.integers(len(self))), rng), rng)
-        else:
-            img = self.load_image(index)
-            h, w = img.shape[:2]
-            img, r, (padw, padh) = A.letterbox(img, self.output_shape(index), scaleup=self.augment)
-            labels = A.xywhn_to_xyxy(self.labels[index], round(w * r), round(h * r), padw, padh)
-            if self.augment:
-                img, labels = A.random_perspective(img, labels, rng, hyp)
+        if mosaic and rng.random() < self.hyp.mosaic:
+            img, labels, geometry = self._mosaic(index, rng)
+            if rng.random() < self.hyp.mixup:
+                img2, labels2, geometry2 = self._mosaic(int(rng.integers(len(self))), rng)
+                img, labels = A.mixup(img, labels, img2, labels2, rng)
+                geometry = self._joined(geometry, geometry2)
+            return ComposedSample(index, img, labels, geometry, rng, None)
+        img = self.load_image(index)
+        h, w = img.shape[:2]
+        img, r, pad = A.letterbox(img, self.output_shape(index), scaleup=self.augment)
+        size = (round(w * r), round(h * r))
+        labels = A.xywhn_to_xyxy(self.labels[index], *size, *pad)
+        geometry = self._placed(index, size, pad)
+        if self.augment:
+            img, labels, geometry = self._perspective(img, labels, geometry, rng)
+        return ComposedSample(index, img, labels, geometry, rng, ((h, w), pad))
+
+    def __getitem__(self, key: int | SampleKey) -> tuple[np.ndarray, np.ndarray]:
+        _, img, labels, _, rng, _ = self._compose(key)
         labels = A.xyxy_to_xywhn(labels, img.shape[1], img.shape[0])
         if self.augment:
-            img = A.hsv_to_rgb(img, rng, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
-            img, labels = A.random_flips(img, labels, rng, hyp.flipud, hyp.fliplr)
+            img = A.hsv_to_rgb(img, rng, self.hyp.hsv_h, self.hyp.hsv_s, self.hyp.hsv_v)
+            img, labels = A.random_flips(img, labels, rng, self.hyp.flipud, self.hyp.fliplr)
         else:
             img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         return img, labels

@@ -45,11 +45,10 @@ class OBBDataset(DetectionDataset):
         self.polygons: list[np.ndarray] = [
             row_polygons(index.labels[i], index.segments[i]) for i in self.order]
 
-    def _placed(self, index: int, size: tuple[float, float], offset: tuple[float, float]) -> np.ndarray:
-        """Image ``index``'s polygons in pixels of the image drawn at ``size`` (w, h) with its corner at ``offset``."""
+    def _placed(self, index: int, size: tuple[int, int], offset: tuple[float, float]) -> np.ndarray:
         return self.polygons[index] * size + offset
 
-    def _mosaic_polygons(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         picks = rng.permutation(np.concatenate([[index], rng.integers(0, len(self), 3)]))
         placements: list[tuple[int, int, int, int]] = []
         canvas, labels = A.mosaic4([(self.load_image(i), self.labels[i]) for i in picks], self.img_size, rng,
@@ -61,30 +60,20 @@ class OBBDataset(DetectionDataset):
         return random_perspective_polygons(canvas, labels[seen], polygons[seen], rng, self.hyp,
                                            border=(border, border))
 
+    @staticmethod
+    def _joined(geometry: np.ndarray, other: np.ndarray) -> np.ndarray:
+        return join_polygons([geometry, other])
+
+    def _perspective(self, img: np.ndarray, labels: np.ndarray, geometry: np.ndarray,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return random_perspective_polygons(img, labels, geometry, rng, self.hyp)
+
     def __getitem__(self, key: int | SampleKey) -> tuple[np.ndarray, np.ndarray]:
-        index, epoch, mosaic = key if isinstance(key, tuple) else (key, self.epoch, self.mosaic)
-        index = int(index)
-        rng = np.random.default_rng([self.seed, int(epoch), index])
-        hyp = self.hyp
-        if mosaic and rng.random() < hyp.mosaic:
-            img, labels, polygons = self._mosaic_polygons(index, rng)
-            if rng.random() < hyp.mixup:
-                img2, labels2, polygons2 = self._mosaic_polygons(int(rng.integers(len(self))), rng)
-                img, labels = A.mixup(img, labels, img2, labels2, rng)
-                polygons = join_polygons([polygons, polygons2])
-        else:
-            img = self.load_image(index)
-            h, w = img.shape[:2]
-            img, r, (padw, padh) = A.letterbox(img, self.output_shape(index), scaleup=self.augment)
-            size = (round(w * r), round(h * r))
-            labels = A.xywhn_to_xyxy(self.labels[index], *size, padw, padh)
-            polygons = self._placed(index, size, (padw, padh))
-            if self.augment:
-                img, labels, polygons = random_perspective_polygons(img, labels, polygons, rng, hyp)
+        _, img, labels, polygons, rng, _ = self._compose(key)
         height, width = img.shape[:2]
         if self.augment:
-            img = A.hsv_to_rgb(img, rng, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
-            img, polygons = random_flips(img, polygons, rng, hyp.flipud, hyp.fliplr)
+            img = A.hsv_to_rgb(img, rng, self.hyp.hsv_h, self.hyp.hsv_s, self.hyp.hsv_v)
+            img, polygons = random_flips(img, polygons, rng, self.hyp.flipud, self.hyp.fliplr)
         else:
             img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         boxes = corners_to_xywhr(polygons)

@@ -51,49 +51,38 @@ class PoseDataset(DetectionDataset):
             self.hyp = dataclasses.replace(self.hyp, fliplr=0.0, flipud=0.0)
         self.keypoints: list[np.ndarray] = [with_visibility(index.keypoints[i]) for i in self.order]
 
-    def _pixel_keypoints(self, index: int, size: tuple[float, float], offset: tuple[float, float]) -> np.ndarray:
-        """Image ``index``'s keypoints in pixels of the image drawn at ``size`` (w, h) with its corner at ``offset``."""
+    def _placed(self, index: int, size: tuple[int, int], offset: tuple[float, float]) -> np.ndarray:
         points = self.keypoints[index].copy()
         points[..., :2] = points[..., :2] * size + offset
         return points
 
-    def _mosaic_keypoints(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         picks = rng.permutation(np.concatenate([[index], rng.integers(0, len(self), 3)]))
         placements: list[tuple[int, int, int, int]] = []
         canvas, labels = A.mosaic4([(self.load_image(i), self.labels[i]) for i in picks], self.img_size, rng,
                                    placements=placements)
-        points = np.concatenate([self._pixel_keypoints(i, (w, h), (x, y))
-                                 for i, (w, h, x, y) in zip(picks, placements)])
+        points = np.concatenate([self._placed(i, (w, h), (x, y)) for i, (w, h, x, y) in zip(picks, placements)])
         points = hide_outside(points, canvas.shape[1], canvas.shape[0])
         border = -self.img_size // 2
         return random_perspective_keypoints(canvas, labels, points, rng, self.hyp, border=(border, border))
 
+    @staticmethod
+    def _joined(geometry: np.ndarray, other: np.ndarray) -> np.ndarray:
+        return np.concatenate((geometry, other))
+
+    def _perspective(self, img: np.ndarray, labels: np.ndarray, geometry: np.ndarray,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return random_perspective_keypoints(img, labels, geometry, rng, self.hyp)
+
     def __getitem__(self, key: int | SampleKey) -> PoseItem:
-        index, epoch, mosaic = key if isinstance(key, tuple) else (key, self.epoch, self.mosaic)
-        index = int(index)
-        rng = np.random.default_rng([self.seed, int(epoch), index])
-        hyp = self.hyp
-        if mosaic and rng.random() < hyp.mosaic:
-            img, labels, points = self._mosaic_keypoints(index, rng)
-            if rng.random() < hyp.mixup:
-                img2, labels2, points2 = self._mosaic_keypoints(int(rng.integers(len(self))), rng)
-                img, labels = A.mixup(img, labels, img2, labels2, rng)
-                points = np.concatenate((points, points2))
-        else:
-            img = self.load_image(index)
-            h, w = img.shape[:2]
-            img, r, (padw, padh) = A.letterbox(img, self.output_shape(index), scaleup=self.augment)
-            size = (round(w * r), round(h * r))
-            labels = A.xywhn_to_xyxy(self.labels[index], *size, padw, padh)
-            points = self._pixel_keypoints(index, size, (padw, padh))
-            if self.augment:
-                img, labels, points = random_perspective_keypoints(img, labels, points, rng, hyp)
+        _, img, labels, points, rng, _ = self._compose(key)
         height, width = img.shape[:2]
         labels = A.xyxy_to_xywhn(labels, width, height)
         points[..., :2] /= (width, height)
         if self.augment:
-            img = A.hsv_to_rgb(img, rng, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
-            img, labels, points = random_flips(img, labels, points, rng, hyp.flipud, hyp.fliplr, self.flip_idx)
+            img = A.hsv_to_rgb(img, rng, self.hyp.hsv_h, self.hyp.hsv_s, self.hyp.hsv_v)
+            img, labels, points = random_flips(img, labels, points, rng, self.hyp.flipud, self.hyp.fliplr,
+                                               self.flip_idx)
         else:
             img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         return img, labels, label_keypoints(points, self.layout.dims)

@@ -55,8 +55,7 @@ class SegmentationDataset(DetectionDataset):
         super().__init__(index, *args, **kwargs)
         self.segments: list[list[np.ndarray]] = [index.segments[i] for i in self.order]
 
-    def _mosaic_segments(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray,
-                                                                                list[np.ndarray]]:
+    def _mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         picks = rng.permutation(np.concatenate([[index], rng.integers(0, len(self), 3)]))
         segments: list[np.ndarray] = []
         canvas, labels = A.mosaic4([(self.load_image(i), self.labels[i], self.segments[i]) for i in picks],
@@ -65,35 +64,30 @@ class SegmentationDataset(DetectionDataset):
         border = -self.img_size // 2
         return A.random_perspective_segments(canvas, labels, segments, rng, self.hyp, border=(border, border))
 
+    def _placed(self, index: int, size: tuple[int, int], offset: tuple[float, float]) -> list[np.ndarray]:
+        return [p * size + offset for p in self.segments[index]]
+
+    @staticmethod
+    def _joined(geometry: list[np.ndarray], other: list[np.ndarray]) -> list[np.ndarray]:
+        return [*geometry, *other]
+
+    def _perspective(self, img: np.ndarray, labels: np.ndarray, geometry: list[np.ndarray],
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        return A.random_perspective_segments(img, labels, geometry, rng, self.hyp)
+
     def __getitem__(self, key: int | SampleKey) -> tuple[np.ndarray, np.ndarray, Path, Any, np.ndarray]:
-        index, epoch, mosaic = key if isinstance(key, tuple) else (key, self.epoch, self.mosaic)
-        index = int(index)
-        rng = np.random.default_rng([self.seed, int(epoch), index])
-        hyp = self.hyp
+        index, img, labels, segments, rng, letterbox = self._compose(key)
         shapes = None
-        if mosaic and rng.random() < hyp.mosaic:
-            img, labels, segments = self._mosaic_segments(index, rng)
-            if rng.random() < hyp.mixup:
-                img2, labels2, segments2 = self._mosaic_segments(int(rng.integers(len(self))), rng)
-                img, labels = A.mixup(img, labels, img2, labels2, rng)
-                segments = [*segments, *segments2]
-        else:
-            img = self.load_image(index)
-            h, w = img.shape[:2]
-            img, r, (padw, padh) = A.letterbox(img, self.output_shape(index), scaleup=self.augment)
+        if letterbox is not None:
+            (h, w), pad = letterbox
             w0, h0 = (int(v) for v in self.shapes[index])
-            shapes = (h0, w0), ((h / h0, w / w0), (padw, padh))
-            size = np.array([round(w * r), round(h * r)])
-            labels = A.xywhn_to_xyxy(self.labels[index], *size, padw, padh)
-            segments = [p * size + (padw, padh) for p in self.segments[index]]
-            if self.augment:
-                img, labels, segments = A.random_perspective_segments(img, labels, segments, rng, hyp)
+            shapes = (h0, w0), ((h / h0, w / w0), pad)
         labels = A.xyxy_to_xywhn(labels, img.shape[1], img.shape[0])
         masks, order = polygon_masks(img.shape[:2], segments, self.mask_ratio, self.overlap)
         labels = labels[order]
         if self.augment:
-            img = A.hsv_to_rgb(img, rng, hyp.hsv_h, hyp.hsv_s, hyp.hsv_v)
-            img, labels, masks = random_flips(img, labels, masks, rng, hyp.flipud, hyp.fliplr)
+            img = A.hsv_to_rgb(img, rng, self.hyp.hsv_h, self.hyp.hsv_s, self.hyp.hsv_v)
+            img, labels, masks = random_flips(img, labels, masks, rng, self.hyp.flipud, self.hyp.fliplr)
         else:
             img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         return img, labels, self.im_files[index], shapes, masks
