@@ -226,9 +226,11 @@ NO_SINGLE_LINE = {
     "checkpoint_recompute.py": (23, None, "out = (h * block.scale.clone()).sum()"),
     # the .data clipping moves after backward
     "data_clamp_silent.py": (13, 15, "score.backward()\nfor p in critic.parameters():\n    p.data.clamp_(-0.01, 0.01)"),
-    # the discriminator's step moves after the generator's backward, which still needs its weights
+    # the discriminator's step moves after the generator's backward, which still needs its weights and now
+    # leaves the discriminator's gradients alone (inputs=), as the original order did
     "gan_two_optimizers.py": (
-        19, 22, "loss_g = bce(d_fake, torch.ones(16, 1))\nopt_g.zero_grad()\nloss_g.backward()\nopt_d.step()",
+        19, 22, "loss_g = bce(d_fake, torch.ones(16, 1))\nopt_g.zero_grad()\n"
+        "loss_g.backward(inputs=list(G.parameters()))\nopt_d.step()",
     ),
     # the hook's write to a parameter another node saved moves out of the hook, after backward
     "module_backward_hook.py": (

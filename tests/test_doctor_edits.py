@@ -58,6 +58,15 @@ def test_optimiser_step_moves_after_the_backward_that_follows_it(tmp_path: Path)
         "    opt.zero_grad()\n")
 
 
+def test_a_step_moved_past_another_optimisers_backward_keeps_that_backward_to_its_parameters(tmp_path: Path) -> None:
+    """The GAN order: D steps before G's backward; moved after it, G's backward must not add into D's gradients."""
+    root = _program(tmp_path, "opt_g = torch.optim.Adam(G.parameters())\nloss_d.backward(retain_graph=True)\n"
+                              "opt_d.step()\nloss_g.backward()\nopt_g.step()\n")
+    assert _edited(tmp_path, move_after_backward(_site(3), root, out_of_hook=False)) == (
+        "opt_g = torch.optim.Adam(G.parameters())\nloss_d.backward(retain_graph=True)\n"
+        "loss_g.backward(inputs=list(G.parameters()))\nopt_d.step()\nopt_g.step()\n")
+
+
 def test_the_whole_loop_around_a_data_write_moves(tmp_path: Path) -> None:
     root = _program(tmp_path, "score = critic(x)\nfor p in critic.parameters():\n    p.data.clamp_(-1, 1)\n"
                               "torch.autograd.grad(score, w)\n")

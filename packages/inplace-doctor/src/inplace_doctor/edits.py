@@ -142,8 +142,59 @@ def move_after_backward(site: Site, root: str, out_of_hook: bool) -> Patch | Non
     old_indent, new_indent = _indent(block[0]), _indent(lines[backward.lineno - 1])
     kept = [old_indent + "pass"] if emptied else []
     between = _lines(lines, last + 1, backward.end_lineno or backward.lineno)
+    stepped = _stepped(moved)
+    if stepped is not None and moved is outer:
+        crossed = body[index + 1 : body.index(backward) + 1]
+        for line, changed in _backward_to_own_parameters(tree, lines, body, crossed, stepped).items():
+            between[line - last - 1] = changed
     code = "\n".join([*kept, *between, *_reindented(block, old_indent, new_indent)])
     return Patch(site.file, first, code, backward.end_lineno or backward.lineno)
+
+
+def _stepped(statement: ast.stmt) -> str | None:
+    """``opt`` of a statement ``opt.step()``."""
+    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        function = statement.value.func
+        if isinstance(function, ast.Attribute) and function.attr == "step" and isinstance(function.value, ast.Name):
+            return function.value.id
+    return None
+
+
+def _parameters_of(tree: ast.Module, optimiser: str) -> str | None:
+    """``list(net.parameters())`` for an optimiser made as ``optimiser = Optimizer(net.parameters(), ...)``."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == optimiser and isinstance(node.value, ast.Call) and node.value.args):
+            made_from = node.value.args[0]
+            if (isinstance(made_from, ast.Call) and isinstance(made_from.func, ast.Attribute)
+                    and made_from.func.attr == "parameters" and not made_from.args and not made_from.keywords):
+                return f"list({ast.unparse(made_from)})"
+    return None
+
+
+def _backward_to_own_parameters(tree: ast.Module, lines: list[str], body: list[ast.stmt], crossed: list[ast.stmt],
+                                stepped: str) -> dict[int, str]:
+    """``loss.backward(inputs=list(net.parameters()))`` for each ``loss.backward()`` among the ``crossed``
+    statements of ``body`` (those the step of ``stepped`` moves past) that another optimiser's step follows,
+    by line.
+
+    Moved after such a backward, the step would also apply that loss's gradient of its own parameters
+    (a GAN's discriminator stepping on the generator's loss); ``inputs`` keeps the backward to the
+    parameters of the optimiser that steps on it, as the original order had it.
+    """
+    changed = {}
+    for statement in crossed:
+        call = _backward_of_name(statement)
+        if call is None or call[1] or statement.lineno != statement.end_lineno:
+            continue
+        following = (_stepped(later) for later in body[body.index(statement) + 1:])
+        owner = next((name for name in following if name is not None and name != stepped), None)
+        parameters = _parameters_of(tree, owner) if owner is not None else None
+        if parameters is not None:
+            text = lines[statement.lineno - 1].rstrip("\n")
+            column = (statement.value.end_col_offset or 0) - 1  # before the call's closing parenthesis
+            changed[statement.lineno] = f"{text[:column]}inputs={parameters}{text[column:]}"
+    return changed
 
 
 def _backward_of_name(statement: ast.stmt) -> tuple[str, list[ast.keyword]] | None:

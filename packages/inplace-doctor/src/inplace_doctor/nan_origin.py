@@ -608,6 +608,8 @@ def _lower_learning_rate(tree: ast.Module, lines: list[str], file: str) -> list[
         return []
     keyword = next(keyword for keyword in calls[0].keywords if keyword.arg == "lr")
     rate = keyword.value.value
+    if rate <= 0:
+        return []
     patches = []
     for divisor in _LR_DIVISORS:
         keyword.value = ast.Constant(float(f"{rate / divisor:.3g}"))
