@@ -1,11 +1,13 @@
 """Runs a program and prints, as JSON, the value of every tensor it called backward or autograd.grad on.
 
 ``python _record_backward.py run PROGRAM`` runs backward as usual; ``forward PROGRAM`` skips it, so a
-program that fails in backward still shows the forward values it meant to compute.
+program that fails in backward still shows the forward values it meant to compute. The doctor's own
+probes (a tiny backward on a thread of its own that reads PyTorch's wording) are not the program's.
 """
 import json
 import runpy
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -16,6 +18,8 @@ real_backward, real_grad = torch.autograd.backward, torch.autograd.grad
 
 
 def _record(tensors: object) -> None:
+    if threading.current_thread().name.startswith("inplace-doctor-probe"):
+        return
     for tensor in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors):
         roots.append(tensor.detach().cpu().double().reshape(-1).tolist())
 

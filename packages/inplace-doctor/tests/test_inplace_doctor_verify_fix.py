@@ -173,7 +173,7 @@ def test_patch_that_leaves_another_fault_is_not_proposed(tmp_path: Path) -> None
     assert proc.returncode == 1
     assert "change:" not in proc.stderr
     assert "fix:         `.mul_()` works in place; use the out-of-place `y = y.mul(...)`" in proc.stderr  # reasoning
-    assert ("verify-fix:  no single-line patch was verified: with `gate = gate.mul(2)` at two_faults.py:7, "
+    assert ("verify-fix:  no patch was verified: with `gate = gate.mul(2)` at two_faults.py:7, "
             "the patched program still failed (exit code 1): doctor error: one of the variables needed") in proc.stderr
     report = json.loads(_doctor(folder, "--json", "--verify-fix", "two_faults.py").stdout)
     assert report["patches"] == []
@@ -184,7 +184,7 @@ def test_patch_that_leaves_another_fault_is_not_proposed(tmp_path: Path) -> None
 def test_patched_copy_that_runs_past_the_timeout_is_not_verified(tmp_path: Path) -> None:
     folder = _project(tmp_path, {"train.py": INPLACE + "import time\ntime.sleep(60)\n", "steps.txt": "1"})
     proc = _doctor(folder, "--verify-fix", "--verify-timeout", "1", "train.py")
-    assert "no single-line patch was verified: with `probs = probs + 1e-6` at train.py:8, " \
+    assert "no patch was verified: with `probs = probs + 1e-6` at train.py:8, " \
            "the patched program timed out after 1 s" in proc.stderr
 
 

@@ -1,4 +1,6 @@
 """Linear regression with a learning rate far too large: the weights grow until they overflow."""
+# doctor-options: --verify-fix
+# (its fix is a candidate the doctor proposes only once a run verified it)
 import torch
 from torch import nn
 

@@ -12,7 +12,9 @@ non-finite gradient follows. Each node a forward operator records gets a hook th
 backward: the first node that turns finite gradients into non-finite ones stops the backward
 with its name and the forward line that recorded it (``sqrt`` at 0, the ``norm`` of a zero
 vector, the masked ``log`` of 0). The fix names the usual repair for the operator and, where
-one line can carry it, the changed line.
+one line can carry it, the changed line. Where the repair is a guess only a run can check (the op of a
+float16 overflow run in float32, a learning rate ten, a hundred or a thousand times lower), the
+changed lines are candidates that ``--verify-fix`` runs and proposes once one ran clean.
 """
 
 from __future__ import annotations
@@ -388,7 +390,9 @@ def diagnose(message: str, found: _Found, first: _Found | None, phase: str | Non
     patch_target = first if first is not None and (first.family in _FIXES or found.family not in _FIXES) else found
     patches = [p for p in [_patch(patch_target, cwd)] if p is not None]
     remedy = "".join(f"; change {p.file}:{p.line} to `{p.code}`" for p in patches)
-    return GraphReport(NAN_ORIGIN, message, sites, _fix(found, first) + remedy, patches, notes=notes)
+    candidates = [] if patches else _candidates(first or found, cwd)
+    return GraphReport(NAN_ORIGIN, message, sites, _fix(found, first) + remedy, patches, notes=notes,
+                       candidates=candidates)
 
 
 def _eps(dtype: torch.dtype) -> float:
@@ -538,3 +542,76 @@ def _patch(found: _Found, cwd: str) -> Patch | None:
     if not repair.done:
         return None
     return Patch(resolve(found.site, cwd).file, line, ast.unparse(ast.fix_missing_locations(changed)))
+
+
+_LR_DIVISORS = (10, 100, 1000)  # the learning rates a run tries, largest first
+
+
+def _source(found: _Found) -> tuple[ast.Module, list[str], int] | None:
+    """The syntax tree and lines of the file where ``found`` ran, and its line."""
+    if found.site is None:
+        return None
+    code_object, line = found.site
+    lines = linecache.getlines(code_object.co_filename)
+    try:
+        return ast.parse("".join(lines)), lines, line
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _candidates(origin: _Found, cwd: str) -> list[Patch]:
+    """Changed lines that may fix a value that overflowed its dtype, to be run before they are proposed."""
+    parsed = _source(origin)
+    if parsed is None or origin.site is None:
+        return []
+    tree, lines, line = parsed
+    file = resolve(origin.site, cwd).file
+    if origin.dtype in (torch.float16, torch.bfloat16):
+        patch = _in_float32(tree, lines, line, file)
+        return [patch] if patch is not None else []
+    if origin.family in ("add", "sub", "mul", "matmul", "linear", "mse_loss", "pow"):
+        return _lower_learning_rate(tree, lines, file)
+    return []
+
+
+def _in_float32(tree: ast.Module, lines: list[str], line: int, file: str) -> Patch | None:
+    """``name = a OP b`` as ``a.float() OP b.float()``, inside ``autocast(..., enabled=False)`` when an
+    autocast block holds it (autocast would cast the float32 inputs back)."""
+    statement = statement_at(tree, line)
+    if not isinstance(statement, ast.Assign) or not isinstance(statement.value, ast.BinOp):
+        return None
+    if single_line(statement, lines) is None:
+        return None
+    value = statement.value
+    value.left, value.right = _method(value.left, "float"), _method(value.right, "float")
+    code = ast.unparse(statement)
+    blocks = [node for node in ast.walk(tree) if isinstance(node, ast.With)
+              and node.lineno < line <= (node.end_lineno or 0)]
+    calls = [item.context_expr for block in blocks for item in block.items if isinstance(item.context_expr, ast.Call)]
+    autocast = next((call for call in calls if ast.unparse(call.func).endswith("autocast") and call.args), None)
+    if autocast is not None:
+        function = ast.unparse(autocast.func)
+        device = ast.get_source_segment("".join(lines), autocast.args[0]) or ast.unparse(autocast.args[0])
+        code = f"with {function}({device}, enabled=False): {code}"
+    return Patch(file, line, code)
+
+
+def _lower_learning_rate(tree: ast.Module, lines: list[str], file: str) -> list[Patch]:
+    """The one call that sets ``lr=NUMBER`` (the optimiser's), with the learning rate 10, 100 and 1000 times lower."""
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and any(keyword.arg == "lr" and isinstance(keyword.value, ast.Constant)
+                     and isinstance(keyword.value.value, (int, float)) for keyword in node.keywords)]
+    if len(calls) != 1:
+        return []
+    statement = statement_at(tree, calls[0].lineno)
+    if statement is None or single_line(statement, lines) is None:
+        return []
+    keyword = next(keyword for keyword in calls[0].keywords if keyword.arg == "lr")
+    rate = keyword.value.value
+    if rate <= 0:
+        return []
+    patches = []
+    for divisor in _LR_DIVISORS:
+        keyword.value = ast.Constant(float(f"{rate / divisor:.3g}"))
+        patches.append(Patch(file, statement.lineno, ast.unparse(statement)))
+    return patches

@@ -94,9 +94,9 @@ class Report:
     notes: list[str] = field(default_factory=list)
     count: int = 1
     observed: bool = True  # every version bump since the save is explained by ``modified_by``
-    patches: list[Patch] = field(default_factory=list)  # the fix as changed lines, when one line fixes it
+    patches: list[Patch] = field(default_factory=list)  # the fix as edits (changed lines, or hunks)
     verification: Verification | None = None  # set by ``--verify-fix`` once the patches were run
-    # Further single-line patches that may fix it but are proposed only once a run verified them.
+    # Further patches (lines or hunks) that may fix it but are proposed only once a run verified them.
     candidates: list[Patch] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,27 +143,63 @@ class Report:
 
 @dataclass(frozen=True)
 class Patch:
-    """A proposed fix as an edit: line ``line`` of ``file`` becomes ``code`` (indentation kept)."""
+    """A proposed fix as an edit of one file.
+
+    Without ``end``, line ``line`` becomes ``code`` (one line; the old line's indentation is kept).
+    With ``end``, lines ``line`` to ``end`` become the lines of ``code`` as written, indentation
+    included, as in a diff hunk: the form of edits no single line makes (a statement moved after a
+    backward call, a copy made before a write, two backward calls made one).
+    """
 
     file: str
     line: int
     code: str
+    end: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Patch:
+        """The patch of a JSON report's ``patches`` entry (see :meth:`to_dict`)."""
+        return cls(data["file"], data["line"], data["code"], data.get("end"))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form: ``{"file", "line", "code"}``."""
-        return {"file": self.file, "line": self.line, "code": self.code}
+        """JSON form: ``{"file", "line", "code"}``, plus ``"end"`` for an edit of lines ``line``..``end``."""
+        data: dict[str, Any] = {"file": self.file, "line": self.line, "code": self.code}
+        if self.end is not None:
+            data["end"] = self.end
+        return data
+
+    def where(self) -> str:
+        """``path:LINE`` or ``path:LINE-END``."""
+        lines = f"{self.line}" if self.end is None or self.end == self.line else f"{self.line}-{self.end}"
+        return f"{self.file}:{lines}"
+
+    def summary(self) -> str:
+        """The edit in a phrase: the code in backquotes and ``at path:LINE``; a hunk's lines joined by `` / ``."""
+        code = " / ".join(line.strip() for line in self.code.splitlines() if line.strip())
+        return f"`{code}` at {self.where()}"
 
     def describe(self) -> str:
         """The ``change:`` lines of the text report."""
-        return f"  change:      {self.file}:{self.line} to\n                   {self.code}"
+        code = "\n".join(f"                   {line}".rstrip() for line in self.code.split("\n"))
+        return f"  change:      {self.where()} to\n{code}"
 
     def apply(self, source: str) -> str:
-        """``source`` (the file's text) with the line replaced, keeping its indentation."""
+        """``source`` (the file's text) with the edit made."""
         lines = source.splitlines(keepends=True)
-        old = lines[self.line - 1]
-        indent = old[: len(old) - len(old.lstrip())]
-        lines[self.line - 1] = f"{indent}{self.code}\n"
+        if self.end is None:
+            old = lines[self.line - 1]
+            indent = old[: len(old) - len(old.lstrip())]
+            lines[self.line - 1] = f"{indent}{self.code}\n"
+        else:
+            lines[self.line - 1 : self.end] = [f"{line}\n" for line in self.code.split("\n")]
         return "".join(lines)
+
+
+def apply_patches(source: str, patches: Sequence[Patch]) -> str:
+    """``source`` with every patch made; each patch's line numbers are those of ``source`` (edits must not overlap)."""
+    for patch in sorted(patches, key=lambda patch: patch.line, reverse=True):
+        source = patch.apply(source)
+    return source
 
 
 @dataclass
@@ -182,7 +218,7 @@ class GraphReport:
     severity: str = "error"
     notes: list[str] = field(default_factory=list)
     verification: Verification | None = None  # set by ``--verify-fix`` once the patches were run
-    # Further single-line patches that may fix it but are proposed only once a run verified them.
+    # Further patches (lines or hunks) that may fix it but are proposed only once a run verified them.
     candidates: list[Patch] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

@@ -124,10 +124,11 @@ def finding_report(finding: Finding, severity: str, error: str, cwd: str) -> Rep
             "a thread started before it, or a hook the autograd engine ran on a device thread"
         )
     fix = suggest_fix(changes)
-    patches, no_patch = propose_patch(saved_by, sites, changes, finding.info.output_save, cwd)
+    patches, candidates, no_patch = propose_patch(saved_by, sites, changes, finding.info.output_save, cwd)
     if no_patch is not None:
         fix = f"{fix}; {no_patch}"
-    return Report(error, tensor, saved_by, sites, fix, severity, notes, finding.count, observed, patches)
+    return Report(error, tensor, saved_by, sites, fix, severity, notes, finding.count, observed, patches,
+                  candidates=candidates)
 
 
 def warning_reports(findings: list[Finding], cwd: str) -> list[Report]:

@@ -19,10 +19,10 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from .report import GraphReport, Patch, Report, Verification
+from .report import GraphReport, Patch, Report, Verification, apply_patches
 
 VERIFY_RESULT_ENV = "INPLACE_DOCTOR_VERIFY_RESULT"
-NOT_VERIFIED = "no single-line patch was verified"
+NOT_VERIFIED = "no patch was verified"
 MAX_SIBLINGS = 200  # .py files copied from the script's folder when a patch changes one of them
 MAX_SIBLING_BYTES = 1 << 20  # larger files are not program sources worth copying
 _OUTPUT_SHOWN = 400  # characters of the child's last error shown in the reason
@@ -75,8 +75,7 @@ def _copy_program(script: str, patches: Sequence[Patch], cwd: str, into: str) ->
         if source in targets:
             with open(source, encoding="utf-8") as handle:
                 text = handle.read()
-            for patch in targets[source]:
-                text = patch.apply(text)
+            text = apply_patches(text, targets[source])
             with open(copy, "w", encoding="utf-8") as handle:
                 handle.write(text)
         else:
@@ -130,7 +129,7 @@ def run_patched(script: str, args: Sequence[str], doctor_options: Sequence[str],
 
 
 def _describe(patches: Sequence[Patch]) -> str:
-    return ", ".join(f"`{patch.code}` at {patch.file}:{patch.line}" for patch in patches)
+    return ", ".join(patch.summary() for patch in patches)
 
 
 def _run_outcome(script: str, args: Sequence[str], doctor_options: Sequence[str], tried: Sequence[Patch],
