@@ -18,6 +18,7 @@ from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import export, load_exported
 from yolotrain.interop.formats import _tensorflow
 from yolotrain.interop.trust import UntrustedModelError
+from yolotrain.model.classify import Classifier
 
 pytestmark = pytest.mark.skipif(_tensorflow.unavailable() is not None, reason="pip install 'yolotrain[tensorflow]'")
 
@@ -150,3 +151,52 @@ def test_anchor_free_detector_export_gives_the_decoded_predictions_of_pytorch(tm
     assert actual.shape == expected.shape
     torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)
     torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=1e-5)
+
+
+def yolov5_segmenter() -> Yolov5:
+    """A random YOLOv5 segmentation model whose prototypes are of order 1 (a random Proto's are ~1e-7)."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=3, names=["a", "b", "c"], task="segment").eval()
+    with torch.no_grad():
+        model.head.proto.cv3.bn.bias.copy_(torch.randn(32))
+    return model
+
+
+def yolov5_classifier() -> Classifier:
+    """A classifier with spread BatchNorm statistics, so its logits differ from image to image."""
+    torch.manual_seed(0)
+    model = Classifier.from_name("yolov5n-cls", 2, NAMES)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean = torch.randn_like(module.running_mean) * 0.1
+            module.running_var = torch.rand_like(module.running_var) + 0.5
+    return model.eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", list(SUFFIX))
+@pytest.mark.parametrize("build", [yolov5_segmenter, lambda: untrained("yolo11n-seg"), yolov5_classifier],
+                         ids=["yolov5n-seg", "yolo11n-seg", "yolov5n-cls"])
+def test_segmentation_and_classification_exports_give_the_outputs_of_pytorch(tmp_path, fmt, build):
+    """Mask prototypes come out of TensorFlow channels-last and are turned back; logits are as they are."""
+    model = build()
+    size = 64 if model.task == "classify" else SIZE
+    runtime = load_exported(export(model, fmt, out=tmp_path / f"model{SUFFIX[fmt]}", img_size=size), trust_code=True)
+    assert (runtime.task, runtime.names) == (model.task, model.names)
+    imgs = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(4))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    if model.task == "classify":
+        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
+        return
+    (decoded, proto), (expected_decoded, expected_proto) = actual, expected
+    assert proto.shape == expected_proto.shape == (2, 32, SIZE // 4, SIZE // 4)
+    torch.testing.assert_close(decoded[..., 4:], expected_decoded[..., 4:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(decoded[..., :4], expected_decoded[..., :4], atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(proto, expected_proto, atol=1e-4 * float(expected_proto.abs().max()), rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_same_model_converts_to_the_same_graph(setup, tmp_path):
+    model, _, paths = setup
+    again = export(model, "pb", out=tmp_path / "again.pb", img_size=SIZE)
+    assert again.read_bytes() == paths["pb"].read_bytes()
