@@ -141,8 +141,10 @@ def test_what_tensorflow_exports_cannot_do_is_one_line(setup, tmp_path, options,
     assert list(tmp_path.iterdir()) == []
 
 
-def test_anchor_free_detector_export_gives_the_decoded_predictions_of_pytorch(tmp_path):
+def test_anchor_free_detector_export_gives_the_decoded_predictions_of_pytorch(tmp_path, capfd):
+    """... and neither the conversion nor TensorFlow's loading and running print anything."""
     model = untrained("yolov8n")
+    capfd.readouterr()
     path = export(model, "saved_model", out=tmp_path / "yolov8n_saved_model", img_size=SIZE)
     runtime = load_exported(path, trust_code=True)
     assert (runtime.family, runtime.anchors_per_level, runtime.names) == ("anchor_free", 1, model.names)
@@ -151,6 +153,7 @@ def test_anchor_free_detector_export_gives_the_decoded_predictions_of_pytorch(tm
     assert actual.shape == expected.shape
     torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)
     torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=1e-5)
+    assert capfd.readouterr() == ("", "")
 
 
 def yolov5_segmenter() -> Yolov5:

@@ -37,8 +37,9 @@ _CONVERTER = Path(__file__).with_name("_tensorflow_convert.py")
 # What Keras accepts in a layer's name (onnx2tf names layers after the ONNX nodes, which the exporter names
 # "/model.10/m/m.0/attn/Conv"): no leading slash, no characters but these.
 _NAME_CHARACTERS = re.compile(r"[^A-Za-z0-9_./>-]")
-# TensorFlow's compiled code writes notes (CPU features, no CUDA driver) on stderr as it loads.
-_QUIET_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+# TensorFlow's compiled code writes notes (CPU features, no CUDA driver) on stderr as it loads and runs: errors only,
+# unless the program says otherwise.
+_LOG_LEVEL = ("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def unavailable() -> str | None:
@@ -57,18 +58,15 @@ def sample_images() -> np.ndarray:
     return np.clip(0.9 * fields + 0.1 * noise, 0.0, 1.0).astype(np.float32)
 
 
-def convert(job: ExportJob, kind: str, output: Path, sample: bool = True) -> None:
-    """Convert ``job``'s traced graph to TensorFlow's ``kind`` (``saved_model`` or ``pb``) at ``output``.
-    ``sample=False`` leaves onnx2tf's image sample out of its working folder (the conversion then fails, having
-    been refused the download)."""
+def convert(job: ExportJob, kind: str, output: Path) -> None:
+    """Convert ``job``'s traced graph to TensorFlow's ``kind`` (``saved_model`` or ``pb``) at ``output``."""
     if (missing := unavailable()) is not None:
         raise ImportError(missing)
     onnx = onnx_module()
     with tempfile.TemporaryDirectory(prefix="yolotrain-tensorflow-") as scratch:
         source = Path(scratch) / "model.onnx"
         onnx.save(keras_named(onnx_proto(job)), str(source))
-        if sample:
-            np.save(Path(scratch) / SAMPLE_FILE, sample_images())
+        np.save(Path(scratch) / SAMPLE_FILE, sample_images())
         command = [sys.executable, str(_CONVERTER), str(source), kind, str(output)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S, cwd=scratch)
         if done.returncode != 0 or not output.exists():
@@ -87,8 +85,7 @@ def tensorflow_module() -> Any:
     """TensorFlow, imported with its load-time notes kept off the program's output."""
     if importlib.util.find_spec("tensorflow") is None:
         raise ImportError(f"TensorFlow models need the 'tensorflow' package ({EXTRA})")
-    for name, value in _QUIET_ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
+    os.environ.setdefault(*_LOG_LEVEL)
     with quiet_output((2,)):
         import tensorflow as tf
     return tf
