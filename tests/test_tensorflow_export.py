@@ -19,6 +19,7 @@ from yolotrain.interop import export, load_exported
 from yolotrain.interop.formats import _tensorflow
 from yolotrain.interop.trust import UntrustedModelError
 from yolotrain.model.classify import Classifier
+from yolotrain.outputs import OutputExistsError
 
 pytestmark = pytest.mark.skipif(_tensorflow.unavailable() is not None, reason="pip install 'yolotrain[tensorflow]'")
 
@@ -203,3 +204,15 @@ def test_the_same_model_converts_to_the_same_graph(setup, tmp_path):
     model, _, paths = setup
     again = export(model, "pb", out=tmp_path / "again.pb", img_size=SIZE)
     assert again.read_bytes() == paths["pb"].read_bytes()
+
+
+def test_a_folder_that_is_not_an_earlier_export_is_never_replaced(setup, tmp_path):
+    model, _, _ = setup
+    mine = tmp_path / "photos_saved_model"
+    mine.mkdir()
+    (mine / "holiday.jpg").write_bytes(b"not a model")
+    with pytest.raises(OutputExistsError, match="exists and is not an export to TensorFlow SavedModel"):
+        export(model, "saved_model", out=mine, img_size=SIZE)
+    with pytest.raises(ValueError, match="^saved_model output must end in _saved_model, got model$"):
+        export(model, "saved_model", out=tmp_path / "model", img_size=SIZE)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["holiday.jpg", "photos_saved_model"]
