@@ -27,7 +27,7 @@ pytest.importorskip("onnxruntime", reason="needs the export extra: pip install '
 SIZE = 96
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
 SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param", "mnn": ".mnn",
-          "tflite": ".tflite", "executorch": ".pte"}
+          "tflite": ".tflite", "executorch": ".pte", "saved_model": "_saved_model", "pb": ".pb"}
 NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
                           reason="pip install 'yolotrain[ncnn]'")
 MNN = pytest.mark.skipif(importlib.util.find_spec("MNN") is None, reason="pip install 'yolotrain[mnn]'")
@@ -214,7 +214,14 @@ def test_sliced_inference_with_one_tile_equals_the_whole_image(request, shapes, 
 
 # The formats a pose or oriented-box model exports to, each compared with PyTorch below, and those it is refused:
 # together every format the exporter knows.
-KEYPOINT_AND_ANGLE_FORMATS = [*FORMATS, pytest.param("tflite", marks=TFLITE)]
+# Each TensorFlow conversion takes about a minute here: run on demand (tests/test_tensorflow_export.py checks the
+# formats on detectors in every run).
+TENSORFLOW_SLOW = (pytest.mark.slow, pytest.mark.skipif(
+    any(importlib.util.find_spec(name) is None for name in ("tensorflow", "tf_keras", "onnx2tf")),
+    reason="pip install 'yolotrain[tensorflow]'"))
+KEYPOINT_AND_ANGLE_FORMATS = [*FORMATS, pytest.param("tflite", marks=TFLITE),
+                              pytest.param("saved_model", marks=TENSORFLOW_SLOW),
+                              pytest.param("pb", marks=TENSORFLOW_SLOW)]
 REFUSED_FOR_KEYPOINTS_AND_ANGLES = ["coreml", "engine"]
 
 

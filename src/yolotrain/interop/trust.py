@@ -47,7 +47,7 @@ def require_trust(path: str | os.PathLike, trust_code: bool) -> None:
             how to accept it.
     """
     path = Path(path)
-    if trust_code or not needs_trust(path) or not path.is_file():
+    if trust_code or not needs_trust(path) or not path.exists():
         return
     raise UntrustedModelError(f"{path}: not loaded: {_runs_code(formats.suffix_of(path))}; {describe_origin(path)}; "
                               "pass --trust-model-code (Python: trust_code=True) only if you trust its source")

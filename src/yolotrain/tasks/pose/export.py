@@ -15,7 +15,8 @@ from ..detect.export import DetectExport
 
 # The formats whose exports of a pose model give PyTorch's outputs (tests/test_anchor_free_export.py); Core ML
 # (no runtime off macOS) and TensorRT (no GPU build here) were not checked, so they are refused.
-EXPORT_FORMATS = frozenset({"onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch"})
+EXPORT_FORMATS = frozenset({"onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch", "saved_model",
+                            "pb"})
 
 
 class PoseExport(DetectExport):

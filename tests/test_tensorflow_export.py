@@ -1,0 +1,218 @@
+"""TensorFlow exports (SavedModel folder, frozen GraphDef): converted by onnx2tf without any network access, run by
+TensorFlow as PyTorch runs the model, through `val` and `predict` too, with the metadata other tools read, and what
+they cannot do refused in one line."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+
+import pytest
+import torch
+import yaml
+from conftest import untrained
+
+from yolotrain import Yolov5, predict, val
+from yolotrain.data import generate_shapes_dataset
+from yolotrain.interop import export, load_exported
+from yolotrain.interop.formats import _tensorflow
+from yolotrain.interop.trust import UntrustedModelError
+from yolotrain.model.classify import Classifier
+from yolotrain.outputs import OutputExistsError
+
+pytestmark = pytest.mark.skipif(_tensorflow.unavailable() is not None, reason="pip install 'yolotrain[tensorflow]'")
+
+SIZE = 96
+SUFFIX = {"saved_model": "_saved_model", "pb": ".pb"}
+NAMES = ["circle", "rectangle"]
+
+
+def refuse_connection(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the export opened a network connection")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A random-init YOLOv5 detector whose objectness is biased up (so it detects), its exports to both formats
+    (written with network connections refused in this process as in the converter's), and a shapes dataset."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2, names=NAMES).eval()
+    with torch.no_grad():
+        for conv in model.head.m:
+            conv.bias.view(3, 7)[:, 4].add_(6.0)
+    folder = tmp_path_factory.mktemp("tensorflow")
+    data = generate_shapes_dataset(root=folder / "shapes", n_train=2, n_val=4, img_size=SIZE)
+    paths = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", refuse_connection)
+        patch.setattr(socket, "create_connection", refuse_connection)
+        for fmt, suffix in SUFFIX.items():
+            paths[fmt] = export(model, fmt, out=folder / f"model{suffix}", img_size=SIZE)
+    return model, data / "data.yaml", paths
+
+
+def torch_output(model: torch.nn.Module, imgs: torch.Tensor):
+    with torch.inference_mode():
+        return copy.deepcopy(model).fuse()(imgs)
+
+
+@pytest.mark.parametrize("fmt", list(SUFFIX))
+def test_export_runs_in_tensorflow_like_torch(setup, fmt):
+    model, _, paths = setup
+    runtime = load_exported(paths[fmt], trust_code=True)
+    assert (runtime.names, runtime.img_size, runtime.precision, runtime.end_to_end) == (NAMES, (SIZE, SIZE), "fp32",
+                                                                                          False)
+    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    assert actual.shape == expected.shape == (2, 567, 7)
+    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)  # objectness, scores
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=0)  # pixels
+    with pytest.raises(AssertionError):  # negative control: a 1% objectness error is caught
+        torch.testing.assert_close(actual[..., 4:] * 1.01, expected[..., 4:], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("fmt", list(SUFFIX))
+def test_val_and_predict_run_the_export_as_pytorch(setup, fmt):
+    model, data, paths = setup
+    # The graph is fixed at one size: val letterboxes square, PyTorch's side too.
+    ours = val(model, str(data), img_size=SIZE, batch_size=4, workers=0, rect=False, verbose=False, plots=False,
+               half=False)
+    theirs = val(str(paths[fmt]), str(data), img_size=SIZE, batch_size=4, workers=0, verbose=False, plots=False,
+                 trust_code=True)
+    assert ours.map50 > 0
+    assert (theirs.map50, theirs.map) == (pytest.approx(ours.map50, abs=1e-3), pytest.approx(ours.map, abs=1e-3))
+    images = sorted((data.parent / "images" / "val").iterdir())[:2]
+    expected = predict(model, images, img_size=SIZE, conf=0.3, half=False)
+    actual = predict(paths[fmt], images, img_size=SIZE, conf=0.3, trust_code=True)
+    assert sum(len(r.boxes) for r in expected) > 0
+    for a, b in zip(expected, actual):
+        assert b.names == NAMES and len(b.boxes) == len(a.boxes) and torch.equal(a.classes, b.classes)
+        torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
+
+
+def test_metadata_is_kept_with_the_model_for_us_and_for_ultralytics(setup):
+    _, _, paths = setup
+    folder = paths["saved_model"]
+    assert {"saved_model.pb", "variables", "metadata.yaml", "yolotrain.json"} <= {p.name for p in folder.iterdir()}
+    tools = yaml.safe_load((folder / "metadata.yaml").read_text(encoding="utf-8"))
+    # What ultralytics' AutoBackend reads from a SavedModel folder.
+    assert (tools["names"], tools["stride"], tools["imgsz"], tools["task"], tools["batch"]) == (
+        {0: "circle", 1: "rectangle"}, 32, [SIZE, SIZE], "detect", 1)
+    ours = json.loads((folder / "yolotrain.json").read_text(encoding="utf-8"))
+    beside = json.loads(paths["pb"].with_name("model.pb.json").read_text(encoding="utf-8"))
+    assert ours == beside and ours["producer"] == "yolotrain" and json.loads(ours["class_names"]) == NAMES
+
+
+@pytest.mark.parametrize("fmt", list(SUFFIX))
+def test_a_tensorflow_graph_loads_only_when_trusted(setup, fmt):
+    """TensorFlow graphs are programs (their operations read and write files): refused unless trusted."""
+    _, _, paths = setup
+    with pytest.raises(UntrustedModelError, match="a TensorFlow graph is a program") as info:
+        load_exported(paths[fmt])
+    assert "\n" not in str(info.value) and "yolotrain export of" in str(info.value)
+
+
+def test_the_conversion_refuses_to_download_its_image_sample(setup, tmp_path, monkeypatch):
+    """onnx2tf fetches its image sample from GitHub when its working folder lacks it; the converter process refuses
+    every connection, so an export without the sample fails (in one line, leaving nothing) instead of downloading."""
+    model, _, _ = setup
+    monkeypatch.setattr(_tensorflow, "SAMPLE_FILE", "not_what_onnx2tf_looks_for.npy")
+    with pytest.raises(RuntimeError, match="network access is refused while converting to TensorFlow"):
+        export(model, "pb", out=tmp_path / "model.pb", img_size=SIZE)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_sample_onnx2tf_checks_on_is_the_same_every_time():
+    first, second = _tensorflow.sample_images(), _tensorflow.sample_images()
+    assert first.shape == _tensorflow.SAMPLE_SHAPE and first.dtype == "float32"
+    assert (first == second).all() and 0.0 <= first.min() < 0.2 and 0.8 < first.max() <= 1.0
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"half": True}, "fp16 (--half) export is available for coreml, engine, mnn, ncnn, onnx, openvino, tflite, "
+                     "not saved_model"),
+    ({"nms": True}, "NMS inside (--nms) export is available for onnx, openvino, not saved_model"),
+    ({"raw": True}, "raw outputs (--raw) export is available for "),
+])
+def test_what_tensorflow_exports_cannot_do_is_one_line(setup, tmp_path, options, message):
+    model, _, _ = setup
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        export(model, "saved_model", out=tmp_path / f"model{SUFFIX['saved_model']}", img_size=SIZE, **options)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_anchor_free_detector_export_gives_the_decoded_predictions_of_pytorch(tmp_path, capfd):
+    """... and neither the conversion nor TensorFlow's loading and running print anything."""
+    model = untrained("yolov8n")
+    capfd.readouterr()
+    path = export(model, "saved_model", out=tmp_path / "yolov8n_saved_model", img_size=SIZE)
+    runtime = load_exported(path, trust_code=True)
+    assert (runtime.family, runtime.anchors_per_level, runtime.names) == ("anchor_free", 1, model.names)
+    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(3))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=1e-5)
+    assert capfd.readouterr() == ("", "")
+
+
+def yolov5_segmenter() -> Yolov5:
+    """A random YOLOv5 segmentation model whose prototypes are of order 1 (a random Proto's are ~1e-7)."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=3, names=["a", "b", "c"], task="segment").eval()
+    with torch.no_grad():
+        model.head.proto.cv3.bn.bias.copy_(torch.randn(32))
+    return model
+
+
+def yolov5_classifier() -> Classifier:
+    """A classifier with spread BatchNorm statistics, so its logits differ from image to image."""
+    torch.manual_seed(0)
+    model = Classifier.from_name("yolov5n-cls", 2, NAMES)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean = torch.randn_like(module.running_mean) * 0.1
+            module.running_var = torch.rand_like(module.running_var) + 0.5
+    return model.eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", list(SUFFIX))
+@pytest.mark.parametrize("build", [yolov5_segmenter, lambda: untrained("yolo11n-seg"), yolov5_classifier],
+                         ids=["yolov5n-seg", "yolo11n-seg", "yolov5n-cls"])
+def test_segmentation_and_classification_exports_give_the_outputs_of_pytorch(tmp_path, fmt, build):
+    """Mask prototypes come out of TensorFlow channels-last and are turned back; logits are as they are."""
+    model = build()
+    size = 64 if model.task == "classify" else SIZE
+    runtime = load_exported(export(model, fmt, out=tmp_path / f"model{SUFFIX[fmt]}", img_size=size), trust_code=True)
+    assert (runtime.task, runtime.names) == (model.task, model.names)
+    imgs = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(4))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    if model.task == "classify":
+        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
+        return
+    (decoded, proto), (expected_decoded, expected_proto) = actual, expected
+    assert proto.shape == expected_proto.shape == (2, 32, SIZE // 4, SIZE // 4)
+    torch.testing.assert_close(decoded[..., 4:], expected_decoded[..., 4:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(decoded[..., :4], expected_decoded[..., :4], atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(proto, expected_proto, atol=1e-4 * float(expected_proto.abs().max()), rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_same_model_converts_to_the_same_graph(setup, tmp_path):
+    model, _, paths = setup
+    again = export(model, "pb", out=tmp_path / "again.pb", img_size=SIZE)
+    assert again.read_bytes() == paths["pb"].read_bytes()
+
+
+def test_a_folder_that_is_not_an_earlier_export_is_never_replaced(setup, tmp_path):
+    model, _, _ = setup
+    mine = tmp_path / "photos_saved_model"
+    mine.mkdir()
+    (mine / "holiday.jpg").write_bytes(b"not a model")
+    with pytest.raises(OutputExistsError, match="exists and is not an export to TensorFlow SavedModel"):
+        export(model, "saved_model", out=mine, img_size=SIZE)
+    with pytest.raises(ValueError, match="^saved_model output must end in _saved_model, got model$"):
+        export(model, "saved_model", out=tmp_path / "model", img_size=SIZE)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["holiday.jpg", "photos_saved_model"]
