@@ -35,6 +35,7 @@ SAME_MEANING = {
     "--int8": ("int8", True), "--dynamic": ("dynamic_size", True), "--simplify": ("simplify", True),
     "--opset": ("opset", 18), "--nms": ("nms", True), "--topk-all": ("max_det", 100), "--iou-thres": ("iou", 0.6),
     "--conf-thres": ("conf", 0.3), "--include": ("format", ("openvino",)), "--optimize": ("optimize", True),
+    "--keras": ("keras", True),
 }
 
 

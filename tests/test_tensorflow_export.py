@@ -4,6 +4,7 @@ they cannot do refused in one line."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import socket
@@ -14,8 +15,9 @@ import yaml
 from conftest import untrained
 
 from yolotrain import Yolov5, predict, val
+from yolotrain.checkpoint import save_checkpoint
 from yolotrain.data import generate_shapes_dataset
-from yolotrain.interop import export, load_exported
+from yolotrain.interop import add_export_arguments, export, load_exported, run_export
 from yolotrain.interop.formats import _tensorflow
 from yolotrain.interop.trust import UntrustedModelError
 from yolotrain.model.classify import Classifier
@@ -26,6 +28,12 @@ pytestmark = pytest.mark.skipif(_tensorflow.unavailable() is not None, reason="p
 SIZE = 96
 SUFFIX = {"saved_model": "_saved_model", "pb": ".pb"}
 NAMES = ["circle", "rectangle"]
+
+
+def export_parser():
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    return parser
 
 
 def refuse_connection(*args: object, **kwargs: object) -> None:
@@ -127,6 +135,28 @@ def test_the_sample_onnx2tf_checks_on_is_the_same_every_time():
     first, second = _tensorflow.sample_images(), _tensorflow.sample_images()
     assert first.shape == _tensorflow.SAMPLE_SHAPE and first.dtype == "float32"
     assert (first == second).all() and 0.0 <= first.min() < 0.2 and 0.8 < first.max() <= 1.0
+
+
+def test_keras_writes_a_savedmodel_that_keras_loads_and_that_runs_like_torch(setup, tmp_path):
+    """``--keras`` (the reference's): the SavedModel is written by Keras, so it loads again as a Keras model, which
+    computes what PyTorch does; our runtime runs its serving signature as the plain SavedModel's."""
+    import tf_keras
+
+    model, _, _ = setup
+    path = tmp_path / "keras_saved_model"
+    assert run_export(export_parser().parse_args([
+        "--weights", str(save_checkpoint(tmp_path / "best", model)), "--format", "saved_model", "--keras",
+        "--img-size", str(SIZE), "--output", str(path)])) == 0
+    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+    expected = torch_output(model, imgs)
+    keras_model = tf_keras.models.load_model(str(path))
+    assert isinstance(keras_model, tf_keras.Model)
+    actual = torch.cat([torch.from_numpy(keras_model(image.permute(1, 2, 0)[None].numpy()).numpy()) for image in imgs])
+    torch.testing.assert_close(actual, expected, atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(load_exported(path, trust_code=True)(imgs), expected, atol=1e-3, rtol=1e-5)
+    refusal = r"^a Keras SavedModel \(--keras\) export is available for saved_model, not pb"
+    with pytest.raises(ValueError, match=refusal):
+        export(model, "pb", out=tmp_path / "model.pb", img_size=SIZE, keras=True)
 
 
 @pytest.mark.parametrize(("options", "message"), [

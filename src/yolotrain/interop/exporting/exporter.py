@@ -65,6 +65,7 @@ HALF_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.half)
 INT8_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.int8)
 NMS_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.nms)
 MOBILE_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.mobile)
+KERAS_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.keras)
 # Formats whose graphs keep a free batch axis and image size (the others are fixed at img_size, batch 1).
 DYNAMIC_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.dynamic)
 DEFAULT_OPSET = 17
@@ -111,6 +112,8 @@ class ExportConfig:
     optimize: bool = setting(False, "for PyTorch Mobile's lite interpreter: a frozen graph (weights folded in as "
                              "constants; XNNPACK's mobile rewrites where the PyTorch build has XNNPACK) saved with "
                              f"its bytecode ({', '.join(sorted(MOBILE_FORMATS))})")
+    keras: bool = setting(False, "write the SavedModel with Keras: it also loads as a Keras model "
+                          f"(tf_keras.models.load_model) ({', '.join(sorted(KERAS_FORMATS))})")
     force: bool = setting(False, "replace an existing output that is not an earlier export of this format (never "
                           "one of the export's inputs)")
 
@@ -127,7 +130,6 @@ NO_EFFECT_REFERENCE_OPTIONS = {
 # line rather than being ignored. docs/coming-from-yolov5.md lists them with the other differences.
 UNSUPPORTED_EXPORT_OPTIONS = {
     "--batch-size": "the batch axis is free (ONNX, OpenVINO, TensorRT) or 1; --static-batch fixes it to 1",
-    "--keras": "TensorFlow SavedModel/Keras exports are not implemented (LiteRT is: --format tflite)",
     "--verbose": "TensorRT's build log is not shown",
     "--workspace": "the TensorRT builder's workspace is fixed at 4 GB, the reference's default",
     "--agnostic-nms": "the built-in NMS is per class",
@@ -229,8 +231,8 @@ def is_export_of(path: Path, spec: ExportFormat) -> bool:
     return export_metadata_of(path, spec) is not None
 
 
-def _check_options(fmt: str, half: bool, int8: bool, raw: bool, nms: bool, data: object,
-                   optimize: bool = False) -> None:
+def _check_options(fmt: str, data: object, *, half: bool = False, int8: bool = False, raw: bool = False,
+                   nms: bool = False, optimize: bool = False, keras: bool = False) -> None:
     """One-line errors for requests no format-specific code should see."""
     if fmt not in REGISTRY:
         raise ValueError(f"unknown export format {fmt!r}: choose one of {', '.join(REGISTRY)}")
@@ -238,7 +240,8 @@ def _check_options(fmt: str, half: bool, int8: bool, raw: bool, nms: bool, data:
         raise ValueError("choose one of half and int8")
     for asked, capability, what in ((half, "half", "fp16 (--half)"), (int8, "int8", "int8 (--int8)"),
                                     (nms, "nms", "NMS inside (--nms)"), (raw, "raw", "raw outputs (--raw)"),
-                                    (optimize, "mobile", "mobile optimization (--optimize)")):
+                                    (optimize, "mobile", "mobile optimization (--optimize)"),
+                                    (keras, "keras", "a Keras SavedModel (--keras)")):
         if asked and not getattr(REGISTRY[fmt], capability):
             supported = sorted(name for name, spec in REGISTRY.items() if getattr(spec, capability))
             raise ValueError(f"{what} export is available for {', '.join(supported)}, not {fmt}")
@@ -259,7 +262,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
            data: str | os.PathLike | None = _DEFAULTS.data, calibration_images: int = _DEFAULTS.calibration_images,
            nms: bool = _DEFAULTS.nms, conf: float = _DEFAULTS.conf, iou: float | None = _DEFAULTS.iou,
            max_det: int = _DEFAULTS.max_det, multi_label: bool = _DEFAULTS.multi_label,
-           optimize: bool = _DEFAULTS.optimize, force: bool = _DEFAULTS.force) -> Path:
+           optimize: bool = _DEFAULTS.optimize, keras: bool = _DEFAULTS.keras, force: bool = _DEFAULTS.force) -> Path:
     """Export a checkpoint path or a :class:`Yolov5` to ``fmt`` (one of :data:`FORMATS`); the options are those of
     :class:`ExportConfig`.
 
@@ -270,13 +273,14 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     unless ``simplify=False``. ``half`` / ``int8`` choose the precision (``int8`` calibrates on up to
     ``calibration_images`` images from the dataset or image folder ``data``); ``nms=True`` builds
     non-maximum suppression with ``conf``, ``iou``, ``max_det`` and ``multi_label`` into the graph;
-    ``optimize=True`` writes TorchScript for PyTorch Mobile's lite interpreter.
+    ``optimize=True`` writes TorchScript for PyTorch Mobile's lite interpreter, ``keras=True`` a SavedModel that
+    Keras loads.
     ``img_size`` defaults to the model's training size (640; 1280 for P6 models). Returns the written path.
 
     An existing ``out`` is replaced only when it is an earlier export of this format (it carries our
     metadata), or with ``force``; an input (the weights, the calibration data) never is.
     """
-    _check_options(fmt, half, int8, raw, nms, data, optimize)
+    _check_options(fmt, data, half=half, int8=int8, raw=raw, nms=nms, optimize=optimize, keras=keras)
     if opset < DEFAULT_OPSET:
         raise ValueError(f"opset must be {DEFAULT_OPSET} or later, got {opset}")
     if not (0.0 <= conf <= 1.0 and (iou is None or 0.0 <= iou <= 1.0)):
@@ -312,7 +316,7 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
                     interop_metadata=interop,
                     half=half, calibration=calibration, size=size, min_side=model.size_multiple,
                     dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, simplify=simplify, opset=opset,
-                    optimize=optimize)
+                    optimize=optimize, keras=keras)
     with warnings.catch_warnings():
         # The input-shape checks in forward_maps are Python conditions the tracer reports as constants.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
@@ -362,7 +366,8 @@ def run_export(args: argparse.Namespace) -> int:
         if len(formats) > 1 and config.output is not None:
             raise ValueError("--output names one file: leave it out when exporting several formats")
         for fmt in formats:  # every format checked before the first one is written
-            _check_options(fmt, config.half, config.int8, config.raw, config.nms, config.data, config.optimize)
+            _check_options(fmt, config.data, half=config.half, int8=config.int8, raw=config.raw, nms=config.nms,
+                           optimize=config.optimize, keras=config.keras)
         options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                    if f.name not in ("weights", "format", "output")}
         if config.img_size is not None:  # a list, as given on the command line (and so named in errors)

@@ -38,7 +38,8 @@ class ExportFormat:
     """One export format: its name (``--format``), file suffix, capabilities, writer and runtime.
 
     ``half``/``int8``/``nms``/``raw``: whether it can store fp16 or int8, build NMS inside, output the
-    raw head maps; ``mobile``: whether it can be written for PyTorch Mobile's lite interpreter (``--optimize``).
+    raw head maps; ``mobile``: whether it can be written for PyTorch Mobile's lite interpreter (``--optimize``);
+    ``keras``: whether it can be written by Keras (``--keras``).
     ``outputs``: the output kinds it carries (:data:`~..exporting.graph.BOXES`,
     :data:`~..exporting.graph.MASK_PROTOTYPES`, :data:`~..exporting.graph.LOGITS` ...); a model exports to it when
     it carries every kind the model's task gives (:meth:`carries`). ``dynamic``: whether its graph keeps a
@@ -64,6 +65,7 @@ class ExportFormat:
     nms: bool = False
     raw: bool = False
     mobile: bool = False
+    keras: bool = False
     outputs: frozenset[str] = frozenset({BOXES})
     dynamic: bool = False
     companions: tuple[str, ...] = ()

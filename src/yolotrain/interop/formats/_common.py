@@ -46,7 +46,7 @@ class ExportJob:
     ``interop_metadata``: those fields as values, for the formats that store values), the precision
     (``half``, or ``calibration`` images for int8) and the ONNX
     tracing options (``dynamic_*`` already off for formats without free axes); ``optimize``: written for
-    PyTorch Mobile's lite interpreter (TorchScript)."""
+    PyTorch Mobile's lite interpreter (TorchScript); ``keras``: a SavedModel written by Keras."""
 
     graph: ExportGraph
     example: torch.Tensor
@@ -62,6 +62,7 @@ class ExportJob:
     simplify: bool
     opset: int
     optimize: bool = False
+    keras: bool = False
 
 
 @contextlib.contextmanager

@@ -59,7 +59,8 @@ def sample_images() -> np.ndarray:
 
 
 def convert(job: ExportJob, kind: str, output: Path) -> None:
-    """Convert ``job``'s traced graph to TensorFlow's ``kind`` (``saved_model`` or ``pb``) at ``output``."""
+    """Convert ``job``'s traced graph to TensorFlow's ``kind`` (``saved_model``, ``keras_saved_model`` or ``pb``)
+    at ``output``."""
     if (missing := unavailable()) is not None:
         raise ImportError(missing)
     onnx = onnx_module()

@@ -6,7 +6,7 @@ Network connections are refused in this process before onnx2tf is imported: onnx
 from GitHub when its working folder lacks one, and an export never downloads anything (the parent writes the
 sample into the working folder). The process prints nothing but, on failure, one line on stderr.
 
-Usage: ``python _tensorflow_convert.py MODEL.onnx saved_model|pb OUTPUT``
+Usage: ``python _tensorflow_convert.py MODEL.onnx saved_model|keras_saved_model|pb OUTPUT``
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # onnx2tf runs an ONNX Runtime session for its checks: on the CPU, whatever the machine has.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# The signature TensorFlow Serving (and our runtime) call.
+SIGNATURE = "serving_default"
 
 
 def _refuse_network(*args: object, **kwargs: object) -> None:
@@ -60,11 +62,15 @@ def main(onnx_path: str, kind: str, output: str) -> None:
             outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
             return {f"output{index}": tensor for index, tensor in enumerate(outputs)}
 
-        if kind == "saved_model":
+        if kind == "keras_saved_model":
+            # The reference's --keras: Keras writes the model (it loads again with tf_keras.models.load_model),
+            # with the same serving signature as the plain SavedModel's.
+            model.save(output, save_format="tf", signatures={SIGNATURE: tf.function(serve, input_signature=spec)})
+        elif kind == "saved_model":
             # Keras' export archive tracks what the graph captures (tables and variables of onnx2tf's layers too).
             archive = tf_keras.export.ExportArchive()
             archive.track(model)
-            archive.add_endpoint(name="serving_default", fn=serve, input_signature=spec)
+            archive.add_endpoint(name=SIGNATURE, fn=serve, input_signature=spec)
             archive.write_out(output)
         else:
             from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2

@@ -35,7 +35,7 @@ RUNS_CODE = ("a TensorFlow graph is a program: its operations can read and write
 
 def write(job: ExportJob) -> None:
     with staged(job.out) as path:
-        convert(job, "saved_model", path)
+        convert(job, "keras_saved_model" if job.keras else "saved_model", path)
         (path / METADATA_FILE).write_text(json.dumps(job.metadata), encoding="utf-8")
         (path / TOOLS_METADATA_FILE).write_text(
             yaml.safe_dump(job.interop_metadata, sort_keys=False, allow_unicode=True), encoding="utf-8")
@@ -84,5 +84,5 @@ class SavedModelModel(ExportedModel):
 
 FORMAT = ExportFormat(name="saved_model", suffix=SUFFIX, title="TensorFlow SavedModel", write=write,
                       read_metadata=read_metadata, outputs=frozenset({BOXES, MASK_PROTOTYPES, LOGITS}),
-                      exact_suffix=True, runtime=SavedModelModel, runs_code=RUNS_CODE, unavailable=unavailable,
-                      extra=EXTRA)
+                      exact_suffix=True, keras=True, runtime=SavedModelModel, runs_code=RUNS_CODE,
+                      unavailable=unavailable, extra=EXTRA)
