@@ -148,3 +148,14 @@ def test_yolo_predict_keeps_the_full_image_and_takes_the_setting(coco128, tmp_pa
     (off,) = model.predict(path, img_size=320, half=False, device="cpu", reduced_decode=False)
     assert np.array_equal(default.image, full_image) and default.orig_shape == full_image.shape[:2]
     assert torch.equal(default.boxes, off.boxes)
+
+
+def test_labels_without_pictures_take_the_reduced_decode(pretrained_model, coco128, tmp_path):
+    """``--nosave --save-txt``: no pixels are written, so the file is decoded reduced; rows normalised by its size."""
+    path, full_image = upscaled(coco128, tmp_path)
+    (labelled,) = predict(pretrained_model, path, img_size=320, half=False, save_dir=tmp_path / "out", save=False,
+                          save_txt=True)
+    (full,) = predict(pretrained_model, path, img_size=320, half=False, reduced_decode=False)
+    assert not torch.equal(labelled.boxes, full.boxes) and labelled.orig_shape == full_image.shape[:2]
+    rows = (tmp_path / "out" / "labels" / "big.txt").read_text().splitlines()
+    assert rows == labelled.yolo_lines() and not list((tmp_path / "out").glob("*.jpg"))

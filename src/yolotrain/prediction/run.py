@@ -67,9 +67,10 @@ from .visualize import FeatureMaps
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
 _GLOB_CHARS = frozenset("*?[")
 # Results stay in the file's pixels either way; reduced pixels are never handed out or written.
-PREDICT_REDUCED_DECODE_NOTE = ("; predict: still JPEG files only, and only where no pixels are kept or written "
-                               "(annotated images, crops, --view-img, --slice tiles and results that keep their "
-                               "image, predict(stream=True) and YOLO().predict, decode the whole file)")
+PREDICT_REDUCED_DECODE_NOTE = ("; predict: still JPEG files only, and only where no pixels are kept or written: a "
+                               "predict(...) list, or --nosave without --save-crop, --view-img and --slice (annotated "
+                               "images and crops are drawn on, and predict(stream=True) and YOLO().predict results "
+                               "keep, the whole file's decode); results are in the file's pixels either way")
 
 Source = str | os.PathLike | np.ndarray | int
 
