@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import YOLOV5N_WEIGHTS
+from conftest import YOLOV5N_WEIGHTS, untrained
 from PIL import Image
 from torchvision.ops import box_iou
 
@@ -159,3 +159,23 @@ def test_labels_without_pictures_take_the_reduced_decode(pretrained_model, coco1
     assert not torch.equal(labelled.boxes, full.boxes) and labelled.orig_shape == full_image.shape[:2]
     rows = (tmp_path / "out" / "labels" / "big.txt").read_text().splitlines()
     assert rows == labelled.yolo_lines() and not list((tmp_path / "out").glob("*.jpg"))
+
+
+@pytest.mark.parametrize(("arch", "head"), [("yolo11n-seg", {}), ("yolov8n-pose", {"kpt_shape": (4, 3)}),
+                                            ("yolov8n-obb", {})])
+def test_masks_keypoints_and_rotated_boxes_are_in_the_files_pixels(coco128, tmp_path, arch, head):
+    """Each task's outputs beside the boxes are made for the file's size, as from a full decode."""
+    path, full_image = upscaled(coco128, tmp_path)
+    model = untrained(arch, **head)
+    options = {"img_size": 320, "half": False, "conf": 0.3, "max_det": 20, "device": "cpu"}
+    (reduced,) = predict(model, path, **options)
+    (full,) = predict(model, path, reduced_decode=False, **options)
+    h, w = full_image.shape[:2]
+    assert reduced.orig_shape == full.orig_shape == (h, w) and len(full.scores) > 0
+    assert abs(len(reduced.scores) - len(full.scores)) <= max(2, len(full.scores) // 5)
+    if reduced.masks is not None:
+        assert reduced.masks.shape[1:] == full.masks.shape[1:] == (h, w)
+    if reduced.keypoints is not None:
+        assert (reduced.keypoints[..., 0] <= w).all() and reduced.keypoints[..., 0].max() > w / 4
+    if reduced.rotated is not None:
+        assert reduced.rotated[:, :2].max() > w / 4 and (reduced.rotated[:, 0] <= w).all()
