@@ -179,3 +179,19 @@ def test_masks_keypoints_and_rotated_boxes_are_in_the_files_pixels(coco128, tmp_
         assert (reduced.keypoints[..., 0] <= w).all() and reduced.keypoints[..., 0].max() > w / 4
     if reduced.rotated is not None:
         assert reduced.rotated[:, :2].max() > w / 4 and (reduced.rotated[:, 0] <= w).all()
+
+
+def test_a_classifier_reads_the_reduced_decode_and_names_the_files_size(coco128, tmp_path):
+    from yolotrain.model.classify import Classifier
+    from yolotrain.prediction.classify import ClassifyPredictor
+
+    path, full_image = upscaled(coco128, tmp_path)
+    torch.manual_seed(0)
+    model = Classifier.from_name("yolov5n-cls", 2, ["circle", "rectangle"]).eval()
+    (reduced,) = predict(model, path, img_size=224, half=False, device="cpu")
+    (full,) = predict(model, path, img_size=224, half=False, device="cpu", reduced_decode=False)
+    assert reduced.orig_shape == full.orig_shape == full_image.shape[:2] and reduced.image is None
+    torch.testing.assert_close(reduced.probs, full.probs, atol=0.05, rtol=0)
+    # Its short side is what is resized to the input: 1920 / 8 = 240 still covers 224.
+    image, orig_shape = read_still(path, ClassifyPredictor(model, torch.device("cpu"), 224).decode_scale)
+    assert orig_shape == full_image.shape[:2] and image.shape[:2] == (240, 320)
