@@ -31,7 +31,10 @@ from .verify import LabelIndex
 _REDUCED_FLAGS = (
     (8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2)
 )
-_JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
+JPEG_SUFFIXES = frozenset({".jpg", ".jpeg"})
+# EXIF orientations that turn the stored pixels by a quarter (OpenCV's reader applies them): width and height swap.
+_EXIF_ORIENTATION = 0x0112
+_TRANSPOSING_ORIENTATIONS = frozenset({5, 6, 7, 8})
 
 
 def decode_flag(path: Path, scale: float, reduced: bool = True) -> int:
@@ -41,7 +44,7 @@ def decode_flag(path: Path, scale: float, reduced: bool = True) -> int:
     and 1/8 that still leaves it at or above that size, so resizing afterwards only ever shrinks it a
     little; anything else (other formats, smaller images, ``reduced`` off) is decoded at full size.
     """
-    if reduced and path.suffix.lower() in _JPEG_SUFFIXES:
+    if reduced and path.suffix.lower() in JPEG_SUFFIXES:
         return next((flag for factor, flag in _REDUCED_FLAGS if scale * factor <= 1), cv2.IMREAD_COLOR)
     return cv2.IMREAD_COLOR
 
@@ -50,6 +53,25 @@ def read_image(path: Path, scale: float, reduced: bool = True) -> np.ndarray | N
     """The image at ``path`` (BGR), decoded as :func:`decode_flag` says: possibly smaller than the file
     but never smaller than ``scale`` times it; ``None`` when OpenCV cannot read it."""
     return cv2.imread(str(path), decode_flag(path, scale, reduced))
+
+
+def reduction_factor(flag: int) -> int:
+    """How many times smaller each side comes out of ``cv2.imread`` with the :func:`decode_flag` ``flag`` (1: full)."""
+    return next((factor for factor, reduced in _REDUCED_FLAGS if reduced == flag), 1)
+
+
+def decoded_size(path: Path) -> tuple[int, int] | None:
+    """(h, w) of the image at ``path`` as a full ``cv2.imread`` gives it (EXIF orientation applied), from the
+    file's header alone; None when Pillow cannot read the header."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            width, height = im.size
+            orientation = im.getexif().get(_EXIF_ORIENTATION, 1) if path.suffix.lower() in JPEG_SUFFIXES else 1
+    except Exception:  # noqa: BLE001 - Pillow signals unreadable headers with many exception types
+        return None
+    return (width, height) if orientation in _TRANSPOSING_ORIENTATIONS else (height, width)
 
 
 SampleKey = tuple[int, int, bool]  # (index, epoch, mosaic enabled)

@@ -91,8 +91,16 @@ class ClassifyPredictor:
         self.img_size = img_size or model.default_img_size
         self.dtype = model.dtype
 
-    def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None) -> ClassifyResult:
+    def decode_scale(self, orig_shape: tuple[int, int]) -> float:
+        """How large an image of ``orig_shape`` (h, w) is used relative to its size: its short side at ``img_size``."""
+        return self.img_size / min(orig_shape)
+
+    def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None,
+                      orig_shape: tuple[int, int] | None = None) -> ClassifyResult:
+        """The class probabilities of one BGR image; with ``orig_shape`` (h, w), ``image`` is a reduced decode of an
+        image of that size, which the result names as its size and does not keep."""
         x = eval_transform(image, self.img_size)[None].to(self.device, self.dtype)
         with torch.inference_mode():
             probs = self.model(x).float().softmax(1)[0].cpu()
-        return ClassifyResult(path, probs, self.names, tuple(image.shape[:2]), frame, image)
+        return ClassifyResult(path, probs, self.names, orig_shape or tuple(image.shape[:2]), frame,
+                              None if orig_shape else image)

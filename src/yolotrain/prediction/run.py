@@ -28,6 +28,8 @@ from tqdm import tqdm
 from ..boxes import check_image_size, letterbox_geometry
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
 from ..data.augment import letterbox
+from ..data.dataset import JPEG_SUFFIXES, decode_flag, decoded_size, reduction_factor
+from ..data.loaders import REDUCED_DECODE_HELP, DataConfig
 from ..data.sources import IMG_FORMATS
 from ..data.walk import FolderWalkWarning, glob_files
 from ..eval.inference import (
@@ -64,6 +66,11 @@ from .visualize import FeatureMaps
 
 VIDEO_FORMATS = frozenset({"asf", "avi", "gif", "m4v", "mkv", "mov", "mp4", "mpeg", "mpg", "ts", "wmv", "webm"})
 _GLOB_CHARS = frozenset("*?[")
+# Results stay in the file's pixels either way; reduced pixels are never handed out or written.
+PREDICT_REDUCED_DECODE_NOTE = ("; predict: still JPEG files only, and only where no pixels are kept or written: a "
+                               "predict(...) list, or --nosave without --save-crop, --view-img and --slice (annotated "
+                               "images and crops are drawn on, and predict(stream=True) and YOLO().predict results "
+                               "keep, the whole file's decode); results are in the file's pixels either way")
 
 Source = str | os.PathLike | np.ndarray | int
 
@@ -96,6 +103,7 @@ class PredictConfig:
     line_width: int | None = setting(None, "box line width in pixels (default: scaled to the image)",
                                      flags=("--line-width", "--line-thickness"))
     vid_stride: int = setting(1, "predict every N-th video/stream frame")
+    reduced_decode: bool = setting(DataConfig.reduced_decode, REDUCED_DECODE_HELP + PREDICT_REDUCED_DECODE_NOTE)
     retina_masks: bool = setting(False, "segmentation models: masks made at the original image's resolution "
                                  "(sharper edges; default: at the network input's, then resized)")
     view_img: bool = setting(False, "show each annotated image or frame in a window (needs a display and an "
@@ -241,16 +249,21 @@ def expand_sources(source: Source | Sequence[Source]) -> list[Path | np.ndarray 
     return out
 
 
-def prepare_image(image: np.ndarray, img_size: int, stride: int = 32,
-                  square: bool = False) -> tuple[np.ndarray, tuple, tuple]:
+def prepare_image(image: np.ndarray, img_size: int, stride: int = 32, square: bool = False,
+                  orig_shape: tuple[int, int] | None = None) -> tuple[np.ndarray, tuple, tuple]:
     """Letterbox a BGR image to the smallest stride-multiple rectangle around its ``img_size`` fit
     (to the ``img_size`` square with ``square=True``, for exports fixed at that size).
 
+    ``orig_shape`` (h, w): the size of the image ``image`` was decoded from at a reduced scale; the input is
+    then laid out, and the gain given, as for that image at full size.
+
     Returns the RGB input image and the (x, y) gain and (left, top) pad mapping original pixels to it.
     """
-    h0, w0 = image.shape[:2]
+    h0, w0 = orig_shape or image.shape[:2]
     _, resized, _ = letterbox_geometry(np.array([w0, h0]), np.array([img_size, img_size]))
     uw, uh = (int(v) for v in resized)
+    if image.shape[:2] != (h0, w0):  # a reduced decode: to the full image's resized size, so only padding remains
+        image = cv2.resize(image, (uw, uh), interpolation=cv2.INTER_LINEAR)
     # Minimal padding: only up to the next stride multiple (the reference's "auto" letterbox).
     shape = (img_size, img_size) if square else (uh + (img_size - uh) % stride, uw + (img_size - uw) % stride)
     boxed, _, pad = letterbox(image, shape, scaleup=True)
@@ -289,9 +302,15 @@ class Predictor:
         self.img_size, self.conf, self.iou = img_size, conf, nms_iou(iou, self.model, "predict")
         self.classes, self.max_det, self.agnostic = classes, max_det, agnostic
 
-    def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None) -> Result:
-        """Detections of one BGR ``uint8`` image."""
-        rgb, gain, pad = prepare_image(image, self.img_size, self.stride, self.square)
+    def decode_scale(self, orig_shape: tuple[int, int]) -> float:
+        """How large an image of ``orig_shape`` (h, w) is used relative to its size: its letterboxed fit."""
+        return self.img_size / max(orig_shape)
+
+    def predict_image(self, image: np.ndarray, path: str = "", frame: int | None = None,
+                      orig_shape: tuple[int, int] | None = None) -> Result:
+        """Detections of one BGR ``uint8`` image, in its pixels; with ``orig_shape`` (h, w), ``image`` is a reduced
+        decode of an image of that size, the detections are in that image's pixels and the result keeps no image."""
+        rgb, gain, pad = prepare_image(image, self.img_size, self.stride, self.square, orig_shape)
         x = torch.from_numpy(rgb).to(self.device).permute(2, 0, 1)[None].to(self.dtype) / 255
         with torch.inference_mode():
             if self.model.end_to_end:  # an export with NMS inside
@@ -301,7 +320,7 @@ class Predictor:
                 pred, proto = self.task.infer(self.model, x)
                 det = self.task.suppress(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
                                          max_det=self.max_det, num_extra=self.task.nms_extra_columns(self.model))[0]
-        h0, w0 = image.shape[:2]
+        h0, w0 = orig_shape or image.shape[:2]
         # The xyxy boxes in the original image and, for rotated boxes, their xywhr there (else None).
         boxes, rotated = self.task.result_boxes(self.task.original_boxes(det, gain, pad, (h0, w0)))
         # What the task's model gives beside the boxes, in the original image (a segmentation model's masks and
@@ -309,7 +328,8 @@ class Predictor:
         fields = self.task.result_fields(None if proto is None else proto[0], det, boxes, x.shape[2:], gain, pad,
                                          (h0, w0), self.retina_masks)
         return Result(path, boxes.cpu(), det[:, 4].cpu(), det[:, 5].long().cpu(), self.names, (h0, w0), frame,
-                      image=image, rotated=None if rotated is None else rotated.cpu(), **fields)
+                      image=None if orig_shape else image, rotated=None if rotated is None else rotated.cpu(),
+                      **fields)
 
 
 def _frames(path: Path, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray, float]]:
@@ -463,6 +483,7 @@ def predict(
     hide_conf: bool = PredictConfig.hide_conf,
     line_width: int | None = PredictConfig.line_width,
     vid_stride: int = PredictConfig.vid_stride,
+    reduced_decode: bool = PredictConfig.reduced_decode,
     trust_code: bool = PredictConfig.trust_code,
     retina_masks: bool = PredictConfig.retina_masks,
     save: bool = PredictConfig.save,
@@ -502,6 +523,11 @@ def predict(
         hide_labels, hide_conf, line_width: drawing of the annotated outputs: boxes without labels,
             labels without scores, box lines ``line_width`` pixels wide (default: scaled to the image).
         vid_stride: predict every N-th frame of videos and live sources.
+        reduced_decode: decode a still JPEG at least twice the size it is predicted at by 1/2, 1/4 or 1/8 (the most
+            that keeps it at or above that size), then letterbox it as its full decode would be: the results are
+            in the file's pixels (boxes, masks, keypoints, ``orig_shape``) and close to a full decode's. Only
+            where no pixels leave the run: with ``save`` (and a ``save_dir``), ``save_crop``, ``view_img``,
+            ``slice`` or ``stream`` (whose results keep their image) every file is decoded at full size.
         retina_masks: for a segmentation model, make the masks at the original image's resolution
             (sharper edges) instead of at the network input's, then resized. Its results carry ``masks``
             and ``polygons``; its pictures show the masks, its ``labels/*.txt`` hold polygon rows.
@@ -568,7 +594,9 @@ def predict(
         _close_readers(live)
         held.close()
         raise
-    results = _predict_all(predictor, outputs, items, live, vid_stride, hooks, held)
+    # The pixels of a reduced decode are never kept or written: whatever shows or saves an image decodes it whole.
+    reduced = reduced_decode and not (outputs.save_media or outputs.save_crop or view_img or slice or stream)
+    results = _predict_all(predictor, outputs, items, live, vid_stride, hooks, held, reduced)
     # A stream dropped before its first step never runs its cleanup: the lock is released when it is collected.
     weakref.finalize(results, held.close)
     return results if stream else [replace(result, image=None) for result in results]
@@ -581,14 +609,14 @@ def _close_readers(live: dict[int, LatestFrameReader]) -> None:
 
 def _predict_all(predictor: Predictor, outputs: _Outputs, items: list[Path | np.ndarray | str],
                  live: dict[int, LatestFrameReader], vid_stride: int, hooks: Callbacks,
-                 held: contextlib.ExitStack) -> Iterator[Result]:
+                 held: contextlib.ExitStack, reduced: bool = False) -> Iterator[Result]:
     """Each result in turn; however the iteration ends, ``predictions.json`` is written with the results so
     far, the live readers are closed and the run folder's lock (in ``held``) is released."""
     results: list[Result] = []
     try:
         try:
             hooks.run("on_predict_start", predictor)
-            unreadable = yield from _with_hook(_predict_items(predictor, outputs, items, live, vid_stride),
+            unreadable = yield from _with_hook(_predict_items(predictor, outputs, items, live, vid_stride, reduced),
                                                results, hooks)
         finally:
             outputs.json(results)
@@ -615,8 +643,10 @@ def _with_hook(predicted: Generator[Result, None, list[str]], results: list[Resu
 
 
 def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | np.ndarray | str],
-                   live: dict[int, LatestFrameReader], vid_stride: int) -> Generator[Result, None, list[str]]:
+                   live: dict[int, LatestFrameReader], vid_stride: int,
+                   reduced: bool = False) -> Generator[Result, None, list[str]]:
     """Predict every source item into ``outputs``, yielding each result; returns the files that could not be read.
+    With ``reduced``, large still JPEGs are decoded at a reduced scale (:func:`read_still`).
 
     Ctrl-C while a live source is read ends the run there, after the frame in hand, as the normal way to
     stop a stream.
@@ -643,14 +673,32 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
             if not (yield from _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), stems[n])):
                 unreadable.append(str(item))
         else:
-            image = cv2.imread(str(item), cv2.IMREAD_COLOR)
+            image, orig_shape = read_still(item, predictor.decode_scale, reduced)
             if image is None:
                 unreadable.append(str(item))
                 continue
-            result = predictor.predict_image(image, str(item))
+            result = predictor.predict_image(image, str(item), orig_shape=orig_shape)
             outputs.image(stems[n] + item.suffix, image, result)
             yield result
     return unreadable
+
+
+def read_still(path: Path, decode_scale: Callable[[tuple[int, int]], float],
+               reduced: bool = True) -> tuple[np.ndarray | None, tuple[int, int] | None]:
+    """The BGR image file at ``path`` to predict on (None when OpenCV cannot read it), and the (h, w) of its full
+    decode when it was decoded smaller: with ``reduced``, a JPEG whose header gives its size is decoded at the
+    largest reduction still at or above ``decode_scale(size)`` times it (see
+    :func:`~yolotrain.data.dataset.decode_flag`); anything else, or a reduced decode not of the size the
+    header promises, is read whole."""
+    orig_shape = decoded_size(path) if reduced and path.suffix.lower() in JPEG_SUFFIXES else None
+    if orig_shape is not None:
+        flag = decode_flag(path, decode_scale(orig_shape))
+        factor = reduction_factor(flag)
+        if factor > 1:
+            image = cv2.imread(str(path), flag)
+            if image is not None and image.shape[:2] == tuple(-(-side // factor) for side in orig_shape):
+                return image, orig_shape
+    return cv2.imread(str(path), cv2.IMREAD_COLOR), None
 
 
 @contextlib.contextmanager
