@@ -360,6 +360,35 @@ def leftovers(folder) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name not in ("best.json", "best.safetensors", "empty"))
 
 
+@pytest.mark.parametrize(("fmt", "expected"), [
+    ("tfjs", "tensorflowjs_converter --input_format=tf_saved_model MODEL_saved_model MODEL_web_model"),
+    ("edgetpu", "`yolotrain export --format edgetpu --data DATA` writes (as --format tflite --int8)"),
+])
+def test_formats_made_by_tools_of_their_own_say_how_in_one_line(setup, tmp_path, fmt, expected):
+    """The reference's tfjs and edgetpu: their tools cannot be installed beside ours, so the export says how to make
+    them from one of ours (the command line writes edgetpu's int8 model itself, below)."""
+    model, _, _ = setup
+    with pytest.raises(ValueError, match="^[^\n]*$") as error:
+        export(model, fmt, out=tmp_path / "model.bin", img_size=SIZE)
+    assert expected in str(error.value) and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.litert
+@pytest.mark.skipif(not installed("litert_torch", "ai_edge_litert"), reason="pip install 'yolotrain[tflite]'")
+def test_edgetpu_writes_the_int8_model_its_compiler_reads_and_says_how_to_compile_it(setup, tmp_path, capsys):
+    model, data, _ = setup
+    weights = save_checkpoint(tmp_path / "best", model)
+    assert run_export(parse(["--weights", str(weights), "--format", "edgetpu", "--img-size", str(SIZE)])) == 1
+    assert "int8 export needs calibration images" in capsys.readouterr().err
+    assert run_export(parse(["--weights", str(weights), "--format", "edgetpu", "--data", str(data),
+                             "--img-size", str(SIZE)])) == 0
+    out, err = capsys.readouterr()
+    path = tmp_path / "best_int8.tflite"
+    assert out.strip() == str(path) and f"Edge TPU: compile it with `edgetpu_compiler -s {path}`" in err
+    runner = load_exported(path)
+    assert (runner.precision, runner.names) == ("int8", ["circle", "rectangle"])
+
+
 def test_bad_export_requests_fail_in_one_line_without_files(setup, tmp_path, capsys, monkeypatch):
     model, data, _ = setup
     save_checkpoint(tmp_path / "best", model)

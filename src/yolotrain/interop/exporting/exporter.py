@@ -80,7 +80,8 @@ class ExportConfig:
 
     weights: str | None = setting(None, "checkpoint: ours (.safetensors/.json), a state dict, or an official "
                                   "YOLOv5 .pt (required)")
-    format: tuple[str, ...] = setting(("onnx",), f"export formats, space or comma separated: {', '.join(FORMATS)}",
+    format: tuple[str, ...] = setting(("onnx",), f"export formats, space or comma separated: {', '.join(FORMATS)}; "
+                                      "edgetpu: the int8 LiteRT model Google's Edge TPU compiler reads",
                                       flags=("--format", "--include"))
     output: str | None = setting(None, "output file (default: the weights path with the format's suffix; one "
                                  "format only)")
@@ -135,6 +136,22 @@ UNSUPPORTED_EXPORT_OPTIONS = {
     "--agnostic-nms": "the built-in NMS is per class",
     "--topk-per-class": "the built-in NMS keeps at most --max-det boxes per image, not a count per class",
 }
+
+
+# Formats of the reference's export.py made by a tool that cannot be installed beside ours: each is one line saying
+# how to make it from one of our exports. `yolotrain export --format edgetpu` writes that export (the int8 LiteRT
+# model the Edge TPU compiler reads) and then says the line.
+FINISHED_ELSEWHERE = {
+    "edgetpu": "Edge TPU models are compiled by Google's edgetpu_compiler (Linux x86-64, not on PyPI: "
+               "https://coral.ai/docs/edgetpu/compiler/) from an int8 LiteRT model, which `yolotrain export "
+               "--format edgetpu --data DATA` writes (as --format tflite --int8) before saying how to compile it",
+    "tfjs": "TF.js models are converted from a SavedModel by tensorflowjs_converter, whose package cannot share an "
+            "environment with ours (it needs TensorFlow 2.19, numpy<2.2, protobuf<6): export --format saved_model, "
+            "then in an environment of its own run `tensorflowjs_converter --input_format=tf_saved_model "
+            "MODEL_saved_model MODEL_web_model`",
+}
+# The export `--format edgetpu` writes: the format and the options it implies.
+EDGE_TPU_SOURCE = ("tflite", {"int8": True})
 
 
 def _image_size(img_size: int | Sequence[int], stride: int = 32) -> tuple[int, int]:
@@ -234,6 +251,8 @@ def is_export_of(path: Path, spec: ExportFormat) -> bool:
 def _check_options(fmt: str, data: object, *, half: bool = False, int8: bool = False, raw: bool = False,
                    nms: bool = False, optimize: bool = False, keras: bool = False) -> None:
     """One-line errors for requests no format-specific code should see."""
+    if fmt in FINISHED_ELSEWHERE:
+        raise ValueError(FINISHED_ELSEWHERE[fmt])
     if fmt not in REGISTRY:
         raise ValueError(f"unknown export format {fmt!r}: choose one of {', '.join(REGISTRY)}")
     if half and int8:
@@ -365,17 +384,25 @@ def run_export(args: argparse.Namespace) -> int:
             raise ValueError("--format is empty")
         if len(formats) > 1 and config.output is not None:
             raise ValueError("--output names one file: leave it out when exporting several formats")
-        for fmt in formats:  # every format checked before the first one is written
-            _check_options(fmt, config.data, half=config.half, int8=config.int8, raw=config.raw, nms=config.nms,
-                           optimize=config.optimize, keras=config.keras)
         options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
                    if f.name not in ("weights", "format", "output")}
         if config.img_size is not None:  # a list, as given on the command line (and so named in errors)
             options["img_size"] = list(config.img_size)
-        with progress_bar(formats, desc="export", unit="format") as bar:
-            for fmt in bar:
-                bar.set_postfix_str(fmt)
-                bar.write(str(export(config.weights, fmt, out=config.output, **options)), file=sys.stdout)
+        # What each requested format writes: itself, or for edgetpu the int8 LiteRT model the compiler reads.
+        jobs = [(fmt, *EDGE_TPU_SOURCE) if fmt == "edgetpu" else (fmt, fmt, {}) for fmt in formats]
+        for _, written, implied in jobs:  # every format checked before the first one is written
+            checked = {name: options[name] for name in ("half", "int8", "raw", "nms", "optimize", "keras")}
+            _check_options(written, config.data, **{**checked, **implied})
+        with progress_bar(jobs, desc="export", unit="format") as bar:
+            for requested, written, implied in bar:
+                bar.set_postfix_str(requested)
+                path = export(config.weights, written, out=config.output, **{**options, **implied})
+                bar.write(str(path), file=sys.stdout)
+                if requested == "edgetpu":
+                    bar.write(f"Edge TPU: compile it with `edgetpu_compiler -s {path}` where Google's compiler is "
+                              "installed (Linux x86-64, not on PyPI: https://coral.ai/docs/edgetpu/compiler/); the "
+                              "Edge TPU runs its int8 operations, the float decode tail stays on the CPU",
+                              file=sys.stderr)
     except (CheckpointError, ValueError, ImportError, OSError) as exc:
         print(f"yolotrain export: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
               file=sys.stderr)
