@@ -33,6 +33,7 @@ Usage: python benchmarks/bench_scaling.py [--images N] [--rounds N] [--img-size 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -110,6 +111,9 @@ def child(tool: str, images: Path) -> dict:
         from yolotrain.data.dataset import DetectionDataset
         from yolotrain.data.sources import list_images
         from yolotrain.data.verify import verify_split
+    # The first full garbage collection after importing torch walks every object the imports made (about 0.1 s):
+    # done here, it is not billed to whichever tool's start-up happens to allocate enough to trigger it.
+    gc.collect()
     base = _status_mb("VmRSS")
     wall, cpu = time.perf_counter(), time.process_time()
     if tool == "reference":
@@ -307,14 +311,12 @@ def model_rows(configs: list[str], parts: list[str], subset: int, rounds: int, e
     return rows
 
 
-def _model_reading(row: dict, rows: list[dict]) -> str:
+def _model_reading(row: dict, rows: list[dict], batch: int) -> str:
     """How this row's cost compares with its FLOPs, with the same model's smaller size, and with the reference."""
-    from bench_train import BATCH
-
     parts = []
     step = row.get("step")
     if step:
-        ms_per_gflop = {side: step[side]["wall_s"] * 1e3 / BATCH / row["gflops_per_image"]
+        ms_per_gflop = {side: step[side]["wall_s"] * 1e3 / batch / row["gflops_per_image"]
                         for side in ("ours", "ours_fp32", "reference")}
         parts.append(f"step {ms_per_gflop['ours_fp32']:.1f} ms per image-GFLOP in float32 "
                      f"(reference {ms_per_gflop['reference']:.1f}, ours default {ms_per_gflop['ours']:.1f})")
@@ -340,8 +342,6 @@ def _model_reading(row: dict, rows: list[dict]) -> str:
 
 
 def _markdown_models(report: dict) -> list[str]:
-    from bench_train import BATCH
-
     setup = report["models_setup"]
     lines = ["## Model and image size: training step, val, whole 3-epoch command", "",
              f"Made by `{setup['command']}` on {report['cpu_model']} ({report['cpus']} CPUs, shared with other work: "
@@ -352,14 +352,14 @@ def _markdown_models(report: dict) -> list[str]:
              f"(`--amp auto`: {setup['auto_precision']} on this CPU; val `half` None: the same) and in float32; "
              "the reference (float32, its only CPU precision) in the same run, the contenders alternating.",
              "", f"- step: `bench_train` `Trainer.train_batch` vs the reference's model + ComputeLoss + SGD + EMA, "
-             f"batch {BATCH} (one fixed mosaic batch), median of {setup['step_rounds']} alternating rounds "
-             "after a warm-up;",
+             f"batch {setup['batch']} (one fixed mosaic batch), median of {setup['step_rounds']} alternating rounds "
+             f"after a warm-up, torch at {setup['torch_threads']} threads;",
              "- val: `bench_eval` `yolotrain.val(weights, data)` (float32, bf16) vs the reference's `val.run`, batch "
              "32, workers 0, best of 2 alternating passes;",
              f"- command: `bench_train` `yolotrain train --model M --data D --img S --epochs {setup['epochs']} "
-             "--batch-size 16 --workers 2 --device cpu --noplots [--amp off]` vs the reference's `train.py` with "
-             "the same arguments (`--weights yolov5n.pt` / `--weights '' --cfg yolov5X.yaml`), validation every "
-             "epoch; wall seconds.", "",
+             f"--batch-size {setup['batch']} --workers 2 --device cpu --noplots [--amp off]` vs the reference's "
+             "`train.py` with the same arguments (`--weights yolov5n.pt` / `--weights '' --cfg yolov5X.yaml`), "
+             "validation every epoch; wall seconds.", "",
              "| model | img | GFLOPs/img | step ms: ours / float32 / reference | step ref/ours (float32) | "
              "val s: bf16 / float32 / reference | val ref/ours float32 (bf16) | command s: ours / float32 / "
              "reference | command ref/ours (float32) | peak RSS GB ours / reference |",
@@ -383,7 +383,7 @@ def _markdown_models(report: dict) -> list[str]:
                   f"{c['reference']['peak_rss_gb']:.2f}"] if c else ["", "", ""]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Reading, row by row:", ""]
-    lines += [f"- {row['model']} at {row['img_size']}: {_model_reading(row, report['models'])}."
+    lines += [f"- {row['model']} at {row['img_size']}: {_model_reading(row, report['models'], setup['batch'])}."
               for row in report["models"]]
     if setup.get("reading"):
         lines += ["", setup["reading"]]
@@ -470,6 +470,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--subset", type=int, default=16, help="coco128 images of the model-size rows")
     p.add_argument("--step-rounds", type=int, default=3, help="timed training steps per contender")
     p.add_argument("--epochs", type=int, default=3, help="epochs of the whole commands")
+    p.add_argument("--batch", type=int, default=16, help="batch size of the model-size steps and commands")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads of the in-process steps and val (0: PyTorch's default)")
     p.add_argument("--child", nargs=2, metavar=("TOOL", "IMAGES"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
@@ -523,10 +526,14 @@ def main(argv: list[str] | None = None) -> dict | None:
 def add_model_rows(a: argparse.Namespace, argv: list[str] | None) -> dict:
     """Measure the model-size rows into ``scaling.json``/``.md`` under ``a.out_dir``, keeping the rows already
     there; both files are rewritten after every measurement, so an interrupted run keeps what it measured."""
+    import bench_train
     import torch
 
     from yolotrain.engine.prepare import autocast_dtype
 
+    bench_train.BATCH = a.batch  # bench_train's steps and commands read it when they run
+    if a.threads:
+        torch.set_num_threads(a.threads)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "scaling.json"
@@ -535,7 +542,7 @@ def add_model_rows(a: argparse.Namespace, argv: list[str] | None) -> dict:
     report["models_setup"] = {
         "command": "python benchmarks/bench_scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "load_before": round(os.getloadavg()[0], 1), "subset": a.subset, "step_rounds": a.step_rounds,
-        "epochs": a.epochs, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "epochs": a.epochs, "batch": a.batch, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "auto_precision": "bf16" if autocast_dtype("auto", torch.device("cpu")) else "float32",
         "reading": report.get("models_setup", {}).get("reading", "")}
 
