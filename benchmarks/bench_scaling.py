@@ -359,7 +359,7 @@ def _markdown_models(report: dict) -> list[str]:
              "the reference (float32, its only CPU precision) in the same run, the contenders alternating.",
              "", f"- step: `bench_train` `Trainer.train_batch` vs the reference's model + ComputeLoss + SGD + EMA, "
              f"batch {setup['batch']} (one fixed mosaic batch), median of {setup['step_rounds']} alternating rounds "
-             f"after a warm-up, torch at {setup['torch_threads']} threads;",
+             f"after a warm-up, torch threads: {setup['torch_threads']};",
              "- val: `bench_eval` `yolotrain.val(weights, data)` (float32, bf16) vs the reference's `val.run`, batch "
              "32, workers 0, best of 2 alternating passes;",
              f"- command: `bench_train` `yolotrain train --model M --data D --img S --epochs {setup['epochs']} "
