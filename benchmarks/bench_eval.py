@@ -63,6 +63,23 @@ def alternating_passes(sides: dict[str, Callable[[], object]], rounds: int) -> d
     return passes
 
 
+def val_contenders(weights: Path, data: Path, img_size: int, work: Path, reference_val,
+                   batch_size: int = 32) -> dict[str, Callable[[], object]]:
+    """One ``val`` pass each of ours (float32, and ``half``: bfloat16 on the CPU) and of the reference's
+    ``val.run`` (float32) on ``weights`` and ``data``; ``reference_val`` from :func:`import_reference`."""
+    from yolotrain.eval import val
+
+    common = dict(batch_size=batch_size, device="cpu")
+    return {
+        "ours": lambda: val(str(weights), data, img_size=img_size, workers=0, verbose=False, half=False, **common),
+        "ours_half": lambda: val(str(weights), data, img_size=img_size, workers=0, verbose=False, half=True,
+                                 **common),
+        "reference": lambda: reference_val.run(data=str(data), weights=str(weights), imgsz=img_size, workers=0,
+                                               plots=False, half=False, project=str(work), name="ref",
+                                               exist_ok=True, **common),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--img", type=int, default=640)
@@ -85,17 +102,9 @@ def main() -> None:
     from yolov5.utils.augmentations import letterbox
     from yolov5.utils.general import non_max_suppression, scale_boxes
 
-    from yolotrain.eval import val
     from yolotrain.prediction.run import Predictor
 
-    common = dict(batch_size=32, device="cpu")
-    sides = {
-        "ours": lambda: val(str(WEIGHTS), data, img_size=a.img, workers=0, verbose=False, half=False, **common),
-        "ours_half": lambda: val(str(WEIGHTS), data, img_size=a.img, workers=0, verbose=False, half=True, **common),
-        "reference": lambda: reference_val.run(data=str(data), weights=str(WEIGHTS), imgsz=a.img, workers=0,
-                                               plots=False, half=False, project=str(tmp), name="ref",
-                                               exist_ok=True, **common),
-    }
+    sides = val_contenders(WEIGHTS, data, a.img, tmp, reference_val)
     load_before = os.getloadavg()[0]
     passes = alternating_passes(sides, a.rounds)
     ours_s, ours_m = min(passes["ours"], key=lambda p: p[0])

@@ -15,13 +15,25 @@ that cache; wall and CPU seconds (the process and its pool workers), the process
 imports, and the cache file's size. Ours is ``list_images`` + ``verify_split`` + ``DetectionDataset``; the
 reference's ``LoadImagesAndLabels(path, 640, 16)``.
 
+Model-size rows (``--models``): yolov5 n/s/m at 320 and 640 and n6 at 1280 (architectures from their YAMLs;
+n from the official weights, the others randomly initialised, which does not change the cost of a training
+step or command), each with the training step of ``bench_train`` (ours with the defaults and with ``--amp
+off``, the reference's model + ComputeLoss + optimiser + EMA; batch 16, the contenders alternating, medians),
+``val`` of ``bench_eval`` (ours float32 and bfloat16, the reference's ``val.run``; alternating, best pass), and
+``bench_train``'s whole 3-epoch command with validation every epoch (subprocesses, sides rotating), all on the
+first ``--subset`` images of coco128 (train and val split alike). They are added to an existing
+``scaling.json`` next to its data-path rows.
+
 Usage: python benchmarks/bench_scaling.py [--images N] [--rounds N] [--img-size PX] [--dataset-sizes 1000 10000]
        [--out-dir DIR]
+       python benchmarks/bench_scaling.py --models n@320,n@640,s@320,s@640,m@320,m@640,n6@1280 [--parts step val
+       command] [--subset 16] [--step-rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -99,6 +111,9 @@ def child(tool: str, images: Path) -> dict:
         from yolotrain.data.dataset import DetectionDataset
         from yolotrain.data.sources import list_images
         from yolotrain.data.verify import verify_split
+    # The first full garbage collection after importing torch walks every object the imports made (about 0.1 s):
+    # done here, it is not billed to whichever tool's start-up happens to allocate enough to trigger it.
+    gc.collect()
     base = _status_mb("VmRSS")
     wall, cpu = time.perf_counter(), time.process_time()
     if tool == "reference":
@@ -212,11 +227,184 @@ def loader_rows(datasets: dict[str, Path], rounds: int, img_size: int) -> list[d
     return rows
 
 
+def model_gflops(version: str, img_size: int) -> float:
+    """GFLOPs (multiply-adds counted twice) of one square image's forward pass through our model."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from yolotrain import Yolov5
+
+    model = Yolov5(version, num_classes=80).eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(1, 3, img_size, img_size))
+    return counter.get_total_flops() / 1e9
+
+
+def random_checkpoint(reference_root: Path, version: str, path: Path) -> Path:
+    """The reference's ``yolov5{version}`` randomly initialised (seed 0), saved as an official checkpoint (which
+    both tools' ``val`` read)."""
+    import torch
+    from bench_train import reference_yaml
+    from yolov5.models.yolo import Model
+
+    torch.manual_seed(0)
+    model = Model(str(reference_yaml(reference_root, version)), nc=80)
+    model.names, model.nc = {i: str(i) for i in range(80)}, 80
+    torch.save({"model": model.half(), "ema": None, "epoch": -1}, path)
+    return path
+
+
+def model_rows(configs: list[str], parts: list[str], subset: int, rounds: int, epochs: int, tmp: Path,
+               save) -> list[dict]:
+    """One row per ``version@size`` of ``configs`` with the ``parts`` measured (``step``, ``val``, ``command``);
+    each part runs over all rows before the next, and ``save(rows)`` is called after every measurement."""
+    import bench_eval
+    import bench_train
+    import yolov5
+
+    from yolotrain.data.sources import link_subset
+
+    reference_root = Path(yolov5.__file__).parent
+    os.environ.update(bench_train.reference_train_env(tmp / "reference-config"))
+    data = link_subset(COCO128 / "data.yaml", tmp / "data", subset)
+    rows = []
+    for config in configs:
+        version, size = config.split("@")
+        rows.append({"model": f"yolov5{version}", "version": version, "img_size": int(size),
+                     "gflops_per_image": round(model_gflops(version, int(size)), 2),
+                     "weights": "official" if bench_train.model_source(version).endswith(".pt") else "random"})
+    if "step" in parts:
+        for row in rows:
+            version, size = row["version"], row["img_size"]
+            source = bench_train.model_source(version)
+            contenders = {"ours": bench_train.our_step(source, data, size, tmp / "runs"),
+                          "ours_fp32": bench_train.our_step(source, data, size, tmp / "runs", amp="off"),
+                          "reference": bench_train.reference_step(reference_root, version, data, size)}
+            load = os.getloadavg()[0]
+            row["step"] = {**bench_train.time_alternating(contenders, rounds), "load_before": round(load, 1),
+                           "load_after": round(os.getloadavg()[0], 1)}
+            del contenders
+            print(row["model"], size, json.dumps(row["step"]), flush=True)
+            save(rows)
+    if "val" in parts:
+        reference_val = bench_eval.import_reference(str(tmp / "reference-config"))
+        for row in rows:
+            version, size = row["version"], row["img_size"]
+            source = bench_train.model_source(version)
+            weights = Path(source) if source.endswith(".pt") else random_checkpoint(
+                reference_root, version, tmp / f"yolov5{version}-random.pt")
+            passes = bench_eval.alternating_passes(
+                bench_eval.val_contenders(weights, data, size, tmp / "val", reference_val), 2)
+            row["val"] = {side: {"best_s": round(min(t for t, _ in runs), 3),
+                                 "passes_s": [round(t, 3) for t, _ in runs]} for side, runs in passes.items()}
+            print(row["model"], size, json.dumps(row["val"]), flush=True)
+            save(rows)
+    if "command" in parts:
+        for row in rows:
+            version, size = row["version"], row["img_size"]
+            runs = bench_train.end_to_end(version, size, data, tmp / f"command-{version}-{size}", reference_root,
+                                          epochs, labels=("val",))["val"]
+            row["command"] = {side: {"wall_s": round(r["wall_s"], 1), "cpu_s": round(r["cpu_s"], 1),
+                                     "peak_rss_gb": round(r["peak_rss_gb"], 2)} for side, r in runs.items()}
+            print(row["model"], size, json.dumps(row["command"]), flush=True)
+            save(rows)
+    return rows
+
+
+def _model_reading(row: dict, rows: list[dict], batch: int) -> str:
+    """How this row's cost compares with its FLOPs, with the same model's smaller size, and with the reference."""
+    parts = []
+    step = row.get("step")
+    if step:  # CPU time: on a shared machine the wall clock of a step also counts the other work's turns
+        ms_per_gflop = {side: step[side]["cpu_s"] * 1e3 / batch / row["gflops_per_image"]
+                        for side in ("ours", "ours_fp32", "reference")}
+        parts.append(f"step {ms_per_gflop['ours_fp32']:.1f} CPU ms per image-GFLOP in float32 "
+                     f"(reference {ms_per_gflop['reference']:.1f}, ours default {ms_per_gflop['ours']:.1f})")
+        # The same widths and depths at a smaller size (n6 at 1280 against n at 640: a P6 model is its P5 one
+        # with one more output level).
+        smaller = sorted((r for r in rows if r["version"].rstrip("6") == row["version"].rstrip("6")
+                          and r["img_size"] < row["img_size"] and r.get("step")), key=lambda r: r["img_size"])
+        if smaller:
+            s = smaller[-1]
+            cost = {side: step[side]["cpu_s"] / s["step"][side]["cpu_s"] for side in ("ours_fp32", "reference")}
+            parts.append(f"x{row['gflops_per_image'] / s['gflops_per_image']:.1f} FLOPs over {s['model']} at "
+                         f"{s['img_size']} px cost x{cost['ours_fp32']:.1f} CPU (float32), reference "
+                         f"x{cost['reference']:.1f}")
+        parts.append(f"step reference/ours in CPU time {step['reference']['cpu_s'] / step['ours']['cpu_s']:.2f}x "
+                     f"(float32 {step['reference']['cpu_s'] / step['ours_fp32']['cpu_s']:.2f}x), wall "
+                     f"{step['reference']['wall_s'] / step['ours']['wall_s']:.2f}x "
+                     f"({step['reference']['wall_s'] / step['ours_fp32']['wall_s']:.2f}x)")
+    if row.get("val"):  # wall clock: val's passes run in this process, timed by bench_eval
+        v = row["val"]
+        parts.append(f"val reference/ours {v['reference']['best_s'] / v['ours']['best_s']:.2f}x float32, "
+                     f"{v['reference']['best_s'] / v['ours_half']['best_s']:.2f}x bf16")
+    if row.get("command"):
+        c = row["command"]
+        parts.append(f"command reference/ours {c['reference']['wall_s'] / c['ours']['wall_s']:.2f}x "
+                     f"(float32 {c['reference']['wall_s'] / c['ours_fp32']['wall_s']:.2f}x), in CPU time "
+                     f"{c['reference']['cpu_s'] / c['ours']['cpu_s']:.2f}x "
+                     f"({c['reference']['cpu_s'] / c['ours_fp32']['cpu_s']:.2f}x)")
+    return "; ".join(parts)
+
+
+def _markdown_models(report: dict) -> list[str]:
+    setup = report["models_setup"]
+    lines = ["## Model and image size: training step, val, whole 3-epoch command", "",
+             f"Made by `{setup['command']}` on {report['cpu_model']} ({report['cpus']} CPUs, shared with other work: "
+             f"load average {setup['load_before']} before, {setup['load_after']} after), torch {setup['torch']}. "
+             f"Data: the first {setup['subset']} images of coco128 (train and val split alike). yolov5n from the "
+             "official weights, s, m and n6 randomly initialised (same cost per step; val of a random model finds "
+             "almost no boxes above conf 0.001, so its NMS costs next to nothing). Ours with the defaults "
+             f"(`--amp auto`: {setup['auto_precision']} on this CPU; val `half` None: the same) and in float32; "
+             "the reference (float32, its only CPU precision) in the same run, the contenders alternating.",
+             "", f"- step: `bench_train` `Trainer.train_batch` vs the reference's model + ComputeLoss + SGD + EMA, "
+             f"batch {setup['batch']} (one fixed mosaic batch), median of {setup['step_rounds']} alternating rounds "
+             f"after a warm-up, torch threads: {setup['torch_threads']};",
+             "- val: `bench_eval` `yolotrain.val(weights, data)` (float32, bf16) vs the reference's `val.run`, batch "
+             "32, workers 0, best of 2 alternating passes;",
+             f"- command: `bench_train` `yolotrain train --model M --data D --img S --epochs {setup['epochs']} "
+             f"--batch-size {setup['batch']} --workers 2 --device cpu --noplots [--amp off]` vs the reference's "
+             "`train.py` with the same arguments (`--weights yolov5n.pt` / `--weights '' --cfg yolov5X.yaml`), "
+             "validation every epoch; wall seconds.", "",
+             "| model | img | GFLOPs/img | step wall ms: ours / float32 / reference | step CPU ms: ours / float32 / "
+             "reference | step ref/ours, CPU (float32) | "
+             "val s: bf16 / float32 / reference | val ref/ours float32 (bf16) | command s: ours / float32 / "
+             "reference | command ref/ours (float32) | peak RSS GB ours / reference |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in report["models"]:
+        cells = [row["model"], str(row["img_size"]), f"{row['gflops_per_image']:.1f}"]
+        st = row.get("step")
+        cells += [f"{st['ours']['wall_s'] * 1e3:.0f} / {st['ours_fp32']['wall_s'] * 1e3:.0f} / "
+                  f"{st['reference']['wall_s'] * 1e3:.0f}",
+                  f"{st['ours']['cpu_s'] * 1e3:.0f} / {st['ours_fp32']['cpu_s'] * 1e3:.0f} / "
+                  f"{st['reference']['cpu_s'] * 1e3:.0f}",
+                  f"{st['reference']['cpu_s'] / st['ours']['cpu_s']:.2f}x "
+                  f"({st['reference']['cpu_s'] / st['ours_fp32']['cpu_s']:.2f}x)"] if st else ["", "", ""]
+        v = row.get("val")
+        cells += [f"{v['ours_half']['best_s']:.2f} / {v['ours']['best_s']:.2f} / {v['reference']['best_s']:.2f}",
+                  f"{v['reference']['best_s'] / v['ours']['best_s']:.2f}x "
+                  f"({v['reference']['best_s'] / v['ours_half']['best_s']:.2f}x)"] if v else ["", ""]
+        c = row.get("command")
+        cells += [f"{c['ours']['wall_s']:.1f} / {c['ours_fp32']['wall_s']:.1f} / {c['reference']['wall_s']:.1f}",
+                  f"{c['reference']['wall_s'] / c['ours']['wall_s']:.2f}x "
+                  f"({c['reference']['wall_s'] / c['ours_fp32']['wall_s']:.2f}x)",
+                  f"{max(c['ours']['peak_rss_gb'], c['ours_fp32']['peak_rss_gb']):.2f} / "
+                  f"{c['reference']['peak_rss_gb']:.2f}"] if c else ["", "", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Reading, row by row:", ""]
+    lines += [f"- {row['model']} at {row['img_size']}: {_model_reading(row, report['models'], setup['batch'])}."
+              for row in report["models"]]
+    if setup.get("reading"):
+        lines += ["", setup["reading"]]
+    return lines + [""]
+
+
 def markdown(report: dict) -> str:
-    lines = ["# Scaling: how the data path's cost grows with image size and dataset size", "",
-             f"Made by `{report['command']}` on {report['cpu_model']} ({report['cpus']} CPUs, shared with other "
-             f"work: load average {report['load_before']} before, {report['load_after']} after), Python "
-             f"{report['python']}. Ours against the reference (PyPI yolov5 7.0.14) in the same run.", ""]
+    lines = ["# Scaling: how the cost grows with image size, dataset size and model size", ""]
+    if report["loader"] or report["datasets"]:
+        lines += [f"Made by `{report['command']}` on {report['cpu_model']} ({report['cpus']} CPUs, shared with "
+                  f"other work: load average {report['load_before']} before, {report['load_after']} after), Python "
+                  f"{report['python']}. Ours against the reference (PyPI yolov5 7.0.14) in the same run.", ""]
     if report["loader"]:
         lines += [f"## Loader at {report['loader'][0]['img_size']} px, one process (workers 0), mosaic on", "",
                   "| data | median long side | cache | reference img/s | ours img/s | ratio (per core) | "
@@ -244,6 +432,8 @@ def markdown(report: dict) -> str:
                              f"{cached['wall_s']} ({cached['cpu_s']}) | {peak} | "
                              f"{row[f'{tool}_rss_kb_per_image']} | {row[f'{tool}_cache_bytes'] // 1024} |")
         lines += ["", report["datasets_reading"], ""]
+    if report.get("models"):
+        lines += _markdown_models(report)
     return "\n".join(lines)
 
 
@@ -284,11 +474,21 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--dataset-sizes", type=int, nargs="*", default=[1000, 10000])
     p.add_argument("--no-loader", action="store_true", help="dataset-size rows only")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--models", default="", help="model-size rows instead: comma list of version@size")
+    p.add_argument("--parts", nargs="*", default=["step", "val", "command"], help="what the model-size rows measure")
+    p.add_argument("--subset", type=int, default=16, help="coco128 images of the model-size rows")
+    p.add_argument("--step-rounds", type=int, default=3, help="timed training steps per contender")
+    p.add_argument("--epochs", type=int, default=3, help="epochs of the whole commands")
+    p.add_argument("--batch", type=int, default=16, help="batch size of the model-size steps and commands")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads of the in-process steps and val (0: PyTorch's default)")
     p.add_argument("--child", nargs=2, metavar=("TOOL", "IMAGES"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
         print(json.dumps(child(a.child[0], Path(a.child[1]))))
         return None
+    if a.models:
+        return add_model_rows(a, argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
     load_before = os.getloadavg()[0]
@@ -329,6 +529,44 @@ def main(argv: list[str] | None = None) -> dict | None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "scaling.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "scaling.md").write_text(markdown(report) + "\n")
+    return report
+
+
+def add_model_rows(a: argparse.Namespace, argv: list[str] | None) -> dict:
+    """Measure the model-size rows into ``scaling.json``/``.md`` under ``a.out_dir``, keeping the rows already
+    there; both files are rewritten after every measurement, so an interrupted run keeps what it measured."""
+    import bench_train
+    import torch
+
+    from yolotrain.engine.prepare import autocast_dtype
+
+    bench_train.BATCH = a.batch  # bench_train's steps and commands read it when they run
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "scaling.json"
+    report = json.loads(path.read_text()) if path.is_file() else {
+        "cpus": os.cpu_count(), "cpu_model": cpu_model(), "loader": [], "datasets": []}
+    report["models_setup"] = {
+        "command": "python benchmarks/bench_scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "load_before": round(os.getloadavg()[0], 1), "subset": a.subset, "step_rounds": a.step_rounds,
+        "epochs": a.epochs, "batch": a.batch, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "auto_precision": "bf16" if autocast_dtype("auto", torch.device("cpu")) else "float32",
+        "reading": report.get("models_setup", {}).get("reading", "")}
+
+    def save(rows: list[dict]) -> None:
+        report["models"] = rows
+        report["models_setup"]["load_after"] = round(os.getloadavg()[0], 1)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        (out / "scaling.md").write_text(markdown(report) + "\n")
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scaling-models-"))
+    try:
+        warnings.simplefilter("ignore")
+        save(model_rows(a.models.split(","), a.parts, a.subset, a.step_rounds, a.epochs, tmp, save))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return report
 
 

@@ -122,6 +122,12 @@ def our_step(source: str, data: Path, img_size: int, project: Path, **settings) 
     return step
 
 
+def reference_yaml(reference_root: Path, version: str) -> Path:
+    """The reference's architecture YAML of ``yolov5{version}``: P5 models in ``models/``, P6 in ``models/hub/``."""
+    path = reference_root / "models" / f"yolov5{version}.yaml"
+    return path if path.is_file() else reference_root / "models" / "hub" / f"yolov5{version}.yaml"
+
+
 def reference_step(reference_root: Path, version: str, data: Path, img_size: int) -> Callable[[], None]:
     """The reference's iteration, as its train.py runs it on the CPU (no AMP), every batch an optimiser step."""
     import yaml
@@ -129,7 +135,7 @@ def reference_step(reference_root: Path, version: str, data: Path, img_size: int
     from yolov5.utils.loss import ComputeLoss
     from yolov5.utils.torch_utils import ModelEMA, smart_optimizer
 
-    model = Model(str(reference_root / "models" / f"yolov5{version}.yaml"), nc=80)
+    model = Model(str(reference_yaml(reference_root, version)), nc=80)
     if (WEIGHTS / f"yolov5{version}.pt").is_file():
         from yolotrain.interop import load_model
 
@@ -231,15 +237,16 @@ def _high_water_kb(pid: int) -> int:
 
 
 def end_to_end(version: str, img_size: int, data: Path, work: Path, reference_root: Path,
-               epochs: int) -> dict[str, dict[str, dict]]:
+               epochs: int, labels: tuple[str, ...] = ("noval", "val")) -> dict[str, dict[str, dict]]:
     """``{"noval"|"val": {side: measurement}}``: each side's ``epochs``-epoch fine-tuning command with
     validation only after the last epoch (its second epoch is the steady-state one) and with
-    validation after every epoch (the whole command), the order of the sides rotating."""
+    validation after every epoch (the whole command), the order of the sides rotating; ``labels``
+    picks which of the two run."""
     source = model_source(version)
     env = reference_train_env(work / "reference-config")
     weights = ["--weights", source] if source.endswith(".pt") else ["--weights", "", "--cfg", f"yolov5{version}.yaml"]
     runs: dict[str, dict[str, dict]] = {}
-    for label in ("noval", "val"):
+    for label in labels:
         runs[label] = {}
         sides = ("ours", "ours_fp32", "reference")
         shift = len(runs) % len(sides)

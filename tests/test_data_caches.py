@@ -112,7 +112,8 @@ def forge(cache: Path, **arrays: np.ndarray) -> None:
 @pytest.mark.parametrize("forgery, why", [
     ({"labels": np.array([[7, 0.5, 0.5, 0.2, 0.2]] * 3, np.float32)}, "class ids outside 0..1"),
     ({"labels": np.array([[0, 0.5, 0.5, 3.0, 0.2]] * 3, np.float32)}, "boxes outside the image"),
-    ({"files": np.array(["/etc/hostname"] * 3)}, "files that are not the split's"),
+    ({"folder": np.array("/etc/"), "names": np.frombuffer(b"hostname\0passwd\0group", np.uint8)},
+     "files that are not the split's"),
     ({"counts": np.array([5, 0, 0])}, "label counts disagree with the labels"),
     ({"polygon_sizes": np.array([2, 0, 0]), "points": np.zeros((2, 2), np.float32)},
      "polygon sizes disagree with the polygons"),
@@ -147,3 +148,41 @@ def test_fuzzed_label_caches_give_only_valid_rows(tmp_path, rows):
     assert ((labels[:, 0] == 0) | (labels[:, 0] == 1)).all()
     assert ((labels[:, 1:3] - labels[:, 3:5] / 2 >= -1e-4) & (labels[:, 1:3] + labels[:, 3:5] / 2 <= 1 + 1e-4)).all()
     assert (labels[:, 3:5] > 0).all() and len(caught) <= 1
+
+
+def test_the_label_cache_gives_back_exactly_what_the_scan_found(tmp_path):
+    images = tmp_path / "images" / "train"
+    names = ["a.png", "sub/b.png", "sub/deeper/c.png", "é ü.png", "d.png", "e.png"]
+    for i, name in enumerate(names):
+        write_image(images / name, i)
+    (images / "broken.png").write_bytes(b"not an image")
+    rows = {"a": "0 0.5 0.5 0.2 0.2\n1 0.25 0.25 0.1 0.1\n",  # boxes
+            "sub/b": "1 0.1 0.1 0.3 0.1 0.3 0.4\n0 0.5 0.5 0.2 0.2\n",  # a polygon and a box
+            "sub/deeper/c": "0 0.5 0.5 0.2 0.2\n0 0.5 0.5 0.2 0.2\n",  # a duplicate row: an issue
+            "é ü": "1 0.3 0.3 0.2 0.2\n",
+            "d": "5 0.5 0.5 0.2 0.2\n"}  # a class out of range: an issue; e.png is a background
+    for stem, text in rows.items():
+        label = tmp_path / "labels" / "train" / f"{stem}.txt"
+        label.parent.mkdir(parents=True, exist_ok=True)
+        label.write_text(text)
+    files = list_images(images)
+    scanned, _ = verify(files)
+    assert os.path.isfile(cache_paths(files)[0])
+    cached, caught = verify(files)
+    assert caught == [] and cached is not scanned
+    assert cached.files == scanned.files and len(cached.files) == len(names)
+    assert all(isinstance(f, Path) for f in cached.files)
+    np.testing.assert_array_equal(cached.shapes, scanned.shapes)
+    assert cached.shapes.dtype == scanned.shapes.dtype
+    for ours, theirs in zip(cached.labels, scanned.labels, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+        assert ours.dtype == theirs.dtype
+    for ours, theirs in zip(cached.segments, scanned.segments, strict=True):
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            np.testing.assert_array_equal(a, b)
+    assert any(len(p) for rows in cached.segments for p in rows)
+    assert (cached.report.total, cached.report.labelled, cached.report.backgrounds, cached.report.corrupt,
+            cached.report.rows) == (scanned.report.total, scanned.report.labelled, scanned.report.backgrounds,
+                                    scanned.report.corrupt, scanned.report.rows)
+    assert dict(cached.report.issues) == dict(scanned.report.issues) and scanned.report.issues

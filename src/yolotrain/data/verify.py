@@ -27,7 +27,7 @@ from ..atomic import write_atomic
 from .cachedir import cache_root, file_signature
 from .sources import img2label_path, label_path_text
 
-CACHE_VERSION = 5
+CACHE_VERSION = 6
 # Boxes may poke out of the image by this fraction of its size and are clipped; further out they are dropped.
 OUT_OF_BOUNDS_TOL = 0.02
 MIN_IMAGE_SIDE = 10
@@ -401,17 +401,20 @@ def _save(path: Path, index: LabelIndex, fingerprint: str, kpt_shape: tuple[int,
     keypoints = np.concatenate([k.reshape(len(k), columns) for k in index.keypoints]) if columns and len(labels) \
         else np.zeros((0, columns), np.float32)
 
+    folder, names = _file_names([str(p) for p in index.files])
+
     def write(temp: Path) -> None:
         with temp.open("wb") as f:
             np.savez(
                 f,
                 version=np.array(CACHE_VERSION),
                 fingerprint=np.array(fingerprint),
-                files=np.array([str(p) for p in index.files], dtype=str),
-                shapes=index.shapes.astype(np.int64).reshape(-1, 2),
-                counts=np.array([len(x) for x in index.labels], dtype=np.int64),
+                folder=np.array(folder),
+                names=names,
+                shapes=index.shapes.astype(np.int32).reshape(-1, 2),
+                counts=np.array([len(x) for x in index.labels], dtype=np.int32),
                 labels=labels.astype(np.float32).reshape(-1, 5),
-                polygon_sizes=np.array([len(p) for p in polygons], dtype=np.int64),
+                polygon_sizes=np.array([len(p) for p in polygons], dtype=np.int32),
                 points=points.astype(np.float32).reshape(-1, 2),
                 keypoints=keypoints.astype(np.float32),
                 totals=np.array([r.total, r.labelled, r.backgrounds, r.corrupt, r.rows]),
@@ -422,6 +425,25 @@ def _save(path: Path, index: LabelIndex, fingerprint: str, kpt_shape: tuple[int,
     write_atomic(path, write, durable=False)  # a lost cache only costs a re-scan
 
 
+def _file_names(files: list[str]) -> tuple[str, np.ndarray]:
+    """The folder all ``files`` are in (the longest common prefix ending at a separator) and their paths below it,
+    UTF-8, NUL-separated, as bytes: a quarter of the size of a numpy string array of whole paths (4 bytes a
+    character, padded to the longest), which held most of a large split's cache."""
+    common = os.path.commonprefix(files) if files else ""
+    folder = common[:common.rfind(os.sep) + 1]
+    text = "\0".join(f[len(folder):] for f in files).encode()
+    return folder, np.frombuffer(text, np.uint8)
+
+
+def _read_file_names(folder: np.ndarray, names: np.ndarray) -> list[str]:
+    """The paths :func:`_file_names` encoded."""
+    if names.dtype != np.uint8 or names.ndim != 1 or folder.ndim != 0:
+        raise ValueError("file names are not NUL-separated text")
+    text = names.tobytes().decode()
+    prefix = str(folder)
+    return [prefix + name for name in text.split("\0")] if text else []
+
+
 def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int,
           kpt_shape: tuple[int, int] | None = None) -> LabelIndex | None:
     """The index cached at ``path`` when it is of these files as they are now, and its content is what a
@@ -430,11 +452,12 @@ def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int,
         with np.load(path, allow_pickle=False) as z:
             if int(z["version"]) != CACHE_VERSION or str(z["fingerprint"]) != fingerprint:
                 return None
-            cached = {k: z[k] for k in ("files", "shapes", "counts", "labels", "totals", "issue_kinds",
+            cached = {k: z[k] for k in ("shapes", "counts", "labels", "totals", "issue_kinds",
                                         "issue_where", "polygon_sizes", "points", "keypoints")}
+            names = _read_file_names(z["folder"], z["names"])
     except (OSError, ValueError, KeyError):
         return None
-    problem = _untrusted(cached, files, num_classes, kpt_shape)
+    problem = _untrusted(names, cached, files, num_classes, kpt_shape)
     if problem:
         warnings.warn(f"{path}: cached labels not trusted ({problem}); verifying the split again", CacheWarning,
                       stacklevel=4)
@@ -453,7 +476,7 @@ def _load(path: Path, fingerprint: str, files: list[Path], num_classes: int,
     if kpt_shape is not None:
         keypoints = _pieces(cached["keypoints"].astype(np.float32).reshape(-1, *kpt_shape), counts)
     by_name = {str(f): f for f in files}  # the split's own Paths: building them again costs more than the load
-    return LabelIndex([by_name[name] for name in cached["files"].tolist()], _pieces(labels, counts),
+    return LabelIndex([by_name[name] for name in names], _pieces(labels, counts),
                       cached["shapes"].astype(np.int64), report, segments, keypoints)
 
 
@@ -463,14 +486,14 @@ def _pieces(rows: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
     return [rows[start:end] for start, end in zip([0, *ends[:-1]], ends)]
 
 
-def _untrusted(cached: dict[str, np.ndarray], files: list[Path], num_classes: int,
+def _untrusted(names: list[str], cached: dict[str, np.ndarray], files: list[Path], num_classes: int,
                kpt_shape: tuple[int, int] | None = None) -> str | None:
-    """Why a label cache's arrays are not what :func:`_scan` writes for ``files`` (None when they are):
-    anyone who can write the cache file can put anything in it, whatever its fingerprint says."""
-    names, shapes, counts, labels, totals, sizes, points = (
-        cached[k] for k in ("files", "shapes", "counts", "labels", "totals", "polygon_sizes", "points"))
+    """Why a label cache's file ``names`` and arrays are not what :func:`_scan` writes for ``files`` (None when
+    they are): anyone who can write the cache file can put anything in it, whatever its fingerprint says."""
+    shapes, counts, labels, totals, sizes, points = (
+        cached[k] for k in ("shapes", "counts", "labels", "totals", "polygon_sizes", "points"))
     n = len(names)
-    if names.ndim != 1 or shapes.shape != (n, 2) or counts.shape != (n,) or totals.shape != (5,):
+    if shapes.shape != (n, 2) or counts.shape != (n,) or totals.shape != (5,):
         return "array sizes disagree"
     if not all(a.dtype.kind in "iu" for a in (shapes, counts, totals)) or labels.dtype.kind != "f":
         return "wrong array types"
@@ -491,7 +514,7 @@ def _untrusted(cached: dict[str, np.ndarray], files: list[Path], num_classes: in
                 or (kpt_shape[1] == 3 and not np.isin(keypoints[..., 2], KEYPOINT_VISIBILITY).all())):
             return "keypoints outside the image or of unknown visibility"
     order = {str(f): i for i, f in enumerate(files)}
-    positions = [order.get(str(name), -1) for name in names.tolist()]
+    positions = [order.get(name, -1) for name in names]
     if min(positions, default=0) < 0 or any(b <= a for a, b in zip(positions, positions[1:])):
         return "files that are not the split's"
     if len(shapes) and ((shapes < MIN_IMAGE_SIDE).any() or (shapes.prod(1) > max_image_pixels()).any()):
