@@ -92,13 +92,14 @@ def test_val_and_predict_run_the_export_as_pytorch(setup):
 def test_the_folder_is_laid_out_for_us_and_for_ultralytics(setup):
     _, _, path = setup
     assert sorted(p.relative_to(path).as_posix() for p in path.rglob("*")) == [
-        "inference_model", "inference_model/model.json", "inference_model/model.pdiparams", "metadata.yaml",
-        "yolotrain.json"]  # X2Paddle's generated code and pickled parameters stay behind
+        "inference_model", "inference_model/model.json", "inference_model/model.pdiparams", "metadata.yaml"]
+    # X2Paddle's generated code and pickled parameters stay behind, and no other JSON file joins the program:
+    # ultralytics' AutoBackend takes the folder's first *.json for it.
     tools = yaml.safe_load((path / "metadata.yaml").read_text(encoding="utf-8"))
     # What ultralytics' AutoBackend reads from a *_paddle_model folder.
     assert (tools["names"], tools["stride"], tools["imgsz"], tools["task"], tools["batch"]) == (
         {0: "circle", 1: "rectangle"}, 32, [SIZE, SIZE], "detect", 1)
-    ours = json.loads((path / "yolotrain.json").read_text(encoding="utf-8"))
+    ours = tools["yolotrain"]  # ours, under a key of its own
     assert ours["producer"] == "yolotrain" and json.loads(ours["class_names"]) == NAMES
     assert paddle.read_metadata(path) == ours
 
@@ -139,14 +140,16 @@ print(tried)
     assert tried == "['paddlepaddle.org.cn']"  # X2Paddle's statistics server: tried, and refused
 
 
-@pytest.mark.parametrize("damage", ["program", "weights", "missing weights"])
+@pytest.mark.parametrize("damage", ["program", "weights", "missing weights", "foreign metadata"])
 def test_a_damaged_model_is_one_line(setup, tmp_path, damage):
     _, _, path = setup
     broken = tmp_path / "broken_paddle_model"
     broken.mkdir()
     (broken / "inference_model").mkdir()
-    for name in ("yolotrain.json", "metadata.yaml"):
-        (broken / name).write_bytes((path / name).read_bytes())
+    tools = yaml.safe_load((path / "metadata.yaml").read_text(encoding="utf-8"))
+    if damage == "foreign metadata":  # another program's export: ultralytics' fields alone
+        del tools["yolotrain"]
+    (broken / "metadata.yaml").write_text(yaml.safe_dump(tools), encoding="utf-8")
     for name in ("model.json", "model.pdiparams"):
         content = (path / "inference_model" / name).read_bytes()
         if damage.removeprefix("missing ") == ("program" if name.endswith(".json") else "weights"):

@@ -4,10 +4,11 @@ decoded outputs of every task, fixed at batch 1 and the export's size, float32. 
 ``paddle.inference`` on the CPU.
 
 The folder holds the model as ultralytics lays it out (``inference_model/model.json``, the program, with its
-``model.pdiparams`` weights), our metadata (``yolotrain.json``) and the fields ultralytics' ``AutoBackend`` reads
-(``metadata.yaml``). A Paddle program is a list of Paddle's operators, and those include ones that write and read
-files (``save_combine``, ``load_combine``): loading one needs the user's trust (:mod:`..trust`), as a TensorFlow
-graph does."""
+``model.pdiparams`` weights) and ``metadata.yaml``: the fields ultralytics' ``AutoBackend`` reads, and ours under a
+key of its own (``yolotrain``). No other JSON file goes in the folder: ``AutoBackend`` takes the first ``*.json``
+it finds in it for the program. A Paddle program is a list of Paddle's operators, and those include ones that
+write and read files (``save_combine``, ``load_combine``): loading one needs the user's trust (:mod:`..trust`), as
+a TensorFlow graph does."""
 
 from __future__ import annotations
 
@@ -31,13 +32,14 @@ from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
 from ..runtime import ExportedModel
 from ..trust import require_trust
 from . import ExportFormat
-from ._common import ExportJob, quiet_output, read_json_metadata, staged
+from ._common import MAX_METADATA_BYTES, ExportJob, quiet_output, staged
 
 EXTRA = "pip install 'yolotrain[paddle]'"
 SUFFIX = "_paddle_model"
-# Our metadata, the fields other tools read, and the model (its program and weights), inside the folder.
-METADATA_FILE = "yolotrain.json"
-TOOLS_METADATA_FILE = "metadata.yaml"
+# The metadata file (the fields other tools read, and ours under its key), and the model (its program and
+# weights), inside the folder.
+METADATA_FILE = "metadata.yaml"
+METADATA_KEY = "yolotrain"
 MODEL_FOLDER = "inference_model"
 PROGRAM_FILE = "model.json"
 WEIGHTS_FILE = "model.pdiparams"
@@ -74,14 +76,23 @@ def write(job: ExportJob) -> None:
             raise RuntimeError(f"X2Paddle could not convert the model to PaddlePaddle ({lines[-1]})")
         path.mkdir()
         shutil.move(model, path / MODEL_FOLDER)
-        (path / METADATA_FILE).write_text(json.dumps(job.metadata), encoding="utf-8")
-        (path / TOOLS_METADATA_FILE).write_text(
-            yaml.safe_dump(job.interop_metadata, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        metadata = {**job.interop_metadata, METADATA_KEY: job.metadata}
+        (path / METADATA_FILE).write_text(yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True),
+                                          encoding="utf-8")
 
 
 def read_metadata(path: Path) -> dict[str, str]:
-    """Our metadata, from the JSON file in the model's folder."""
-    return read_json_metadata(path / METADATA_FILE)
+    """Our metadata, from its key in the folder's metadata file (read as data); ``{}`` when the file holds none or
+    is larger than any metadata of ours."""
+    source = path / METADATA_FILE
+    if source.stat().st_size > MAX_METADATA_BYTES:
+        return {}
+    try:
+        metadata = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise ValueError(f"{source}: not YAML") from error
+    ours = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    return ours if isinstance(ours, dict) else {}
 
 
 def paddle_inference() -> Any:
@@ -113,8 +124,6 @@ class PaddleModel(ExportedModel):
         try:
             metadata = read_metadata(path)
         except (OSError, ValueError):
-            metadata = {}
-        if not isinstance(metadata, dict):
             metadata = {}
         size = json.loads(metadata["img_size"]) if "img_size" in metadata else [None, None]
         super().__init__(path, metadata, [1, 3, *size])
