@@ -131,8 +131,9 @@ class PaddleModel(ExportedModel):
         config = inference.Config(str(program), str(weights))
         config.disable_gpu()
         config.disable_glog_info()
-        # Paddle 3.3's oneDNN passes stop at the converted program's attributes
-        # ("ConvertPirAttribute2RuntimeAttribute not support"); its own CPU kernels run it.
+        # Paddle 3.3's oneDNN kernels cannot run nearest upsampling, whether by scale or by size, in any saved program
+        # ("ConvertPirAttribute2RuntimeAttribute not support [pir::ArrayAttribute<pir::DoubleAttribute>]"): Paddle's
+        # own CPU kernels run it.
         config.disable_mkldnn()
         try:
             with quiet_output((2,)):
