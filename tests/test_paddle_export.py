@@ -9,11 +9,12 @@ import json
 import socket
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 import yaml
-from conftest import untrained
+from conftest import offline_ultralytics, untrained
 
 from yolotrain import Yolov5, predict, val
 from yolotrain.checkpoint import CheckpointError
@@ -102,6 +103,23 @@ def test_the_folder_is_laid_out_for_us_and_for_ultralytics(setup):
     ours = tools["yolotrain"]  # ours, under a key of its own
     assert ours["producer"] == "yolotrain" and json.loads(ours["class_names"]) == NAMES
     assert paddle.read_metadata(path) == ours
+
+
+def test_ultralytics_finds_the_program_and_reads_the_metadata(setup, tmp_path_factory):
+    """What ultralytics' PaddleBackend takes from the folder: the first ``*.json`` and ``*.pdiparams`` under it
+    (nn/backends/paddle.py), and the metadata applied as its backends apply it. (Its own run of the program stops in
+    Paddle 3.3's oneDNN, which it leaves on; it pins Paddle below 3.3.)"""
+    _, _, path = setup
+    with offline_ultralytics(tmp_path_factory):
+        from ultralytics.nn.autobackend import check_class_names
+        from ultralytics.nn.backends.base import BaseBackend
+
+        view = types.SimpleNamespace(dynamic=False, metadata={})
+        BaseBackend.apply_metadata(view, BaseBackend.read_metadata(path))
+    assert next(path.rglob("*.json")) == path / "inference_model" / "model.json"
+    assert next(path.rglob("*.pdiparams")) == path / "inference_model" / "model.pdiparams"
+    assert (view.stride, check_class_names(view.names), view.task, view.imgsz, view.batch) == (
+        32, dict(enumerate(NAMES)), "detect", [SIZE, SIZE], 1)
 
 
 def test_a_paddle_program_loads_only_when_trusted(setup):
