@@ -27,7 +27,8 @@ pytest.importorskip("onnxruntime", reason="needs the export extra: pip install '
 SIZE = 96
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
 SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param", "mnn": ".mnn",
-          "tflite": ".tflite", "executorch": ".pte", "saved_model": "_saved_model", "pb": ".pb"}
+          "tflite": ".tflite", "executorch": ".pte", "saved_model": "_saved_model", "pb": ".pb",
+          "paddle": "_paddle_model"}
 NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
                           reason="pip install 'yolotrain[ncnn]'")
 MNN = pytest.mark.skipif(importlib.util.find_spec("MNN") is None, reason="pip install 'yolotrain[mnn]'")
@@ -223,13 +224,18 @@ KEYPOINT_AND_ANGLE_FORMATS = [*FORMATS, pytest.param("tflite", marks=TFLITE),
                               pytest.param("saved_model", marks=TENSORFLOW_SLOW),
                               pytest.param("pb", marks=TENSORFLOW_SLOW)]
 REFUSED_FOR_KEYPOINTS_AND_ANGLES = ["coreml", "engine"]
+# X2Paddle translates the angle's decoding but not the keypoints'.
+ANGLE_ONLY_FORMATS = ["paddle"]
+PADDLE = pytest.mark.skipif(any(importlib.util.find_spec(name) is None for name in ("paddle", "x2paddle")),
+                            reason="pip install 'yolotrain[paddle]'")
 
 
 def test_every_format_either_exports_keypoints_and_angles_or_is_refused():
     tested = {p if isinstance(p, str) else p.values[0] for p in KEYPOINT_AND_ANGLE_FORMATS}
-    assert tested.isdisjoint(REFUSED_FOR_KEYPOINTS_AND_ANGLES)
-    assert tested | set(REFUSED_FOR_KEYPOINTS_AND_ANGLES) == set(REGISTRY)
-    assert get_task("pose").export_formats == get_task("obb").export_formats == tested
+    assert tested.isdisjoint(REFUSED_FOR_KEYPOINTS_AND_ANGLES + ANGLE_ONLY_FORMATS)
+    assert tested | set(REFUSED_FOR_KEYPOINTS_AND_ANGLES) | set(ANGLE_ONLY_FORMATS) == set(REGISTRY)
+    assert get_task("pose").export_formats == tested
+    assert get_task("obb").export_formats == tested | set(ANGLE_ONLY_FORMATS)
 
 
 @pytest.mark.parametrize("fmt", KEYPOINT_AND_ANGLE_FORMATS)
@@ -253,13 +259,21 @@ def test_pose_and_oriented_box_exports_give_the_keypoints_and_angles_of_pytorch(
         torch.testing.assert_close(actual[..., 7], expected[..., 7], atol=1e-4, rtol=0)  # radians
 
 
-@pytest.mark.parametrize("fmt", REFUSED_FOR_KEYPOINTS_AND_ANGLES)
-@pytest.mark.parametrize(("arch", "what"), [("pose_model", "pose"), ("obb_model", "oriented-box")])
+@PADDLE
+def test_oriented_box_export_to_paddle_gives_the_angles_of_pytorch(request, tmp_path):
+    test_pose_and_oriented_box_exports_give_the_keypoints_and_angles_of_pytorch(request, tmp_path, "paddle",
+                                                                                "obb_model")
+
+
+@pytest.mark.parametrize(("fmt", "arch", "what", "task"), [
+    *((fmt, arch, what, task) for fmt in REFUSED_FOR_KEYPOINTS_AND_ANGLES
+      for arch, what, task in (("pose_model", "pose", "pose"), ("obb_model", "oriented-box", "obb"))),
+    *((fmt, "pose_model", "pose", "pose") for fmt in ANGLE_ONLY_FORMATS)])
 def test_pose_and_oriented_box_exports_to_other_formats_are_one_line(request, tmp_path, monkeypatch, fmt, arch,
-                                                                      what):
+                                                                      what, task):
     """Refused before anything is written, also where the format's own tools are installed."""
     monkeypatch.setitem(REGISTRY, fmt, dataclasses.replace(REGISTRY[fmt], unavailable=None))
-    supported = ", ".join(sorted(get_task("pose").export_formats))
+    supported = ", ".join(sorted(get_task(task).export_formats))
     out = tmp_path / f"model{REGISTRY[fmt].suffix}"
     with pytest.raises(ValueError, match=rf"^{what} models export to {supported}, not {fmt}$"):
         export(request.getfixturevalue(arch), fmt, out=out, img_size=SIZE)

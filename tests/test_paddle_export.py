@@ -1,0 +1,260 @@
+"""PaddlePaddle exports (a ``*_paddle_model`` folder): converted by X2Paddle in a child process that refuses every
+network connection, run by ``paddle.inference`` as PyTorch runs the model, through `val` and `predict` too, with
+the metadata other tools read, and what they cannot do refused in one line."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+import yaml
+from conftest import offline_ultralytics, untrained
+
+from yolotrain import Yolov5, predict, val
+from yolotrain.checkpoint import CheckpointError
+from yolotrain.data import generate_shapes_dataset
+from yolotrain.interop import export, load_exported
+from yolotrain.interop.formats import paddle
+from yolotrain.interop.trust import UntrustedModelError
+from yolotrain.model.classify import Classifier
+from yolotrain.outputs import OutputExistsError
+
+pytestmark = pytest.mark.skipif(paddle.unavailable() is not None, reason="pip install 'yolotrain[paddle]'")
+
+SIZE = 96
+NAMES = ["circle", "rectangle"]
+
+
+def refuse_connection(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the export opened a network connection")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A random-init YOLOv5 detector whose objectness is biased up (so it detects), its export (written with network
+    connections refused in this process as in the converter's), and a shapes dataset."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=2, names=NAMES).eval()
+    with torch.no_grad():
+        for conv in model.head.m:
+            conv.bias.view(3, 7)[:, 4].add_(6.0)
+    folder = tmp_path_factory.mktemp("paddle")
+    data = generate_shapes_dataset(root=folder / "shapes", n_train=2, n_val=4, img_size=SIZE)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", refuse_connection)
+        patch.setattr(socket, "create_connection", refuse_connection)
+        path = export(model, "paddle", out=folder / "model_paddle_model", img_size=SIZE)
+    return model, data / "data.yaml", path
+
+
+def torch_output(model: torch.nn.Module, imgs: torch.Tensor):
+    with torch.inference_mode():
+        return copy.deepcopy(model).fuse()(imgs)
+
+
+def test_export_runs_in_paddle_like_torch(setup):
+    model, _, path = setup
+    runtime = load_exported(path, trust_code=True)
+    assert (runtime.names, runtime.img_size, runtime.precision, runtime.end_to_end) == (NAMES, (SIZE, SIZE), "fp32",
+                                                                                          False)
+    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    assert actual.shape == expected.shape == (2, 567, 7)
+    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)  # objectness, scores
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=0)  # pixels
+    with pytest.raises(AssertionError):  # negative control: a 1% objectness error is caught
+        torch.testing.assert_close(actual[..., 4:] * 1.01, expected[..., 4:], atol=1e-4, rtol=0)
+
+
+def test_val_and_predict_run_the_export_as_pytorch(setup):
+    model, data, path = setup
+    # The graph is fixed at one size: val letterboxes square, PyTorch's side too.
+    ours = val(model, str(data), img_size=SIZE, batch_size=4, workers=0, rect=False, verbose=False, plots=False,
+               half=False)
+    theirs = val(str(path), str(data), img_size=SIZE, batch_size=4, workers=0, verbose=False, plots=False,
+                 trust_code=True)
+    assert ours.map50 > 0
+    assert (theirs.map50, theirs.map) == (pytest.approx(ours.map50, abs=1e-3), pytest.approx(ours.map, abs=1e-3))
+    images = sorted((data.parent / "images" / "val").iterdir())[:2]
+    expected = predict(model, images, img_size=SIZE, conf=0.3, half=False)
+    actual = predict(path, images, img_size=SIZE, conf=0.3, trust_code=True)
+    assert sum(len(r.boxes) for r in expected) > 0
+    for a, b in zip(expected, actual):
+        assert b.names == NAMES and len(b.boxes) == len(a.boxes) and torch.equal(a.classes, b.classes)
+        torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
+
+
+def test_the_folder_is_laid_out_for_us_and_for_ultralytics(setup):
+    _, _, path = setup
+    assert sorted(p.relative_to(path).as_posix() for p in path.rglob("*")) == [
+        "inference_model", "inference_model/model.json", "inference_model/model.pdiparams", "metadata.yaml"]
+    # X2Paddle's generated code and pickled parameters stay behind, and no other JSON file joins the program:
+    # ultralytics' AutoBackend takes the folder's first *.json for it.
+    tools = yaml.safe_load((path / "metadata.yaml").read_text(encoding="utf-8"))
+    # What ultralytics' AutoBackend reads from a *_paddle_model folder.
+    assert (tools["names"], tools["stride"], tools["imgsz"], tools["task"], tools["batch"]) == (
+        {0: "circle", 1: "rectangle"}, 32, [SIZE, SIZE], "detect", 1)
+    ours = tools["yolotrain"]  # ours, under a key of its own
+    assert ours["producer"] == "yolotrain" and json.loads(ours["class_names"]) == NAMES
+    assert paddle.read_metadata(path) == ours
+
+
+def test_ultralytics_finds_the_program_and_reads_the_metadata(setup, tmp_path_factory):
+    """What ultralytics' PaddleBackend takes from the folder: the first ``*.json`` and ``*.pdiparams`` under it
+    (nn/backends/paddle.py), and the metadata applied as its backends apply it. (Its own run of the program stops in
+    Paddle 3.3's oneDNN, which it leaves on; it pins Paddle below 3.3.)"""
+    _, _, path = setup
+    with offline_ultralytics(tmp_path_factory):
+        from ultralytics.nn.autobackend import check_class_names
+        from ultralytics.nn.backends.base import BaseBackend
+
+        view = types.SimpleNamespace(dynamic=False, metadata={})
+        BaseBackend.apply_metadata(view, BaseBackend.read_metadata(path))
+    assert next(path.rglob("*.json")) == path / "inference_model" / "model.json"
+    assert next(path.rglob("*.pdiparams")) == path / "inference_model" / "model.pdiparams"
+    assert (view.stride, check_class_names(view.names), view.task, view.imgsz, view.batch) == (
+        32, dict(enumerate(NAMES)), "detect", [SIZE, SIZE], 1)
+
+
+def test_a_paddle_program_loads_only_when_trusted(setup):
+    """A Paddle program's operators include ones that write and read files: refused unless trusted."""
+    _, _, path = setup
+    with pytest.raises(UntrustedModelError, match="a Paddle program's operators can write and read files") as info:
+        load_exported(path)
+    assert "\n" not in str(info.value) and "yolotrain export of" in str(info.value)
+
+
+def test_the_converter_process_refuses_the_report_x2paddle_sends_home(tmp_path):
+    """X2Paddle reports each conversion to Baidu unless told not to; should it ever try, the converter's process
+    refuses the connection (the report, sent as X2Paddle sends it, reaches no socket)."""
+    probe = f"""
+import runpy, socket
+converter = runpy.run_path({str(paddle._CONVERTER)!r}, run_name="probe")
+converter["block_network"]()
+tried = []
+refuse = socket.getaddrinfo
+def record(*args, **kwargs):
+    tried.append(args[0])
+    return refuse(*args, **kwargs)
+socket.getaddrinfo = record
+from x2paddle.utils import ConverterCheck
+ConverterCheck(task="PyTorch", time_info=0, convert_state="Start").run()
+try:
+    socket.create_connection(("127.0.0.1", 9))
+except OSError as error:
+    print(error)
+print(tried)
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    refused, tried = done.stdout.strip().splitlines()[-2:]
+    assert refused == "network access is refused while converting to PaddlePaddle"
+    assert tried == "['paddlepaddle.org.cn']"  # X2Paddle's statistics server: tried, and refused
+
+
+@pytest.mark.parametrize("damage", ["program", "weights", "missing weights", "foreign metadata"])
+def test_a_damaged_model_is_one_line(setup, tmp_path, damage):
+    _, _, path = setup
+    broken = tmp_path / "broken_paddle_model"
+    broken.mkdir()
+    (broken / "inference_model").mkdir()
+    tools = yaml.safe_load((path / "metadata.yaml").read_text(encoding="utf-8"))
+    if damage == "foreign metadata":  # another program's export: ultralytics' fields alone
+        del tools["yolotrain"]
+    (broken / "metadata.yaml").write_text(yaml.safe_dump(tools), encoding="utf-8")
+    for name in ("model.json", "model.pdiparams"):
+        content = (path / "inference_model" / name).read_bytes()
+        if damage.removeprefix("missing ") == ("program" if name.endswith(".json") else "weights"):
+            if damage.startswith("missing"):
+                continue
+            content = content[: len(content) // 2]
+        (broken / "inference_model" / name).write_bytes(content)
+    with pytest.raises(CheckpointError) as info:
+        load_exported(broken, trust_code=True)(torch.zeros(1, 3, SIZE, SIZE))
+    assert str(info.value).startswith(str(broken)) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"half": True}, "fp16 (--half) export is available for "),
+    ({"nms": True}, "NMS inside (--nms) export is available for onnx, openvino, not paddle"),
+    ({"raw": True}, "raw outputs (--raw) export is available for "),
+])
+def test_what_paddle_exports_cannot_do_is_one_line(setup, tmp_path, options, message):
+    model, _, _ = setup
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        export(model, "paddle", out=tmp_path / "model_paddle_model", img_size=SIZE, **options)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_anchor_free_detector_export_gives_the_decoded_predictions_of_pytorch(tmp_path, capfd):
+    """... and neither the conversion nor Paddle's loading and running print anything."""
+    model = untrained("yolov8n")
+    capfd.readouterr()
+    path = export(model, "paddle", out=tmp_path / "yolov8n_paddle_model", img_size=SIZE)
+    runtime = load_exported(path, trust_code=True)
+    assert (runtime.family, runtime.anchors_per_level, runtime.names) == ("anchor_free", 1, model.names)
+    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(3))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=1e-5)
+    assert capfd.readouterr() == ("", "")
+
+
+def yolov5_segmenter() -> Yolov5:
+    """A random YOLOv5 segmentation model whose prototypes are of order 1 (a random Proto's are ~1e-7)."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=3, names=["a", "b", "c"], task="segment").eval()
+    with torch.no_grad():
+        model.head.proto.cv3.bn.bias.copy_(torch.randn(32))
+    return model
+
+
+def yolov5_classifier() -> Classifier:
+    """A classifier with spread BatchNorm statistics, so its logits differ from image to image."""
+    torch.manual_seed(0)
+    model = Classifier.from_name("yolov5n-cls", 2, NAMES)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean = torch.randn_like(module.running_mean) * 0.1
+            module.running_var = torch.rand_like(module.running_var) + 0.5
+    return model.eval()
+
+
+@pytest.mark.parametrize("build", [yolov5_segmenter, lambda: untrained("yolo11n-seg"), yolov5_classifier],
+                         ids=["yolov5n-seg", "yolo11n-seg", "yolov5n-cls"])
+def test_segmentation_and_classification_exports_give_the_outputs_of_pytorch(tmp_path, build):
+    """Mask prototypes come out as the second output, in PyTorch's layout; logits are as they are."""
+    model = build()
+    size = 64 if model.task == "classify" else SIZE
+    path = export(model, "paddle", out=tmp_path / "model_paddle_model", img_size=size)
+    runtime = load_exported(path, trust_code=True)
+    assert (runtime.task, runtime.names) == (model.task, model.names)
+    imgs = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(4))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    if model.task == "classify":
+        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
+        return
+    (decoded, proto), (expected_decoded, expected_proto) = actual, expected
+    assert proto.shape == expected_proto.shape == (2, 32, SIZE // 4, SIZE // 4)
+    torch.testing.assert_close(decoded[..., 4:], expected_decoded[..., 4:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(decoded[..., :4], expected_decoded[..., :4], atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(proto, expected_proto, atol=1e-4 * float(expected_proto.abs().max()), rtol=1e-4)
+
+
+def test_a_folder_that_is_not_an_earlier_export_is_never_replaced(setup, tmp_path):
+    model, _, _ = setup
+    mine = tmp_path / "photos_paddle_model"
+    mine.mkdir()
+    (mine / "holiday.jpg").write_bytes(b"not a model")
+    with pytest.raises(OutputExistsError, match="exists and is not an export to PaddlePaddle"):
+        export(model, "paddle", out=mine, img_size=SIZE)
+    with pytest.raises(ValueError, match="^paddle output must end in _paddle_model, got model$"):
+        export(model, "paddle", out=tmp_path / "model", img_size=SIZE)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["holiday.jpg", "photos_paddle_model"]
