@@ -22,6 +22,7 @@ from yolotrain.checkpoint import save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.data.sources import link_subset
 from yolotrain.model.anchor_free import AnchorFreeYolo
+from yolotrain.model.classify import Classifier
 
 # The doctor corpus tests' shared assertions get pytest's detailed failure messages.
 pytest.register_assert_rewrite("doctor_corpus")
@@ -171,3 +172,23 @@ def untrained(arch: str, **head: object) -> AnchorFreeYolo:
         for branch in model.head.cv3:
             branch[-1].bias.zero_()
     return model
+
+
+def yolov5_segmenter() -> Yolov5:
+    """A random YOLOv5 segmentation model whose prototypes are of order 1 (a random Proto's are ~1e-7)."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=3, names=["a", "b", "c"], task="segment").eval()
+    with torch.no_grad():
+        model.head.proto.cv3.bn.bias.copy_(torch.randn(32))
+    return model
+
+
+def yolov5_classifier() -> Classifier:
+    """A classifier with spread BatchNorm statistics, so its logits differ from image to image."""
+    torch.manual_seed(0)
+    model = Classifier.from_name("yolov5n-cls", 2, ["circle", "rectangle"])
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean = torch.randn_like(module.running_mean) * 0.1
+            module.running_var = torch.rand_like(module.running_var) + 0.5
+    return model.eval()

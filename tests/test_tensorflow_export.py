@@ -12,7 +12,7 @@ import socket
 import pytest
 import torch
 import yaml
-from conftest import untrained
+from conftest import untrained, yolov5_classifier, yolov5_segmenter
 
 from yolotrain import Yolov5, predict, val
 from yolotrain.checkpoint import save_checkpoint
@@ -20,7 +20,6 @@ from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import add_export_arguments, export, load_exported, run_export
 from yolotrain.interop.formats import _tensorflow
 from yolotrain.interop.trust import UntrustedModelError
-from yolotrain.model.classify import Classifier
 from yolotrain.outputs import OutputExistsError
 
 pytestmark = pytest.mark.skipif(_tensorflow.unavailable() is not None, reason="pip install 'yolotrain[tensorflow]'")
@@ -185,26 +184,6 @@ def test_anchor_free_detector_export_gives_the_decoded_predictions_of_pytorch(tm
     torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)
     torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=1e-5)
     assert capfd.readouterr() == ("", "")
-
-
-def yolov5_segmenter() -> Yolov5:
-    """A random YOLOv5 segmentation model whose prototypes are of order 1 (a random Proto's are ~1e-7)."""
-    torch.manual_seed(0)
-    model = Yolov5("n", num_classes=3, names=["a", "b", "c"], task="segment").eval()
-    with torch.no_grad():
-        model.head.proto.cv3.bn.bias.copy_(torch.randn(32))
-    return model
-
-
-def yolov5_classifier() -> Classifier:
-    """A classifier with spread BatchNorm statistics, so its logits differ from image to image."""
-    torch.manual_seed(0)
-    model = Classifier.from_name("yolov5n-cls", 2, NAMES)
-    for module in model.modules():
-        if isinstance(module, torch.nn.BatchNorm2d):
-            module.running_mean = torch.randn_like(module.running_mean) * 0.1
-            module.running_var = torch.rand_like(module.running_var) + 0.5
-    return model.eval()
 
 
 @pytest.mark.slow
