@@ -234,6 +234,19 @@ def summarise(setup: dict, rows: dict[str, dict]) -> tuple[dict, str]:
     return {"setup": setup, "summary": summary, "raw": rows}, "\n".join(table) + "\n"
 
 
+def offline_reference(work: Path) -> None:
+    """Ultralytics offline, its settings and fonts (DejaVu Sans standing in for Arial) under ``work``: it looks for
+    its fonts in the "Ultralytics" folder of its config dir (validation asks for Arial before it reads a dataset)
+    and would try the network for a missing one."""
+    env = reference_train_env(work / "reference-config")
+    fonts = work / "reference-config" / "Ultralytics"
+    fonts.mkdir(parents=True, exist_ok=True)
+    for font in ("Arial.ttf", "Arial.Unicode.ttf"):
+        shutil.copyfile(work / "reference-config" / font, fonts / font)
+    os.environ.update({**{k: env[k] for k in ("YOLO_OFFLINE", "YOLO_CONFIG_DIR", "YOLOV5_CONFIG_DIR")},
+                       "ULTRALYTICS_CONFIG_DIR": env["YOLO_CONFIG_DIR"]})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="yolov8n,yolo11n", help="comma list of published anchor-free detectors")
@@ -263,15 +276,7 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     work = Path(tempfile.mkdtemp(prefix="bench-anchor-free-"))
-    env = reference_train_env(work / "reference-config")
-    # Ultralytics looks for its fonts in the "Ultralytics" folder of its config dir (validation asks for Arial
-    # before it reads a dataset) and would try the network for a missing one.
-    fonts = work / "reference-config" / "Ultralytics"
-    fonts.mkdir(parents=True, exist_ok=True)
-    for font in ("Arial.ttf", "Arial.Unicode.ttf"):
-        shutil.copyfile(work / "reference-config" / font, fonts / font)
-    os.environ.update({**{k: env[k] for k in ("YOLO_OFFLINE", "YOLO_CONFIG_DIR", "YOLOV5_CONFIG_DIR")},
-                       "ULTRALYTICS_CONFIG_DIR": env["YOLO_CONFIG_DIR"]})
+    offline_reference(work)
     import ultralytics
 
     from yolotrain.yamlio import read_yaml

@@ -88,8 +88,10 @@ import numpy as np
 np.trapz = getattr(np, "trapz", np.trapezoid)
 from yolov5.classify import train
 model, data, epochs, img, batch, workers, project = sys.argv[1:8]
+# Its GenericLogger reads opt.neptune_token whenever the neptune package is installed (our loggers extra brings
+# it), and its classify options have none: no token, as when the option is not given.
 train.run(model=model, data=data, epochs=int(epochs), imgsz=int(img), batch_size=int(batch), workers=int(workers),
-          device="cpu", project=project, name="exp")
+          device="cpu", project=project, name="exp", neptune_token=None)
 """
 
 

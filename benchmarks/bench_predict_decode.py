@@ -36,9 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from bench_anchor_free import fastest_alternating, image_folder, predict_sides, reference_checkpoint
+from bench_anchor_free import fastest_alternating, image_folder, offline_reference, predict_sides, reference_checkpoint
 from bench_scaling import upscaled_copy
-from bench_train import reference_train_env
 from common import COCO128, ROOT, copy_images, cpu_model
 
 from yolotrain.engine.prepare import autocast_dtype
@@ -60,17 +59,6 @@ def sides(weights: Path, folder: Path, img_size: int) -> dict[str, Callable[[], 
     return {"ours_stream": anchor_free["ours_half"], "ours_stream_fp32": anchor_free["ours_fp32"],
             "ours_list": lambda: listed(True), "ours_list_full": lambda: listed(False),
             "reference": anchor_free["reference"]}
-
-
-def offline_reference(work: Path) -> None:
-    """Ultralytics offline, its settings and fonts (DejaVu Sans standing in for Arial) under ``work``."""
-    env = reference_train_env(work / "reference-config")
-    fonts = work / "reference-config" / "Ultralytics"
-    fonts.mkdir(parents=True, exist_ok=True)
-    for font in ("Arial.ttf", "Arial.Unicode.ttf"):
-        shutil.copyfile(work / "reference-config" / font, fonts / font)
-    os.environ.update({**{k: env[k] for k in ("YOLO_OFFLINE", "YOLO_CONFIG_DIR", "YOLOV5_CONFIG_DIR")},
-                       "ULTRALYTICS_CONFIG_DIR": env["YOLO_CONFIG_DIR"]})
 
 
 def table(result: dict) -> str:

@@ -15,8 +15,9 @@ on ``coco128-seg``, batch 16, overlap masks at 1/4:
   weights) on the same images, loader construction included, box and mask metrics, each pass in a process
   of its own (so that its peak RSS is its own; both processes import both packages and build the network
   alike); passes rotate and each side's fastest is reported. Ours runs twice: with its defaults (half
-  precision where the device computes it natively: bfloat16 on CPUs with AVX512-BF16 or AMX) and in
-  float32 (``half=False``, the reference's precision on the CPU).
+  precision where the device computes it natively: bfloat16 on CPUs with AVX512-BF16 or AMX; JPEGs at least
+  twice the size decoded reduced) and as the reference computes (``half=False``, its precision on the CPU, and
+  ``reduced_decode=False``, its pixels), whose scores the smoke test holds equal to the reference's.
 
     python benchmarks/bench_segment.py                  # about 6 minutes on 2 cores
     python benchmarks/bench_segment.py --smoke --out /tmp/segment.json   # tiny: checks the script runs
@@ -50,8 +51,8 @@ BATCH = 16
 MODEL_CFG = "yolov5n-seg.yaml"
 # The reference's segment/train.py run as a program with numpy 2's name for the function it calls;
 # nothing else in it changes.
-# Our val passes: the defaults (half=None: bf16 where native), and float32.
-OUR_VAL_SIDES = {"ours": None, "ours_fp32": False}
+# Our val passes: the defaults (half=None: bf16 where native; reduced decode), and the reference's computation.
+OUR_VAL_SIDES = {"ours": {"half": None}, "ours_fp32": {"half": False, "reduced_decode": False}}
 REFERENCE_TRAIN = (
     "import sys, numpy as np; np.trapz = np.trapezoid; path = sys.argv[1]; sys.argv = sys.argv[1:]; "
     "exec(compile(open(path).read(), path, 'exec'), {'__name__': '__main__', '__file__': path})")
@@ -71,7 +72,7 @@ def fixed_batch(data: Path, img_size: int) -> SegmentBatch:
     from yolotrain.data.loaders import DataConfig, build_loaders
 
     config = DataConfig(path=str(data), img_size=img_size, batch_size=BATCH, workers=0)
-    loaders = build_loaders(config, AugmentConfig(), seed=0, splits=("train",), require_names=True, masks=True)
+    loaders = build_loaders(config, AugmentConfig(), seed=0, splits=("train",), require_names=True, kind="masks")
     return next(iter(loaders.train))
 
 
@@ -192,7 +193,7 @@ def val_pass(side: str, data: Path, img_size: int, reference_root: Path, work: P
         model = our_model().eval()
         started = time.perf_counter()
         result = val(model, data, img_size=img_size, batch_size=32, device="cpu", workers=0, plots=False,
-                     verbose=False, half=OUR_VAL_SIDES[side])
+                     verbose=False, **OUR_VAL_SIDES[side])
         return {"s": time.perf_counter() - started, "box_map": result.map, "mask_map": result.masks.map}
     model = reference_model(reference_root).eval()
     started = time.perf_counter()
