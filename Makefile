@@ -34,7 +34,8 @@ demo: $(STAMP)
 test: $(STAMP) $(LITERT_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples packages
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -q -m "not slow and not litert"
+	$(PY) -m pytest -q -m "not slow and not litert and not paddle"
+	$(PY) -m pytest -q -m "paddle and not slow" tests/test_paddle_export.py tests/test_anchor_free_export.py
 	$(LITERT_PY) -m pytest -q -m "litert and not slow" tests/test_deploy.py tests/test_anchor_free_export.py
 
 test-slow: $(STAMP)

@@ -259,6 +259,7 @@ def test_pose_and_oriented_box_exports_give_the_keypoints_and_angles_of_pytorch(
         torch.testing.assert_close(actual[..., 7], expected[..., 7], atol=1e-4, rtol=0)  # radians
 
 
+@pytest.mark.paddle  # in a pytest process of its own under `make test` (see tests/test_paddle_export.py)
 @PADDLE
 def test_oriented_box_export_to_paddle_gives_the_angles_of_pytorch(request, tmp_path):
     test_pose_and_oriented_box_exports_give_the_keypoints_and_angles_of_pytorch(request, tmp_path, "paddle",

@@ -5,6 +5,7 @@ the metadata other tools read, and what they cannot do refused in one line."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import socket
 import subprocess
@@ -24,7 +25,10 @@ from yolotrain.interop.formats import paddle
 from yolotrain.interop.trust import UntrustedModelError
 from yolotrain.outputs import OutputExistsError
 
-pytestmark = pytest.mark.skipif(paddle.unavailable() is not None, reason="pip install 'yolotrain[paddle]'")
+# `make test` runs these in a pytest process of their own: Paddle crashes in a process that loaded TensorFlow or
+# coremltools (other tests load both).
+pytestmark = [pytest.mark.paddle,
+              pytest.mark.skipif(paddle.unavailable() is not None, reason="pip install 'yolotrain[paddle]'")]
 
 SIZE = 96
 NAMES = ["circle", "rectangle"]
@@ -55,6 +59,26 @@ def setup(tmp_path_factory):
 def torch_output(model: torch.nn.Module, imgs: torch.Tensor):
     with torch.inference_mode():
         return copy.deepcopy(model).fuse()(imgs)
+
+
+@pytest.mark.parametrize("clashing", sorted(paddle.CLASHING_MODULES))
+def test_a_process_that_loaded_a_clashing_library_gets_one_line_instead_of_a_crash(setup, clashing):
+    """Paddle's native library crashes the process (a segmentation fault) as it loads after TensorFlow's or Core ML
+    tools': loading a Paddle model there stops in one line instead."""
+    if importlib.util.find_spec(clashing) is None:
+        pytest.skip(f"{clashing} is not installed")
+    _, _, path = setup
+    # yolotrain (torch, torchvision) first, as in any yolotrain process: TensorFlow loaded before them crashes their
+    # import instead.
+    script = (f"import sys\nfrom yolotrain.interop import load_exported\nimport {clashing}\n"
+              "try:\n    load_exported(sys.argv[1], trust_code=True)\nexcept ImportError as error:\n"
+              "    sys.exit(f'error: {error}')\n")
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    line = done.stderr.strip().splitlines()[-1]  # coremltools loads TensorFlow too where it is installed
+    loaded = line.removeprefix("error: PaddlePaddle cannot be loaded into a process that has loaded ").split(" (")[0]
+    assert clashing in loaded.split(", ") and line.endswith(
+        " (its native library crashes there): run the Paddle model in a process of its own")
 
 
 def test_export_runs_in_paddle_like_torch(setup):

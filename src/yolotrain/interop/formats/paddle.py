@@ -48,6 +48,9 @@ RUNS_CODE = ("a Paddle program's operators can write and read files (save_combin
 # Longest a conversion of the largest published model takes on a 2-core CPU, with room to spare.
 CONVERT_TIMEOUT_S = 900
 _CONVERTER = Path(__file__).with_name("_paddle_convert.py")
+# Modules whose native libraries, once loaded, make Paddle 3.3's own crash the process as it loads (a segmentation
+# fault in paddle.base.core, whichever is imported first of those and torch).
+CLASHING_MODULES = frozenset({"tensorflow", "coremltools"})
 
 
 def unavailable() -> str | None:
@@ -99,6 +102,9 @@ def paddle_inference() -> Any:
     """``paddle.inference``, imported with its load-time notes (a compiler cache it looks for) kept quiet."""
     if importlib.util.find_spec("paddle") is None:
         raise ImportError(f"PaddlePaddle models need the 'paddlepaddle' package ({EXTRA})")
+    if "paddle" not in sys.modules and (clashing := sorted(CLASHING_MODULES & sys.modules.keys())):
+        raise ImportError(f"PaddlePaddle cannot be loaded into a process that has loaded {', '.join(clashing)} (its "
+                          "native library crashes there): run the Paddle model in a process of its own")
     with warnings.catch_warnings(), quiet_output((2,)):
         warnings.simplefilter("ignore")
         import paddle.inference
