@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import os
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -52,13 +54,13 @@ def weights_files(models_or_weights: ModelsOrWeights) -> list[Labelled]:
 def load_inference_model(models_or_weights: ModelsOrWeights, device: str | torch.device | None = None,
                          fuse: bool = True, half: bool | None = None, trust_code: bool = False,
                          augment: bool = False, slice: int | None = None,
-                         slice_overlap: float = 0.2) -> tuple[Detector, torch.device]:
+                         slice_overlap: float = 0.2, reuse_copy: bool = False) -> tuple[Detector, torch.device]:
     """:func:`load_one_model` for one model or weights path; for a list of several, the reference's
     ensemble of them (:class:`~yolotrain.eval.tta.EnsembleDetector`: their predictions merged before NMS).
     ``augment`` runs each detection model with the reference's test-time augmentation
     (:class:`~yolotrain.eval.tta.AugmentedDetector`). ``slice`` (a tile side in px; None or 0: off) runs the
     whole on overlapping tiles of the input, ``slice_overlap`` of a tile apart at least
-    (:class:`~yolotrain.eval.slicing.SlicedDetector`).
+    (:class:`~yolotrain.eval.slicing.SlicedDetector`). ``reuse_copy``: see :func:`load_one_model`.
 
     Raises:
         ValueError: ``augment`` for a model other than a PyTorch detection model, ``slice`` for one other than
@@ -75,7 +77,7 @@ def load_inference_model(models_or_weights: ModelsOrWeights, device: str | torch
         for source in sources:  # before any runtime is started
             if isinstance(source, (str, os.PathLike)) and is_exported(source):
                 raise ValueError(_export_in_ensemble(source))
-    loaded = [load_one_model(source, device, fuse, half, trust_code) for source in sources]
+    loaded = [load_one_model(source, device, fuse, half, trust_code, reuse_copy) for source in sources]
     for source, (model, _) in zip(sources, loaded):
         if len(sources) > 1:
             _check_ensemble_member(model, source)
@@ -137,8 +139,8 @@ def _export_in_ensemble(source: ModelOrWeights) -> str:
 
 
 def load_one_model(model_or_weights: ModelOrWeights, device: str | torch.device | None = None,
-                   fuse: bool = True, half: bool | None = None,
-                   trust_code: bool = False) -> tuple[Detector, torch.device]:
+                   fuse: bool = True, half: bool | None = None, trust_code: bool = False,
+                   reuse_copy: bool = False) -> tuple[Detector, torch.device]:
     """The detector :func:`~yolotrain.interop.loading.resolve.resolve_model` finds for ``model_or_weights``, ready
     for inference, and the device its inputs go to. Exports (``.onnx``, OpenVINO ``.xml``, ``.tflite``,
     ``.torchscript``; TensorRT ``.engine`` on the GPU) run through their runtimes as they are, fed from the
@@ -147,7 +149,10 @@ def load_one_model(model_or_weights: ModelOrWeights, device: str | torch.device 
     (by default: where a given model is; the best device for a file).
 
     The caller's model is never changed: fusing Conv+BN (faster inference, same outputs), the
-    channels-last layout and the move to ``device``/half precision happen on a copy. ``half`` means
+    channels-last layout and the move to ``device``/half precision happen on a copy. With ``reuse_copy`` (what
+    ``predict`` asks for) the copy made for a model is kept beside it and given again while the model's weights
+    are unchanged (:func:`_prepared_copy`): a program calling ``predict(model, frame)`` per frame pays the copy
+    once, not per call (about 80 ms for a yolo11n on the CPU, more than its forward pass). ``half`` means
     float16 on CUDA (as the reference) and bfloat16 on the CPU, where oneDNN runs bf16 convolutions
     natively on processors with AVX512-BF16/AMX; ``None`` (auto) is half precision where the device
     computes it natively (:func:`~yolotrain.devices.native_half`), float32 elsewhere. bf16 head maps are
@@ -162,19 +167,55 @@ def load_one_model(model_or_weights: ModelOrWeights, device: str | torch.device 
     if not task_of(model).is_pytorch_model(model):
         return model, model.device
     given = model is model_or_weights
-    model = copy.deepcopy(model) if given else model
     dev = model.device if given and device is None else select_device(device)
+    dtype = inference_dtype(half, dev) or torch.float32
+    if given and reuse_copy:
+        return _prepared_copy(model, dev, dtype, fuse), dev
+    return _prepared(copy.deepcopy(model) if given else model, dev, dtype, fuse), dev
+
+
+def _prepared(model: Detector, dev: torch.device, dtype: torch.dtype, fuse: bool) -> Detector:
+    """``model`` itself (a copy or a freshly loaded file) made ready for inference."""
     model = model.to(dev, torch.float32).eval()  # BatchNorm folds in float32
     if fuse:
         model.fuse()
     # NHWC is the layout oneDNN and cuDNN convolutions run fastest in (measured on yolov5n at 640:
     # 1.2x on the CPU); the outputs are the same up to float rounding. One pass over the tensors for
     # the layout and the precision.
-    model = model.to(dtype=inference_dtype(half, dev) or torch.float32, memory_format=torch.channels_last)
+    model = model.to(dtype=dtype, memory_format=torch.channels_last)
     for p in model.parameters():
         p.requires_grad_(False)
     _activations_in_place(model)
-    return model, dev
+    return model
+
+
+# A caller's model -> {its settings (device, dtype, fuse): (weights state, their norms, the inference-ready copy made
+# for them)}; the entries go with their model.
+_PREPARED_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[tuple, tuple[tuple, torch.Tensor, Detector]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _prepared_copy(model: Detector, dev: torch.device, dtype: torch.dtype, fuse: bool) -> Detector:
+    """The copy of ``model`` prepared for inference with these settings, made again only when the weights changed.
+
+    Unchanged means: the same tensors (storage and version counters: an optimiser step, ``load_state_dict``,
+    ``copy_`` or an EMA update each bump a counter), the same norm of each (a write through ``.data`` bumps no
+    counter, but moves a norm) and the same class names. One copy is kept per device, precision and fusing asked
+    for (a program predicting in float32 and bfloat16 in turn keeps two).
+    """
+    settings = (dev, dtype, fuse)
+    tensors = [t for t in itertools.chain(model.parameters(), model.buffers()) if t.is_floating_point()]
+    state = (tuple((t.data_ptr(), t._version) for t in tensors), repr(getattr(model, "names", None)))
+    with torch.no_grad():
+        # One fused kernel over every tensor (a loop of per-tensor norms costs as much as the copy it saves).
+        norms = torch.stack(torch._foreach_norm(tensors)) if tensors else torch.empty(0)
+    copies = _PREPARED_COPIES.setdefault(model, {})
+    kept = copies.get(settings)
+    if kept is not None and kept[0] == state and torch.equal(kept[1], norms):
+        return kept[2]
+    prepared = _prepared(copy.deepcopy(model), dev, dtype, fuse)
+    copies[settings] = (state, norms, prepared)
+    return prepared
 
 
 def inference_dtype(half: bool | None, device: torch.device) -> torch.dtype | None:

@@ -281,10 +281,12 @@ class Predictor:
                  device: str | torch.device | None = None, half: bool | None = None,
                  trust_code: bool = False, retina_masks: bool = PredictConfig.retina_masks,
                  augment: bool = PredictConfig.augment, slice: int | None = SliceConfig.slice,
-                 slice_overlap: float = SliceConfig.slice_overlap) -> None:
+                 slice_overlap: float = SliceConfig.slice_overlap, reuse_copy: bool = False) -> None:
+        # reuse_copy: a model given in memory runs as the inference copy made for it the last time, while its
+        # weights are unchanged (see yolotrain.eval.inference.load_one_model).
         self.model, self.device = load_inference_model(model_or_weights, device, fuse=True, half=half,
                                                        trust_code=trust_code, augment=augment, slice=slice,
-                                                       slice_overlap=slice_overlap)
+                                                       slice_overlap=slice_overlap, reuse_copy=reuse_copy)
         self.task = task_of(self.model)
         self.task.check_inference(self.model)
         self.retina_masks = retina_masks
@@ -570,7 +572,8 @@ def predict(
         raise ValueError("visualize writes the feature maps into save_dir: give one")
     hooks = as_callbacks(callbacks)
     predictor = Predictor(model_or_weights, img_size, conf, iou, classes, max_det, agnostic, device, half, trust_code,
-                          retina_masks, augment, slice, slice_overlap)
+                          retina_masks, augment, slice, slice_overlap,
+                          reuse_copy=not visualize)  # --visualize hooks stay on its model: a copy of its own
     # The task says what predicts on each image: these detection settings, or a classifier's top five.
     predictor = predictor.task.predictor(predictor, img_size, save_crop)
     features = FeatureMaps(predictor.model) if visualize else None
