@@ -223,7 +223,7 @@ TENSORFLOW_SLOW = (pytest.mark.slow, pytest.mark.skipif(
 KEYPOINT_AND_ANGLE_FORMATS = [*FORMATS, pytest.param("tflite", marks=TFLITE),
                               pytest.param("saved_model", marks=TENSORFLOW_SLOW),
                               pytest.param("pb", marks=TENSORFLOW_SLOW)]
-REFUSED_FOR_KEYPOINTS_AND_ANGLES = ["coreml", "engine"]
+REFUSED_FOR_KEYPOINTS_AND_ANGLES = ["coreml", "engine", "tfjs"]
 # X2Paddle translates the angle's decoding but not the keypoints'.
 ANGLE_ONLY_FORMATS = ["paddle"]
 PADDLE = pytest.mark.skipif(any(importlib.util.find_spec(name) is None for name in ("paddle", "x2paddle")),

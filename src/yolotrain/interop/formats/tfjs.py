@@ -211,7 +211,8 @@ class TfjsModel(ExportedModel):
         for _ in range(self._read_count()):
             rank = self._read_count()
             shape = struct.unpack(f"<{rank}I", self._read(4 * rank))
-            outputs.append(np.frombuffer(self._read(4 * int(np.prod(shape))), dtype="<f4").reshape(shape))
+            # A copy: an array over the bytes read would be read-only, which torch.from_numpy warns of.
+            outputs.append(np.frombuffer(self._read(4 * int(np.prod(shape))), dtype="<f4").reshape(shape).copy())
         return to_channels_first(outputs)
 
     def close(self) -> None:
