@@ -86,7 +86,7 @@ def write(job: ExportJob) -> None:
         raise ImportError(missing)
     with tempfile.TemporaryDirectory(prefix="yolotrain-tfjs-") as scratch:
         saved_model = Path(scratch) / "model_saved_model"
-        convert(job, "saved_model", saved_model)
+        convert(job, "tfjs_saved_model", saved_model)
         with staged(job.out) as path:
             _run_converter(saved_model, path, Path(scratch))
             (path / METADATA_FILE).write_text(json.dumps(job.metadata), encoding="utf-8")

@@ -140,7 +140,11 @@ async function main() {
       // A copy: Float32Array needs 4-byte alignment, which a slice of the read buffer may lack.
       const image = new Float32Array(frame.buffer.slice(frame.byteOffset, frame.byteOffset + size));
       pending = pending.subarray(4 + size);
-      process.stdout.write(answer(image));
+      try {
+        process.stdout.write(answer(image));
+      } catch (error) {
+        fail(error && error.message ? error.message : error);
+      }
     }
   });
   process.stdin.on('end', () => process.exit(0));
