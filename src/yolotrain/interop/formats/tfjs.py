@@ -5,11 +5,12 @@ Node with TF.js (``tfjs_runner.js`` beside this module, one child process per lo
 
 ``tensorflowjs`` 4.22 cannot share an environment with ours (it pins TensorFlow 2.19, numpy<2.2 and protobuf<6), so
 its converter runs as a program of its own: ``$YOLOTRAIN_TFJS_CONVERTER`` (the path of ``tensorflowjs_converter`` in
-an environment of its own, as ``make`` installs it in ``.venv-tfjs``), else ``tensorflowjs_converter`` on the
-``PATH``. It runs with network connections refused (the start-up module in ``_offline``). The runtime needs ``node``
-on the ``PATH`` and a ``node_modules`` folder holding ``@tensorflow/tfjs-core``, ``-converter``, ``-backend-cpu``
-and (faster, optional) ``-backend-wasm``: ``$YOLOTRAIN_TFJS_NODE_MODULES``, else ``.node-tfjs/node_modules`` in
-the working folder (where ``make`` installs it from ``tools/tfjs-node``).
+an environment of its own), else ``.venv-tfjs/bin/tensorflowjs_converter`` in the working folder (where ``make``
+installs it), else ``tensorflowjs_converter`` on the ``PATH``. It runs with network connections refused (the
+start-up module in ``_offline``). The runtime needs ``node`` on the ``PATH`` and a ``node_modules`` folder holding
+``@tensorflow/tfjs-core``, ``-converter``, ``-backend-cpu`` and (faster, optional) ``-backend-wasm``:
+``$YOLOTRAIN_TFJS_NODE_MODULES``, else ``.node-tfjs/node_modules`` in the working folder (where ``make`` installs
+it from ``tools/tfjs-node``).
 
 The folder holds our metadata (``yolotrain.json``) and the fields ultralytics reads from a web model folder
 (``metadata.yaml``). A graph model holds TensorFlow operations that TF.js runs on tensors only (TF.js has no
@@ -43,12 +44,13 @@ SUFFIX = "_web_model"
 MODEL_FILE = "model.json"
 CONVERTER_ENV = "YOLOTRAIN_TFJS_CONVERTER"
 NODE_MODULES_ENV = "YOLOTRAIN_TFJS_NODE_MODULES"
+DEFAULT_CONVERTER = Path(".venv-tfjs") / "bin" / "tensorflowjs_converter"
 DEFAULT_NODE_MODULES = Path(".node-tfjs") / "node_modules"
 NODE_PACKAGES = ("@tensorflow/tfjs-core@4.22.0 @tensorflow/tfjs-converter@4.22.0 @tensorflow/tfjs-backend-cpu@4.22.0 "
                  "@tensorflow/tfjs-backend-wasm@4.22.0")
 CONVERTER_INSTALL = ("python3 -m venv .venv-tfjs && .venv-tfjs/bin/pip install tensorflowjs==4.22.0 ydf==0.12.0 "
-                     f"(`make .venv-tfjs/.installed` does it), then set {CONVERTER_ENV}="
-                     ".venv-tfjs/bin/tensorflowjs_converter")
+                     f"(`make .venv-tfjs/.installed` does it), then run from the folder holding .venv-tfjs or set "
+                     f"{CONVERTER_ENV}=.venv-tfjs/bin/tensorflowjs_converter")
 NODE_INSTALL = (f"`npm install --prefix .node-tfjs {NODE_PACKAGES}` (`make .node-tfjs/.installed` does it), "
                 f"or set {NODE_MODULES_ENV} to a node_modules folder holding them")
 # Longest the converter takes on the largest published model's SavedModel on a 2-core CPU, with room to spare.
@@ -64,9 +66,15 @@ def converter_path() -> Path | None:
     """The ``tensorflowjs_converter`` program an export runs, or None when there is none."""
     configured = os.environ.get(CONVERTER_ENV)
     if configured:
-        return Path(configured) if os.access(configured, os.X_OK) and Path(configured).is_file() else None
+        return Path(configured) if _is_program(Path(configured)) else None
+    if _is_program(DEFAULT_CONVERTER):
+        return DEFAULT_CONVERTER.resolve()
     found = shutil.which("tensorflowjs_converter")
     return Path(found) if found else None
+
+
+def _is_program(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
 
 
 def unavailable() -> str | None:
@@ -76,7 +84,7 @@ def unavailable() -> str | None:
     if converter_path() is None:
         configured = os.environ.get(CONVERTER_ENV)
         where = (f"{CONVERTER_ENV}={configured} is not an executable file" if configured
-                 else f"no tensorflowjs_converter on the PATH and {CONVERTER_ENV} is not set")
+                 else f"{CONVERTER_ENV} is not set, and neither {DEFAULT_CONVERTER} nor the PATH has one")
         return f"TF.js export needs tensorflowjs_converter in an environment of its own ({where}): {CONVERTER_INSTALL}"
     return None
 
