@@ -159,7 +159,7 @@ def test_a_missing_converter_is_one_line_naming_its_environment(setup, tmp_path,
 def test_missing_node_packages_are_one_line(setup, tmp_path, monkeypatch):
     _, _, path = setup
     monkeypatch.setenv(tfjs.NODE_MODULES_ENV, str(tmp_path))
-    with pytest.raises(ImportError, match="^[^\n]*$") as error:
+    with pytest.raises(CheckpointError, match="^[^\n]*$") as error:
         load_exported(path)
     assert "@tensorflow/tfjs-core" in str(error.value) and tfjs.NODE_MODULES_ENV in str(error.value)
 

@@ -66,7 +66,8 @@ def converter_path() -> Path | None:
     """The ``tensorflowjs_converter`` program an export runs, or None when there is none."""
     configured = os.environ.get(CONVERTER_ENV)
     if configured:
-        return Path(configured) if _is_program(Path(configured)) else None
+        # Resolved here: the converter runs in a scratch working folder.
+        return Path(configured).resolve() if _is_program(Path(configured)) else None
     if _is_program(DEFAULT_CONVERTER):
         return DEFAULT_CONVERTER.resolve()
     found = shutil.which("tensorflowjs_converter")
@@ -178,8 +179,8 @@ class TfjsModel(ExportedModel):
             raise CheckpointError(f"{path}: its graph takes a {len(input_shape)}-D input, not NHWC images")
         batch, height, width, channels = input_shape
         super().__init__(path, metadata, [batch, channels, height, width])
-        if (missing := node_unavailable()) is not None:
-            raise ImportError(missing)
+        if (missing := node_unavailable()) is not None:  # a command line's one-line error, as TensorRT's
+            raise CheckpointError(f"{path}: {missing}")
         self._stderr = tempfile.TemporaryFile()
         environment = dict(os.environ, NODE_PATH=str(node_modules().resolve()))
         self._process = subprocess.Popen(["node", str(_RUNNER), str(path.resolve())], stdin=subprocess.PIPE,
