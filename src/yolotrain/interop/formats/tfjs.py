@@ -130,7 +130,7 @@ def node_modules() -> Path:
 def node_unavailable() -> str | None:
     """Why TF.js models cannot run here (Node or TF.js's packages missing), or None."""
     if shutil.which("node") is None:
-        return "TF.js models run under Node: no `node` on the PATH (install Node.js 18 or later)"
+        return "TF.js models run under Node: no `node` on the PATH (install Node.js, e.g. version 20)"
     modules = node_modules()
     if not all((modules / "@tensorflow" / name / "package.json").is_file() for name in ("tfjs-core", "tfjs-converter")):
         return f"TF.js models run under Node with TF.js's packages, which {modules} lacks: {NODE_INSTALL}"
