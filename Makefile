@@ -7,6 +7,12 @@ STAMP := $(VENV)/.installed
 LITERT_VENV ?= .venv-litert
 LITERT_PY := $(LITERT_VENV)/bin/python
 LITERT_STAMP := $(LITERT_VENV)/.installed
+# TF.js: its converter (tensorflowjs 4.22 pins TensorFlow 2.19, numpy<2.2, protobuf<6) in an environment of its own,
+# run by `yolotrain export --format tfjs` as a program; the runtime's TF.js packages for Node, from the lock file.
+TFJS_VENV ?= .venv-tfjs
+TFJS_STAMP := $(TFJS_VENV)/.installed
+TFJS_NODE ?= .node-tfjs
+TFJS_NODE_STAMP := $(TFJS_NODE)/.installed
 
 .PHONY: demo test test-slow gpu-check docs clean
 
@@ -28,10 +34,22 @@ $(STAMP): pyproject.toml packages/inplace-doctor/pyproject.toml
 $(LITERT_STAMP): pyproject.toml packages/inplace-doctor/pyproject.toml
 	$(call make_venv,$(LITERT_VENV),$(LITERT_PACKAGES))
 
+# ydf 0.12: the newest built against protobuf 5 (tensorflowjs imports TensorFlow Decision Forests, which imports ydf).
+$(TFJS_STAMP):
+	test -x $(TFJS_VENV)/bin/python || python3 -m venv $(TFJS_VENV)
+	$(TFJS_VENV)/bin/python -m pip install -q tensorflowjs==4.22.0 ydf==0.12.0
+	touch $@
+
+$(TFJS_NODE_STAMP): tools/tfjs-node/package.json tools/tfjs-node/package-lock.json
+	mkdir -p $(TFJS_NODE)
+	cp tools/tfjs-node/package.json tools/tfjs-node/package-lock.json $(TFJS_NODE)/
+	cd $(TFJS_NODE) && npm ci --no-audit --no-fund --ignore-scripts
+	touch $@
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP) $(LITERT_STAMP)
+test: $(STAMP) $(LITERT_STAMP) $(TFJS_STAMP) $(TFJS_NODE_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples packages
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -m "not slow and not litert and not paddle"
@@ -50,4 +68,4 @@ gpu-check: $(STAMP)
 	PYTHON=$(PY) bash benchmarks/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) $(LITERT_VENV) build site *.egg-info src/*.egg-info packages/inplace-doctor/src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(LITERT_VENV) $(TFJS_VENV) $(TFJS_NODE) build site *.egg-info src/*.egg-info packages/inplace-doctor/src/*.egg-info .pytest_cache

@@ -18,7 +18,7 @@ from yolotrain import predict, val
 from yolotrain.checkpoint import CheckpointError
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import export, load_exported
-from yolotrain.interop.formats import REGISTRY
+from yolotrain.interop.formats import REGISTRY, tfjs
 from yolotrain.model.anchor_free import AnchorFreeYolo
 from yolotrain.task import get_task
 
@@ -28,7 +28,7 @@ SIZE = 96
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
 SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param", "mnn": ".mnn",
           "tflite": ".tflite", "executorch": ".pte", "saved_model": "_saved_model", "pb": ".pb",
-          "paddle": "_paddle_model"}
+          "paddle": "_paddle_model", "tfjs": "_web_model"}
 NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
                           reason="pip install 'yolotrain[ncnn]'")
 MNN = pytest.mark.skipif(importlib.util.find_spec("MNN") is None, reason="pip install 'yolotrain[mnn]'")
@@ -220,9 +220,12 @@ def test_sliced_inference_with_one_tile_equals_the_whole_image(request, shapes, 
 TENSORFLOW_SLOW = (pytest.mark.slow, pytest.mark.skipif(
     any(importlib.util.find_spec(name) is None for name in ("tensorflow", "tf_keras", "onnx2tf")),
     reason="pip install 'yolotrain[tensorflow]'"))
+# TF.js converts the SavedModel in an environment of its own and runs under Node (see tests/test_tfjs_export.py).
+TFJS_SLOW = (*TENSORFLOW_SLOW, pytest.mark.skipif(tfjs.unavailable() is not None or tfjs.node_unavailable() is not None,
+                                                  reason="make .venv-tfjs/.installed .node-tfjs/.installed"))
 KEYPOINT_AND_ANGLE_FORMATS = [*FORMATS, pytest.param("tflite", marks=TFLITE),
                               pytest.param("saved_model", marks=TENSORFLOW_SLOW),
-                              pytest.param("pb", marks=TENSORFLOW_SLOW)]
+                              pytest.param("pb", marks=TENSORFLOW_SLOW), pytest.param("tfjs", marks=TFJS_SLOW)]
 REFUSED_FOR_KEYPOINTS_AND_ANGLES = ["coreml", "engine"]
 # X2Paddle translates the angle's decoding but not the keypoints'.
 ANGLE_ONLY_FORMATS = ["paddle"]

@@ -361,12 +361,11 @@ def leftovers(folder) -> list[str]:
 
 
 @pytest.mark.parametrize(("fmt", "expected"), [
-    ("tfjs", "tensorflowjs_converter --input_format=tf_saved_model MODEL_saved_model MODEL_web_model"),
     ("edgetpu", "`yolotrain export --format edgetpu --data DATA` writes (as --format tflite --int8)"),
 ])
 def test_formats_made_by_tools_of_their_own_say_how_in_one_line(setup, tmp_path, fmt, expected):
-    """The reference's tfjs and edgetpu: their tools cannot be installed beside ours, so the export says how to make
-    them from one of ours (the command line writes edgetpu's int8 model itself, below)."""
+    """The reference's edgetpu: its compiler cannot be installed beside ours, so the export says how to make
+    it from one of ours (the command line writes edgetpu's int8 model itself, below)."""
     model, _, _ = setup
     with pytest.raises(ValueError, match="^[^\n]*$") as error:
         export(model, fmt, out=tmp_path / "model.bin", img_size=SIZE)

@@ -37,7 +37,7 @@ def test_a_registered_format_is_exported_through_its_entry(model, tmp_path, monk
 
 def test_every_format_is_runnable_or_says_why_and_its_suffix_is_known():
     assert set(REGISTRY) == {"coreml", "engine", "executorch", "mnn", "ncnn", "onnx", "openvino", "paddle", "pb",
-                             "saved_model", "tflite", "torchscript"}
+                             "saved_model", "tfjs", "tflite", "torchscript"}
     for name, spec in REGISTRY.items():
         assert (spec.runtime is None) != (spec.not_runnable is None), name
         assert is_exported(f"model{spec.suffix}")

@@ -74,7 +74,7 @@ def test_exports_return_decoded_predictions_and_prototypes_like_torch(segmenter,
 
 @pytest.mark.parametrize(("fmt", "options", "message"), [
     ("tflite", {}, "segmentation models export to executorch, mnn, ncnn, onnx, openvino, paddle, pb, saved_model, "
-                   "torchscript: tflite cannot carry"),
+                   "tfjs, torchscript: tflite cannot carry"),
     ("onnx", {"raw": True}, "--raw is for detection models"),
     ("onnx", {"nms": True}, "--nms is for detection models"),
     ("openvino", {"int8": True, "data": "unused"}, "int8 export is for detection models"),

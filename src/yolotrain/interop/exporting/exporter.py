@@ -145,10 +145,6 @@ FINISHED_ELSEWHERE = {
     "edgetpu": "Edge TPU models are compiled by Google's edgetpu_compiler (Linux x86-64, not on PyPI: "
                "https://coral.ai/docs/edgetpu/compiler/) from an int8 LiteRT model, which `yolotrain export "
                "--format edgetpu --data DATA` writes (as --format tflite --int8) before saying how to compile it",
-    "tfjs": "TF.js models are converted from a SavedModel by tensorflowjs_converter, whose package cannot share an "
-            "environment with ours (it needs TensorFlow 2.19, numpy<2.2, protobuf<6): export --format saved_model, "
-            "then in an environment of its own run `tensorflowjs_converter --input_format=tf_saved_model "
-            "MODEL_saved_model MODEL_web_model`",
 }
 # The export `--format edgetpu` writes: the format and the options it implies.
 EDGE_TPU_SOURCE = ("tflite", {"int8": True})

@@ -59,8 +59,8 @@ def sample_images() -> np.ndarray:
 
 
 def convert(job: ExportJob, kind: str, output: Path) -> None:
-    """Convert ``job``'s traced graph to TensorFlow's ``kind`` (``saved_model``, ``keras_saved_model`` or ``pb``)
-    at ``output``."""
+    """Convert ``job``'s traced graph to TensorFlow's ``kind`` (``saved_model``, ``keras_saved_model``, ``pb``, or
+    ``tfjs_saved_model``: a SavedModel whose grouped convolutions are split, as TF.js runs them) at ``output``."""
     if (missing := unavailable()) is not None:
         raise ImportError(missing)
     onnx = onnx_module()

@@ -6,7 +6,7 @@ Network connections are refused in this process before onnx2tf is imported: onnx
 from GitHub when its working folder lacks one, and an export never downloads anything (the parent writes the
 sample into the working folder). The process prints nothing but, on failure, one line on stderr.
 
-Usage: ``python _tensorflow_convert.py MODEL.onnx saved_model|keras_saved_model|pb OUTPUT``
+Usage: ``python _tensorflow_convert.py MODEL.onnx saved_model|keras_saved_model|tfjs_saved_model|pb OUTPUT``
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # The signature TensorFlow Serving (and our runtime) call.
 SIGNATURE = "serving_default"
+# The SavedModel that TF.js's converter reads.
+TFJS_SAVED_MODEL = "tfjs_saved_model"
 
 
 def _refuse_network(*args: object, **kwargs: object) -> None:
@@ -40,11 +42,11 @@ def _block_network() -> None:
     socket.getaddrinfo = _refuse_network  # type: ignore[assignment]
 
 
-def _keras_model(onnx_path: str, scratch: str):
+def _keras_model(onnx_path: str, scratch: str, split_groups: bool):
     import onnx2tf
 
     return onnx2tf.convert(input_onnx_file_path=onnx_path, output_folder_path=scratch, not_use_onnxsim=True,
-                           verbosity="error", disable_model_save=True)
+                           verbosity="error", disable_model_save=True, disable_group_convolution=split_groups)
 
 
 def main(onnx_path: str, kind: str, output: str) -> None:
@@ -54,7 +56,9 @@ def main(onnx_path: str, kind: str, output: str) -> None:
         import tensorflow as tf
         import tf_keras
 
-        model = _keras_model(onnx_path, os.path.join(os.getcwd(), "onnx2tf"))
+        # TF.js's conv2d takes no groups (TensorFlow's does, from the filter's depth): for TF.js, onnx2tf writes a
+        # grouped convolution (YOLO11's depthwise ones) as one convolution per group.
+        model = _keras_model(onnx_path, os.path.join(os.getcwd(), "onnx2tf"), split_groups=kind == TFJS_SAVED_MODEL)
         spec = [tf.TensorSpec(tensor.shape, tf.float32, name="images") for tensor in model.inputs]
 
         def serve(images):
@@ -66,7 +70,7 @@ def main(onnx_path: str, kind: str, output: str) -> None:
             # The reference's --keras: Keras writes the model (it loads again with tf_keras.models.load_model),
             # with the same serving signature as the plain SavedModel's.
             model.save(output, save_format="tf", signatures={SIGNATURE: tf.function(serve, input_signature=spec)})
-        elif kind == "saved_model":
+        elif kind in ("saved_model", TFJS_SAVED_MODEL):
             # Keras' export archive tracks what the graph captures (tables and variables of onnx2tf's layers too).
             archive = tf_keras.export.ExportArchive()
             archive.track(model)

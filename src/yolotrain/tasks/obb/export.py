@@ -16,7 +16,7 @@ ANGLE_COLUMNS = 1  # after the class scores: the angle in radians
 # The formats whose exports of an oriented-box model give PyTorch's outputs (tests/test_anchor_free_export.py);
 # Core ML (no runtime off macOS) and TensorRT (no GPU build here) were not checked, so they are refused.
 EXPORT_FORMATS = frozenset({"onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch", "saved_model",
-                            "pb", "paddle"})
+                            "pb", "tfjs", "paddle"})
 
 
 class OBBExport(DetectExport):
