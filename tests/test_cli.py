@@ -50,3 +50,16 @@ def test_data_check_of_class_folders_prints_their_classes_and_writes_a_labelled_
     assert re.search(r"^ +class +train +val$", result.stdout, re.M) and "rectangle" in result.stdout
     preview = tmp_path / "check" / "train_preview.png"
     assert preview.stat().st_size > 0 and (tmp_path / "check" / "class_counts.png").stat().st_size > 0
+
+
+def test_a_missing_optional_package_is_one_line_naming_the_extra(tmp_path):
+    """Running an export whose runtime is not installed (here onnxruntime, made unimportable in the process)."""
+    (tmp_path / "model.onnx").write_bytes(b"not read: the runtime is looked for first")
+    (tmp_path / "images").mkdir()
+    program = ("import sys; sys.modules['onnxruntime'] = None; from yolotrain.cli import main; "
+               "sys.exit(main(['predict', '--weights', 'model.onnx', '--source', 'images']))")
+    result = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "yolotrain predict: error: running ONNX models needs 'onnxruntime' (pip install 'yolotrain[export]')"]

@@ -385,6 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except USER_ERRORS + DOMAIN_ERRORS as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         return _error_line(f"yolotrain {args.command}: error: {shorten(str(message))}")
+    except ImportError as error:  # a package an optional part needs is missing: ours name the extra to install
+        return _error_line(f"yolotrain {args.command}: error: {shorten(str(error))}")
     except OSError as error:
         if error.errno != errno.ENAMETOOLONG:
             raise
