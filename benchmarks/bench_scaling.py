@@ -28,6 +28,8 @@ Usage: python benchmarks/bench_scaling.py [--images N] [--rounds N] [--img-size 
        [--out-dir DIR]
        python benchmarks/bench_scaling.py --models n@320,n@640,s@320,s@640,m@320,m@640,n6@1280 [--parts step val
        command] [--subset 16] [--step-rounds 3]
+       python benchmarks/bench_scaling.py --models n6@1280 --add-command-sample [--first reference] --subset 8
+       --batch 2  (one more sample of rows already measured: the whole command only, kept beside the others)
 """
 
 from __future__ import annotations
