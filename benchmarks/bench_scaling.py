@@ -28,6 +28,8 @@ Usage: python benchmarks/bench_scaling.py [--images N] [--rounds N] [--img-size 
        [--out-dir DIR]
        python benchmarks/bench_scaling.py --models n@320,n@640,s@320,s@640,m@320,m@640,n6@1280 [--parts step val
        command] [--subset 16] [--step-rounds 3]
+       python benchmarks/bench_scaling.py --models n6@1280 --add-command-sample [--first reference] --subset 8
+       --batch 2  (one more sample of rows already measured: the whole command only, kept beside the others)
 """
 
 from __future__ import annotations
@@ -344,6 +346,12 @@ def _model_reading(row: dict, rows: list[dict], batch: int) -> str:
                      f"(float32 {c['reference']['wall_s'] / c['ours_fp32']['wall_s']:.2f}x), in CPU time "
                      f"{c['reference']['cpu_s'] / c['ours']['cpu_s']:.2f}x "
                      f"({c['reference']['cpu_s'] / c['ours_fp32']['cpu_s']:.2f}x)")
+    for sample in row.get("command_samples", []):
+        parts.append(f"command sample ({sample['first']} first, load {sample['load_before']}-{sample['load_after']}): "
+                     + " / ".join(f"{sample[side]['wall_s']:.1f} s ({sample[side]['cpu_s']:.1f} CPU s)"
+                                  for side in ("ours", "ours_fp32", "reference"))
+                     + f" ours / float32 / reference, reference/ours float32 "
+                     f"{sample['reference']['wall_s'] / sample['ours_fp32']['wall_s']:.2f}x")
     return "; ".join(parts)
 
 
@@ -482,11 +490,18 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--batch", type=int, default=16, help="batch size of the model-size steps and commands")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads of the in-process steps and val (0: PyTorch's default)")
+    p.add_argument("--add-command-sample", action="store_true",
+                   help="with --models: run the whole command of those rows (already in scaling.json) once more and "
+                        "add it to the row's command_samples, keeping every other measurement")
+    p.add_argument("--first", choices=("ours", "ours_fp32", "reference"),
+                   help="with --add-command-sample: the side that runs first (default: the rotation's)")
     p.add_argument("--child", nargs=2, metavar=("TOOL", "IMAGES"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
         print(json.dumps(child(a.child[0], Path(a.child[1]))))
         return None
+    if a.models and a.add_command_sample:
+        return add_command_samples(a)
     if a.models:
         return add_model_rows(a, argv)
 
@@ -565,6 +580,48 @@ def add_model_rows(a: argparse.Namespace, argv: list[str] | None) -> dict:
     try:
         warnings.simplefilter("ignore")
         save(model_rows(a.models.split(","), a.parts, a.subset, a.step_rounds, a.epochs, tmp, save))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return report
+
+
+def add_command_samples(a: argparse.Namespace) -> dict:
+    """One more sample of the whole command of each ``a.models`` row of ``scaling.json`` under ``a.out_dir``,
+    appended to the row's ``command_samples`` (with the load before and after it, the side that ran first and how
+    each command waited: see ``bench_train.run_command``); the rest of the report is kept as it is."""
+    import bench_train
+    import yolov5
+
+    from yolotrain.data.sources import link_subset
+
+    path = Path(a.out_dir) / "scaling.json"
+    report = json.loads(path.read_text())
+    rows = {f"{row['version']}@{row['img_size']}": row for row in report.get("models", [])}
+    missing = [config for config in a.models.split(",") if config not in rows]
+    if missing:
+        sys.exit(f"no model rows {', '.join(missing)} in {path}: measure them first (--models without "
+                 "--add-command-sample)")
+    bench_train.BATCH = a.batch
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scaling-command-"))
+    try:
+        warnings.simplefilter("ignore")
+        os.environ.update(bench_train.reference_train_env(tmp / "reference-config"))
+        data = link_subset(COCO128 / "data.yaml", tmp / "data", a.subset)
+        for config in a.models.split(","):
+            version, size = config.split("@")
+            load = os.getloadavg()[0]
+            runs = bench_train.end_to_end(version, int(size), data, tmp / f"command-{version}-{size}",
+                                          Path(yolov5.__file__).parent, a.epochs, labels=("val",), first=a.first)
+            sample = {"load_before": round(load, 1), "load_after": round(os.getloadavg()[0], 1),
+                      "first": a.first or "ours_fp32", "subset": a.subset, "epochs": a.epochs, "batch": a.batch,
+                      **{side: {"wall_s": round(r["wall_s"], 1), "cpu_s": round(r["cpu_s"], 1),
+                                "peak_rss_gb": round(r["peak_rss_gb"], 2),
+                                **{k: r[k] for k in ("voluntary_switches", "involuntary_switches", "major_faults")}}
+                         for side, r in runs["val"].items()}}
+            rows[config].setdefault("command_samples", []).append(sample)
+            print(config, json.dumps(sample), flush=True)
+            path.write_text(json.dumps(report, indent=2) + "\n")
+            (Path(a.out_dir) / "scaling.md").write_text(markdown(report) + "\n")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report

@@ -223,8 +223,11 @@ def run_command(argv: list[str], env: dict[str, str], cwd: Path, results_csv: Pa
     wall = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status):
         sys.exit(f"failed ({os.waitstatus_to_exitcode(status)}): {' '.join(argv)}; see {cwd / 'log.txt'}")
+    # How the command waited: voluntary switches are waits it chose (a queue, a lock, the disk), involuntary
+    # ones are turns it lost to other runnable work; major faults are pages (libraries, data) read from disk.
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_gb": peak_kb / 2**20,
-            "epoch_rows_at_s": rows_at}
+            "epoch_rows_at_s": rows_at, "voluntary_switches": usage.ru_nvcsw,
+            "involuntary_switches": usage.ru_nivcsw, "major_faults": usage.ru_majflt}
 
 
 def _high_water_kb(pid: int) -> int:
@@ -237,11 +240,12 @@ def _high_water_kb(pid: int) -> int:
 
 
 def end_to_end(version: str, img_size: int, data: Path, work: Path, reference_root: Path,
-               epochs: int, labels: tuple[str, ...] = ("noval", "val")) -> dict[str, dict[str, dict]]:
+               epochs: int, labels: tuple[str, ...] = ("noval", "val"),
+               first: str | None = None) -> dict[str, dict[str, dict]]:
     """``{"noval"|"val": {side: measurement}}``: each side's ``epochs``-epoch fine-tuning command with
     validation only after the last epoch (its second epoch is the steady-state one) and with
     validation after every epoch (the whole command), the order of the sides rotating; ``labels``
-    picks which of the two run."""
+    picks which of the two run, ``first`` which side starts (default: the rotation's)."""
     source = model_source(version)
     env = reference_train_env(work / "reference-config")
     weights = ["--weights", source] if source.endswith(".pt") else ["--weights", "", "--cfg", f"yolov5{version}.yaml"]
@@ -249,7 +253,7 @@ def end_to_end(version: str, img_size: int, data: Path, work: Path, reference_ro
     for label in labels:
         runs[label] = {}
         sides = ("ours", "ours_fp32", "reference")
-        shift = len(runs) % len(sides)
+        shift = sides.index(first) if first else len(runs) % len(sides)
         for side in sides[shift:] + sides[:shift]:
             name = f"{version}{img_size}-{side}-{label}"
             # No plots on either side: the reference's plotting needs a Pillow older than this one.
