@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -290,6 +291,44 @@ def test_pose_export_gives_the_keypoints_of_pytorch_and_scores_them_as_pytorch(t
         assert len(b.boxes) == len(a.boxes) and torch.equal(a.classes, b.classes)
         torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
         np.testing.assert_allclose(b.keypoints, a.keypoints, atol=0.05, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("shape", "dim", "sizes"), [((1, 12, 5), 1, (4, 3)), ((1, 6, 4, 5), 1, (2, 3)),
+                                                   ((1, 3, 8), -1, (2, -1)), ((1, 3, 4, 6), -2, (2, 2))],
+                         ids=["pose-rows", "middle", "last-inferred", "from-the-end"])
+def test_the_converter_splits_a_side_as_pytorch_unflattens_it(tmp_path, shape, dim, sizes):
+    """aten::unflatten, which X2Paddle 1.6 lacks, translated for any side, counted from either end, with a size
+    left to infer (-1), whichever sides follow."""
+    class Split(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.unflatten(dim, sizes) * self.scale
+
+    example = torch.rand(shape, generator=torch.Generator().manual_seed(6))
+    traced = tmp_path / "split.torchscript"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        torch.jit.save(torch.jit.trace(Split(), example), str(traced))
+    converted = tmp_path / "converted"
+    done = subprocess.run([sys.executable, str(paddle._CONVERTER), str(traced), ",".join(map(str, shape)),
+                           str(converted)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    inference = paddle.paddle_inference()
+    model = converted / paddle.MODEL_FOLDER
+    config = inference.Config(str(model / paddle.PROGRAM_FILE), str(model / paddle.WEIGHTS_FILE))
+    config.disable_gpu()
+    predictor = inference.create_predictor(config)
+    given = predictor.get_input_handle(predictor.get_input_names()[0])
+    given.reshape(list(shape))
+    given.copy_from_cpu(example.numpy())
+    predictor.run()
+    actual = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+    expected = example.unflatten(dim, sizes) * 2
+    assert actual.shape == tuple(expected.shape)
+    np.testing.assert_allclose(actual, expected.numpy(), rtol=1e-6, atol=0)
 
 
 def test_a_folder_that_is_not_an_earlier_export_is_never_replaced(setup, tmp_path):

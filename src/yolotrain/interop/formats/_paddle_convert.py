@@ -71,13 +71,13 @@ def teach_unflatten() -> None:
         inputs_name, inputs_node = mapper._get_inputs_name(node)
         mapper._check_input(graph, inputs_node[0], inputs_name[0], [output_name], scope_name)
         axis, sizes = mapper.attrs[inputs_name[1]], list(mapper.attrs[inputs_name[2]])
-        shape, before, split, after, parts, new_shape = (f"{output_name}_{part}" for part in (
-            "shape", "before", "split", "after", "parts", "new_shape"))
+        measured, shape, before, split, after, parts, new_shape = (f"{output_name}_{part}" for part in (
+            "measured", "shape", "before", "split", "after", "parts", "new_shape"))
         # The sides after the split: none when the split is the last side (axis -1).
         rest = axis + 1 if axis + 1 != 0 else 2**31 - 1
         for kernel, inputs, outputs, attrs in (
-                ("paddle.shape", {"input": inputs_name[0]}, shape + "_any", {}),
-                ("paddle.cast", {"x": shape + "_any"}, shape, {"dtype": "paddle.int64"}),
+                ("paddle.shape", {"input": inputs_name[0]}, measured, {}),
+                ("paddle.cast", {"x": measured}, shape, {"dtype": "paddle.int64"}),  # as paddle.assign's sizes
                 ("prim.slice", {"input": shape}, before, {"start": 0, "end": axis, "step": 1}),
                 ("prim.slice", {"input": shape}, after, {"start": rest, "end": 2**31 - 1, "step": 1}),
                 # (not paddle.to_tensor: X2Paddle takes every one of those for an input of the program)
