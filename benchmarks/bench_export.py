@@ -6,8 +6,15 @@ model → NMS → boxes in original pixels; median latency), all on this machine
 runs first and last; speeds are ratios to the faster of its two passes.
 
 ONNX and OpenVINO exports keep a dynamic image size, so they are scored on the same rectangular
-batches as PyTorch. LiteRT, TorchScript, NCNN, MNN and ExecuTorch exports are fixed at ``--img`` square (batch 1):
-they are compared with PyTorch scored on square letterboxed batches too (``pytorch_square`` below).
+batches as PyTorch. LiteRT, TorchScript, NCNN, MNN, ExecuTorch, TensorFlow (SavedModel, GraphDef) and
+PaddlePaddle exports are fixed at ``--img`` square (batch 1): they are compared with PyTorch scored on
+square letterboxed batches too (``pytorch_square`` below). The ``torchscript fp32-optimize`` row is
+``--optimize`` (the lite interpreter's archive, frozen), run by ``torch.jit.load`` as the others.
+``--format edgetpu`` writes the ``tflite int8`` row's model (the Edge TPU compiles it): no row of its own.
+
+PaddlePaddle crashes in a process that loaded TensorFlow, so its rows run in a process of their own: a
+run that has other rows to run starts this script again for them (``--formats paddle:fp32``), which
+merges them in as a re-run, with PyTorch passes of its own.
 
 int8 exports are calibrated on the coco128 images themselves (coco128 has no separate split), so
 they are scored on their calibration images; the table says so.
@@ -17,10 +24,11 @@ settings) are checked against our NMS run on PyTorch's output for every coco128 
 
     python benchmarks/bench_export.py [--img 640] [--images 128] [--repeats 20]
 
-``--formats onnx:int8,openvino:int8`` re-runs only those rows (with both PyTorch passes, the reference
-of their deltas and speed ratios) and replaces them in an existing ``--out``; the other rows, the
-square PyTorch reference (unless a fixed-size row is re-run) and the NMS checks are kept from it. Re-run
-rows are marked in the table, with the date and load of their run.
+``--formats onnx:int8,openvino:int8`` runs only those rows (with both PyTorch passes, and a square
+one when a fixed-size row runs: the references of their deltas and speed ratios, recorded with the
+re-run) and puts them in an existing ``--out`` in place of its own or beside them; the other rows, the
+table's PyTorch rows and the NMS checks are kept from it. Re-run rows are marked in the table, with the
+date and load of their run.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import importlib.util
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,10 +55,16 @@ from yolotrain.data.sources import link_subset
 # (format, precision) rows, each run when its packages are installed.
 ROWS = [("onnx", "fp32"), ("onnx", "fp16"), ("onnx", "int8"), ("openvino", "fp32"), ("openvino", "fp16"),
         ("openvino", "int8"), ("tflite", "fp32"), ("tflite", "fp16"), ("tflite", "int8"), ("torchscript", "fp32"),
-        ("ncnn", "fp32"), ("ncnn", "fp16"), ("mnn", "fp32"), ("mnn", "fp16"), ("executorch", "fp32")]
+        ("torchscript", "fp32-optimize"), ("ncnn", "fp32"), ("ncnn", "fp16"), ("mnn", "fp32"), ("mnn", "fp16"),
+        ("executorch", "fp32"), ("saved_model", "fp32"), ("pb", "fp32"), ("paddle", "fp32")]
 NEEDS = {"onnx": ("onnxruntime",), "openvino": ("openvino", "nncf"),
          "tflite": ("litert_torch", "ai_edge_litert", "ai_edge_quantizer"), "torchscript": (),
-         "ncnn": ("ncnn", "pnnx"), "mnn": ("MNN",), "executorch": ("executorch",)}
+         "ncnn": ("ncnn", "pnnx"), "mnn": ("MNN",), "executorch": ("executorch",),
+         "saved_model": ("tensorflow", "tf_keras", "onnx2tf"), "pb": ("tensorflow", "tf_keras", "onnx2tf"),
+         "paddle": ("paddle", "x2paddle")}
+# Formats whose rows run in a process of their own when other rows run too (PaddlePaddle's native library crashes
+# the process when it loads after TensorFlow's).
+OWN_PROCESS = frozenset({"paddle"})
 
 
 def available(fmt: str) -> bool:
@@ -107,6 +122,12 @@ def nms_agreement(path: Path, data: Path, img: int) -> dict:
             "max_score_diff": worst_score}
 
 
+def size_mb(path: Path) -> float:
+    """An export's size: the file and those beside it that share its stem (metadata), or the folder's files."""
+    files = path.rglob("*") if path.is_dir() else path.parent.glob(path.stem + ".*")
+    return sum(f.stat().st_size for f in files if f.is_file()) / 2**20
+
+
 def selected_rows(spec: str | None) -> list[tuple[str, str]]:
     """The ``format:precision`` rows named in ``spec`` (all rows when None), in table order."""
     if spec is None:
@@ -120,16 +141,15 @@ def selected_rows(spec: str | None) -> list[tuple[str, str]]:
 
 
 def merge_rerun(previous: dict, rows: list[dict], selected: list[tuple[str, str]], skipped: dict[str, str],
-                square: dict, rerun: dict) -> dict:
+                rerun: dict) -> dict:
     """``previous`` with the re-run ``rows`` (marked with the re-run's date) in place of its own, in
-    table order, and the re-run recorded under ``reruns`` (earlier re-runs whose rows it all replaced
-    are dropped)."""
+    table order, and the re-run, with its PyTorch passes, recorded under ``reruns`` (earlier re-runs whose
+    rows it all replaced are dropped). The table's PyTorch rows stay those of the run they came from."""
     for row in rows:
         row["rerun"] = rerun["date"]
     replaced = {(row["format"], row["precision"]): row for row in previous["formats"] + rows}
     shown = [r for r in previous.get("reruns", []) if not set(selected_rows(r["formats"])) <= set(selected)]
-    previous.update(formats=[replaced[row] for row in ROWS if row in replaced], pytorch_square=square,
-                    reruns=shown + [rerun])
+    previous.update(formats=[replaced[row] for row in ROWS if row in replaced], reruns=shown + [rerun])
     for key in [f"{fmt} {precision}" for fmt, precision in selected]:
         previous["skipped"].pop(key, None)
     previous["skipped"].update(skipped)
@@ -151,12 +171,21 @@ def markdown(result: dict) -> str:
         lines.append(f"| {row['format']} | {precision} | {row['mAP50-95']:.4f} | {row['delta_mAP']:+.4f} | "
                      f"{row['val_images_per_s']:.2f} | {row['val_speedup']:.2f} | {row['predict_ms']:.1f} | "
                      f"{row['predict_speedup']:.2f} |")
+    lines.append("\n`--format edgetpu` writes the tflite int8 row's model (the int8 LiteRT model Google's Edge TPU "
+                 "compiler reads; no Edge TPU here to time it on).")
     for rerun in result.get("reruns", []):
         ref = rerun["pytorch"]
+        square_ref = rerun.get("pytorch_square")
+        on_square = "" if square_ref is None else (
+            f" (square batches: mAP50-95 {square_ref['mAP50-95']:.4f}, the fixed-size rows' Δ is to it, "
+            f"{square_ref['val_images_per_s']:.2f} val images/s, predict {square_ref['predict_ms']:.1f} ms)")
+        passes = " and ".join(f"{run['val_images_per_s']:.2f} val images/s, predict {run['predict_ms']:.1f} ms"
+                              for run in ref.get("passes", {}).values())
+        spread = f"; its two passes (first and last) gave {passes}" if passes else ""
         lines.append(f"\nRe-run {rerun['date']} (`--formats {rerun['formats']}`, 1-minute load average "
                      f"{rerun['load_average_1min_at_start']:.1f}): PyTorch mAP50-95 {ref['mAP50-95']:.4f}, "
-                     f"{ref['val_images_per_s']:.2f} val images/s, predict {ref['predict_ms']:.1f} ms; the re-run "
-                     "rows' ratios are to these.")
+                     f"{ref['val_images_per_s']:.2f} val images/s, predict {ref['predict_ms']:.1f} ms{on_square}; "
+                     f"the re-run rows' ratios are to these, the faster of its two rectangular-batch passes{spread}.")
     return "\n".join(lines) + "\n"
 
 
@@ -166,7 +195,7 @@ def main() -> None:
     p.add_argument("--images", type=int, default=128)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "export.json"))
-    p.add_argument("--formats", default=None, help="comma list of format:precision rows to re-run in an "
+    p.add_argument("--formats", default=None, help="comma list of format:precision rows to run and merge into an "
                    "existing --out (default: run every row and write --out afresh)")
     a = p.parse_args()
     if not (COCO128.is_dir() and WEIGHTS.is_file()):
@@ -175,6 +204,11 @@ def main() -> None:
         selected = selected_rows(a.formats)
     except ValueError as exc:
         p.error(str(exc))
+    elsewhere = [row for row in selected if row[0] in OWN_PROCESS and available(row[0])]
+    if len(elsewhere) < len(selected):
+        selected = [row for row in selected if row not in elsewhere]
+    else:
+        elsewhere = []
     out = Path(a.out)
     previous = None
     if a.formats is not None:
@@ -202,13 +236,13 @@ def main() -> None:
         t = time.perf_counter()
         path = export(str(WEIGHTS), fmt, out=tmp / f"yolov5n_{fmt}_{precision}{FORMATS[fmt]}",
                       img_size=a.img, dynamic_size=fmt in DYNAMIC_FORMATS, half=precision == "fp16",
-                      int8=precision == "int8", data=data, calibration_images=a.images)
+                      int8=precision == "int8", optimize=precision.endswith("-optimize"), data=data,
+                      calibration_images=a.images)
         export_s = time.perf_counter() - t
         dynamic = fmt in DYNAMIC_FORMATS
         rows.append({"format": fmt, "precision": precision, "export_s": export_s, "rect_batches": dynamic,
                      "calibration": f"the {a.images} scored coco128 images" if precision == "int8" else None,
-                     "file_mb": sum(f.stat().st_size for f in path.parent.glob(path.stem + ".*")) / 2**20,
-                     **scored(str(path), data, a.img, dynamic, image, a.repeats)})
+                     "file_mb": size_mb(path), **scored(str(path), data, a.img, dynamic, image, a.repeats)})
         print(rows[-1], file=sys.stderr)
     last = scored(str(WEIGHTS), data, a.img, True, image, a.repeats)
     pytorch = {"mAP50-95": first["mAP50-95"], "mAP50": first["mAP50"],
@@ -222,9 +256,12 @@ def main() -> None:
         row["predict_speedup"] = pytorch["predict_ms"] / row["predict_ms"]
 
     if previous is not None:
-        rerun = {"date": datetime.date.today().isoformat(), "formats": a.formats,
+        rerun = {"date": datetime.date.today().isoformat(), "formats": ",".join(f"{f}:{p}" for f, p in selected),
                  "load_average_1min_at_start": load_before, "pytorch": pytorch}
-        write(out, merge_rerun(previous, rows, selected, skipped, square, rerun))
+        if rerun_square:
+            rerun["pytorch_square"] = square
+        write(out, merge_rerun(previous, rows, selected, skipped, rerun))
+        run_elsewhere(elsewhere, a)
         return
 
     nms = {}
@@ -247,6 +284,15 @@ def main() -> None:
         "pytorch": pytorch, "pytorch_square": square, "formats": rows, "nms_exports": nms, "skipped": skipped,
     }
     write(out, result)
+    run_elsewhere(elsewhere, a)
+
+
+def run_elsewhere(rows: list[tuple[str, str]], a: argparse.Namespace) -> None:
+    """``rows`` run by this script in a process of its own, merged into ``--out`` as a re-run."""
+    if rows:
+        subprocess.run([sys.executable, __file__, "--formats", ",".join(f"{f}:{p}" for f, p in rows),
+                        "--out", a.out, "--img", str(a.img), "--images", str(a.images), "--repeats", str(a.repeats)],
+                       check=True)
 
 
 def write(out: Path, result: dict) -> None:

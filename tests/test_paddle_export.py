@@ -11,7 +11,9 @@ import socket
 import subprocess
 import sys
 import types
+import warnings
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -249,6 +251,84 @@ def test_segmentation_and_classification_exports_give_the_outputs_of_pytorch(tmp
     torch.testing.assert_close(decoded[..., 4:], expected_decoded[..., 4:], atol=1e-4, rtol=0)
     torch.testing.assert_close(decoded[..., :4], expected_decoded[..., :4], atol=1e-3, rtol=1e-5)
     torch.testing.assert_close(proto, expected_proto, atol=1e-4 * float(expected_proto.abs().max()), rtol=1e-4)
+
+
+def test_pose_export_gives_the_keypoints_of_pytorch_and_scores_them_as_pytorch(tmp_path):
+    """The keypoint decoding (aten::unflatten, which the converter teaches X2Paddle) comes out as PyTorch's, and
+    val and predict on the export give PyTorch's keypoints. The validation labels are PyTorch's own three best
+    predictions per image, so its keypoints score high and a difference of the export's shows in the scores."""
+    model = untrained("yolov8n-pose", kpt_shape=(4, 3))
+    root = generate_shapes_dataset(root=tmp_path / "shapes", n_train=2, n_val=4, img_size=SIZE, labels="pose")
+    path = export(model, "paddle", out=tmp_path / "pose_paddle_model", img_size=SIZE)
+    runtime = load_exported(path, trust_code=True)
+    assert (runtime.task, runtime.kpt_shape, runtime.names) == ("pose", (4, 3), model.names)
+    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(5))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    assert actual.shape == expected.shape == (2, 189, 5 + 2 + 4 * 3)
+    torch.testing.assert_close(actual[..., 4:7], expected[..., 4:7], atol=1e-4, rtol=0)  # objectness 1, scores
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=1e-5)  # pixels
+    torch.testing.assert_close(actual[..., 7:], expected[..., 7:], atol=1e-3, rtol=1e-5)  # x, y pixels, visibility
+    images = sorted((root / "images" / "val").iterdir())
+    expected_results = predict(model, images, img_size=SIZE, conf=0.5, max_det=3, half=False)
+    for image, result in zip(images, expected_results):
+        # class, box and keypoints; each keypoint labelled visible (2) in place of its visibility score, and the
+        # detection's score dropped
+        rows = [" ".join("2" if i > 5 and i % 3 == 1 else v for i, v in enumerate(line.split()[:-1]))
+                for line in result.yolo_lines()]
+        (root / "labels" / "val" / f"{image.stem}.txt").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    # val keeps what predict kept (its threshold and NMS)
+    options = {"img_size": SIZE, "batch_size": 4, "workers": 0, "conf": 0.5, "iou": 0.45, "max_det": 3,
+               "verbose": False, "plots": False}
+    ours = val(model, str(root / "data.yaml"), rect=False, half=False, **options)
+    theirs = val(str(path), str(root / "data.yaml"), trust_code=True, **options)
+    assert ours.keypoints.map > 0.5
+    assert (theirs.map, theirs.map50, theirs.keypoints.map, theirs.keypoints.map50) == (
+        pytest.approx(ours.map, abs=1e-3), pytest.approx(ours.map50, abs=1e-3),
+        pytest.approx(ours.keypoints.map, abs=1e-3), pytest.approx(ours.keypoints.map50, abs=1e-3))
+    actual_results = predict(path, images, img_size=SIZE, conf=0.5, max_det=3, trust_code=True)
+    assert sum(len(r.boxes) for r in expected_results) > 0
+    for a, b in zip(expected_results, actual_results):
+        assert len(b.boxes) == len(a.boxes) and torch.equal(a.classes, b.classes)
+        torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
+        np.testing.assert_allclose(b.keypoints, a.keypoints, atol=0.05, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("shape", "dim", "sizes"), [((1, 12, 5), 1, (4, 3)), ((1, 6, 4, 5), 1, (2, 3)),
+                                                   ((1, 3, 8), -1, (2, -1)), ((1, 3, 4, 6), -2, (2, 2))],
+                         ids=["pose-rows", "middle", "last-inferred", "from-the-end"])
+def test_the_converter_splits_a_side_as_pytorch_unflattens_it(tmp_path, shape, dim, sizes):
+    """aten::unflatten, which X2Paddle 1.6 lacks, translated for any side, counted from either end, with a size
+    left to infer (-1), whichever sides follow."""
+    class Split(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.unflatten(dim, sizes) * self.scale
+
+    example = torch.rand(shape, generator=torch.Generator().manual_seed(6))
+    traced = tmp_path / "split.torchscript"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=FutureWarning)
+        torch.jit.save(torch.jit.trace(Split(), example), str(traced))
+    converted = tmp_path / "converted"
+    done = subprocess.run([sys.executable, str(paddle._CONVERTER), str(traced), ",".join(map(str, shape)),
+                           str(converted)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    inference = paddle.paddle_inference()
+    model = converted / paddle.MODEL_FOLDER
+    config = inference.Config(str(model / paddle.PROGRAM_FILE), str(model / paddle.WEIGHTS_FILE))
+    config.disable_gpu()
+    predictor = inference.create_predictor(config)
+    given = predictor.get_input_handle(predictor.get_input_names()[0])
+    given.reshape(list(shape))
+    given.copy_from_cpu(example.numpy())
+    predictor.run()
+    actual = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+    expected = example.unflatten(dim, sizes) * 2
+    assert actual.shape == tuple(expected.shape)
+    np.testing.assert_allclose(actual, expected.numpy(), rtol=1e-6, atol=0)
 
 
 def test_a_folder_that_is_not_an_earlier_export_is_never_replaced(setup, tmp_path):

@@ -58,6 +58,40 @@ def teach_ones_like() -> None:
         aten.aten_ones_like = aten_ones_like
 
 
+def teach_unflatten() -> None:
+    """X2Paddle 1.6 translates ``aten::flatten`` but not ``aten::unflatten`` (the pose head splits its keypoint rows
+    into keypoints and their x, y, visibility): a ``paddle.reshape`` to the input's shape, read as the program runs,
+    with the split side replaced by the sizes. Not ``paddle.unflatten``: it spells out the input's other sides as the
+    program is built, when two of them are still unknown (-1), and a reshape takes one at most."""
+    from x2paddle.op_mapper.pytorch2paddle import aten
+
+    def aten_unflatten(mapper, graph, node):
+        scope_name = mapper.normalize_scope_name(node)
+        output_name = mapper._get_outputs_name(node)[0]
+        inputs_name, inputs_node = mapper._get_inputs_name(node)
+        mapper._check_input(graph, inputs_node[0], inputs_name[0], [output_name], scope_name)
+        axis, sizes = mapper.attrs[inputs_name[1]], list(mapper.attrs[inputs_name[2]])
+        measured, shape, before, split, after, parts, new_shape = (f"{output_name}_{part}" for part in (
+            "measured", "shape", "before", "split", "after", "parts", "new_shape"))
+        # The sides after the split: none when the split is the last side (axis -1).
+        rest = axis + 1 if axis + 1 != 0 else 2**31 - 1
+        for kernel, inputs, outputs, attrs in (
+                ("paddle.shape", {"input": inputs_name[0]}, measured, {}),
+                ("paddle.cast", {"x": measured}, shape, {"dtype": "paddle.int64"}),  # as paddle.assign's sizes
+                ("prim.slice", {"input": shape}, before, {"start": 0, "end": axis, "step": 1}),
+                ("prim.slice", {"input": shape}, after, {"start": rest, "end": 2**31 - 1, "step": 1}),
+                # (not paddle.to_tensor: X2Paddle takes every one of those for an input of the program)
+                ("paddle.assign", {}, split, {"x": sizes}),
+                ("prim.list", {"input0": before, "input1": split, "input2": after}, parts, {}),
+                ("paddle.concat", {"x": parts}, new_shape, {"axis": 0}),
+                ("paddle.reshape", {"x": inputs_name[0], "shape": new_shape}, output_name, {})):
+            graph.add_layer(kernel, inputs=inputs, outputs=[outputs], scope_name=scope_name, **attrs)
+        return [inputs_name[0]], [output_name]
+
+    if not hasattr(aten, "aten_unflatten"):
+        aten.aten_unflatten = aten_unflatten
+
+
 def main(torchscript_path: str, shape: str, output: str) -> None:
     block_network()
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
@@ -66,6 +100,7 @@ def main(torchscript_path: str, shape: str, output: str) -> None:
         from x2paddle.convert import pytorch2paddle
 
         teach_ones_like()
+        teach_unflatten()
         graph = torch.jit.load(torchscript_path, map_location="cpu")
         example = torch.zeros(*(int(side) for side in shape.split(",")))
         # Tracing a traced graph gives it back as it is: X2Paddle reads the graph the parent traced.

@@ -14,10 +14,9 @@ from ...interop.runtime import ExportedModel, decoded_only_problem, output_shape
 from ..detect.export import DetectExport
 
 # The formats whose exports of a pose model give PyTorch's outputs (tests/test_anchor_free_export.py); Core ML
-# (no runtime off macOS) and TensorRT (no GPU build here) were not checked, so they are refused; X2Paddle 1.6
-# cannot translate the keypoint decoding's aten::unflatten, so PaddlePaddle is refused too.
+# (no runtime off macOS) and TensorRT (no GPU build here) were not checked, so they are refused.
 EXPORT_FORMATS = frozenset({"onnx", "openvino", "torchscript", "ncnn", "mnn", "tflite", "executorch", "saved_model",
-                            "pb", "tfjs"})
+                            "pb", "tfjs", "paddle"})
 
 
 class PoseExport(DetectExport):
