@@ -6,8 +6,8 @@ model → NMS → boxes in original pixels; median latency), all on this machine
 runs first and last; speeds are ratios to the faster of its two passes.
 
 ONNX and OpenVINO exports keep a dynamic image size, so they are scored on the same rectangular
-batches as PyTorch. LiteRT, TorchScript, NCNN, MNN, ExecuTorch, TensorFlow (SavedModel, GraphDef) and
-PaddlePaddle exports are fixed at ``--img`` square (batch 1): they are compared with PyTorch scored on
+batches as PyTorch. LiteRT, TorchScript, NCNN, MNN, ExecuTorch, TensorFlow (SavedModel, GraphDef), TF.js (run under
+Node) and PaddlePaddle exports are fixed at ``--img`` square (batch 1): they are compared with PyTorch scored on
 square letterboxed batches too (``pytorch_square`` below). The ``torchscript fp32-optimize`` row is
 ``--optimize`` (the lite interpreter's archive, frozen), run by ``torch.jit.load`` as the others.
 ``--format edgetpu`` writes the ``tflite int8`` row's model (the Edge TPU compiles it): no row of its own.
@@ -56,19 +56,31 @@ from yolotrain.data.sources import link_subset
 ROWS = [("onnx", "fp32"), ("onnx", "fp16"), ("onnx", "int8"), ("openvino", "fp32"), ("openvino", "fp16"),
         ("openvino", "int8"), ("tflite", "fp32"), ("tflite", "fp16"), ("tflite", "int8"), ("torchscript", "fp32"),
         ("torchscript", "fp32-optimize"), ("ncnn", "fp32"), ("ncnn", "fp16"), ("mnn", "fp32"), ("mnn", "fp16"),
-        ("executorch", "fp32"), ("saved_model", "fp32"), ("pb", "fp32"), ("paddle", "fp32")]
+        ("executorch", "fp32"), ("saved_model", "fp32"), ("pb", "fp32"), ("tfjs", "fp32"), ("paddle", "fp32")]
 NEEDS = {"onnx": ("onnxruntime",), "openvino": ("openvino", "nncf"),
          "tflite": ("litert_torch", "ai_edge_litert", "ai_edge_quantizer"), "torchscript": (),
          "ncnn": ("ncnn", "pnnx"), "mnn": ("MNN",), "executorch": ("executorch",),
          "saved_model": ("tensorflow", "tf_keras", "onnx2tf"), "pb": ("tensorflow", "tf_keras", "onnx2tf"),
-         "paddle": ("paddle", "x2paddle")}
+         "tfjs": ("tensorflow", "tf_keras", "onnx2tf"), "paddle": ("paddle", "x2paddle")}
 # Formats whose rows run in a process of their own when other rows run too (PaddlePaddle's native library crashes
 # the process when it loads after TensorFlow's).
 OWN_PROCESS = frozenset({"paddle"})
 
 
+def unavailable(fmt: str) -> str | None:
+    """Why ``fmt``'s rows cannot run here, or None."""
+    missing = [name for name in NEEDS[fmt] if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"needs {', '.join(missing)} (not installed)"
+    if fmt == "tfjs":  # its converter's environment (.venv-tfjs) and Node's TF.js packages (.node-tfjs)
+        from yolotrain.interop.formats import tfjs
+
+        return tfjs.unavailable() or tfjs.node_unavailable()
+    return None
+
+
 def available(fmt: str) -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in NEEDS[fmt])
+    return unavailable(fmt) is None
 
 
 def scored(weights, data: Path, img: int, rect: bool, image: np.ndarray | None, repeats: int) -> dict:
@@ -231,7 +243,7 @@ def main() -> None:
     rows, skipped = [], {}
     for fmt, precision in selected:
         if not available(fmt):
-            skipped[f"{fmt} {precision}"] = f"needs {', '.join(NEEDS[fmt])} (not installed)"
+            skipped[f"{fmt} {precision}"] = unavailable(fmt)
             continue
         t = time.perf_counter()
         path = export(str(WEIGHTS), fmt, out=tmp / f"yolov5n_{fmt}_{precision}{FORMATS[fmt]}",
