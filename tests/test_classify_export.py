@@ -73,7 +73,7 @@ def test_exports_give_the_logits_and_accuracy_of_torch(classifier, crops, tmp_pa
 
 @pytest.mark.parametrize(("fmt", "options", "message"), [
     ("tflite", {}, "classifiers export to executorch, mnn, ncnn, onnx, openvino, paddle, pb, saved_model, "
-                   "torchscript, not tflite"),
+                   "tfjs, torchscript, not tflite"),
     ("onnx", {"half": True}, "--half is for detection models: a classifier's export gives float32 logits"),
     ("onnx", {"raw": True}, "--raw is for detection models"),
     ("torchscript", {"raw": True, "nms": False}, "--raw is for detection models"),
