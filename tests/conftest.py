@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import warnings
@@ -192,3 +193,75 @@ def yolov5_classifier() -> Classifier:
             module.running_mean = torch.randn_like(module.running_mean) * 0.1
             module.running_var = torch.rand_like(module.running_var) + 0.5
     return model.eval()
+
+
+def assert_scores_and_predicts_as_pytorch(model: torch.nn.Module, export_path: Path, data: Path, size: int,
+                                          **runtime: object) -> None:
+    """``val`` on the fixed-size export ``export_path`` scores as PyTorch's ``model`` does on the same square
+    letterboxed batches (mAP50 and mAP to 1e-3), and ``predict`` on two of ``data``'s val images finds the same
+    boxes (within 0.05 px), classes and names. ``runtime``: what loading the export needs (``trust_code``)."""
+    from yolotrain import predict
+    from yolotrain.eval import val
+
+    ours = val(model, str(data), img_size=size, batch_size=4, workers=0, rect=False, verbose=False, plots=False,
+               half=False)
+    theirs = val(str(export_path), str(data), img_size=size, batch_size=4, workers=0, verbose=False, plots=False,
+                 **runtime)
+    assert ours.map50 > 0
+    assert (theirs.map50, theirs.map) == (pytest.approx(ours.map50, abs=1e-3), pytest.approx(ours.map, abs=1e-3))
+    images = sorted((data.parent / "images" / "val").iterdir())[:2]
+    expected = predict(model, images, img_size=size, conf=0.3, half=False)
+    actual = predict(export_path, images, img_size=size, conf=0.3, **runtime)
+    assert sum(len(r.boxes) for r in expected) > 0
+    for a, b in zip(expected, actual):
+        assert b.names == a.names and len(b.boxes) == len(a.boxes) and torch.equal(a.classes, b.classes)
+        torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
+
+
+def torch_output(model: torch.nn.Module, imgs: torch.Tensor) -> torch.Tensor:
+    """What the exports are compared with: PyTorch's fused copy of ``model`` (as exports are traced) on ``imgs``."""
+    import copy
+
+    with torch.inference_mode():
+        return copy.deepcopy(model).fuse()(imgs)
+
+
+def assert_anchor_free_export_as_pytorch(fmt: str, out: Path, size: int, capfd: pytest.CaptureFixture) -> None:
+    """An untrained yolov8n exported to ``fmt`` at ``out`` runs as an anchor-free detector giving PyTorch's decoded
+    predictions (scores to 1e-4, pixels to 1e-3), and neither the conversion nor the runtime prints anything."""
+    from yolotrain.interop import export, load_exported
+
+    model = untrained("yolov8n")
+    capfd.readouterr()
+    path = export(model, fmt, out=out, img_size=size)
+    runtime = load_exported(path, trust_code=True)
+    assert (runtime.family, runtime.anchors_per_level, runtime.names) == ("anchor_free", 1, model.names)
+    imgs = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(3))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=1e-5)
+    assert capfd.readouterr() == ("", "")
+
+
+def detecting_yolov5n(names: list[str]) -> Yolov5:
+    """A random-init yolov5n (seed 0) for ``names``, in eval mode, whose objectness is biased up so that it detects
+    something to compare."""
+    torch.manual_seed(0)
+    model = Yolov5("n", num_classes=len(names), names=names).eval()
+    with torch.no_grad():
+        for conv in model.head.m:
+            conv.bias.view(model.head.na, -1)[:, 4].add_(6.0)
+    return model
+
+
+@contextlib.contextmanager
+def network_refused() -> Iterator[None]:
+    """Any network connection this process opens fails the test (a converter's child refuses them itself)."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the export opened a network connection")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", refuse)
+        patch.setattr(socket, "create_connection", refuse)
+        yield

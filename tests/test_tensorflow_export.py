@@ -5,16 +5,22 @@ they cannot do refused in one line."""
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import socket
 
 import pytest
 import torch
 import yaml
-from conftest import untrained, yolov5_classifier, yolov5_segmenter
+from conftest import (
+    assert_anchor_free_export_as_pytorch,
+    assert_scores_and_predicts_as_pytorch,
+    detecting_yolov5n,
+    network_refused,
+    torch_output,
+    untrained,
+    yolov5_classifier,
+    yolov5_segmenter,
+)
 
-from yolotrain import Yolov5, predict, val
 from yolotrain.checkpoint import save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import add_export_arguments, export, load_exported, run_export
@@ -35,33 +41,18 @@ def export_parser():
     return parser
 
 
-def refuse_connection(*args: object, **kwargs: object) -> None:
-    raise AssertionError("the export opened a network connection")
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A random-init YOLOv5 detector whose objectness is biased up (so it detects), its exports to both formats
     (written with network connections refused in this process as in the converter's), and a shapes dataset."""
-    torch.manual_seed(0)
-    model = Yolov5("n", num_classes=2, names=NAMES).eval()
-    with torch.no_grad():
-        for conv in model.head.m:
-            conv.bias.view(3, 7)[:, 4].add_(6.0)
+    model = detecting_yolov5n(NAMES)
     folder = tmp_path_factory.mktemp("tensorflow")
     data = generate_shapes_dataset(root=folder / "shapes", n_train=2, n_val=4, img_size=SIZE)
     paths = {}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(socket.socket, "connect", refuse_connection)
-        patch.setattr(socket, "create_connection", refuse_connection)
+    with network_refused():
         for fmt, suffix in SUFFIX.items():
             paths[fmt] = export(model, fmt, out=folder / f"model{suffix}", img_size=SIZE)
     return model, data / "data.yaml", paths
-
-
-def torch_output(model: torch.nn.Module, imgs: torch.Tensor):
-    with torch.inference_mode():
-        return copy.deepcopy(model).fuse()(imgs)
 
 
 @pytest.mark.parametrize("fmt", list(SUFFIX))
@@ -83,19 +74,7 @@ def test_export_runs_in_tensorflow_like_torch(setup, fmt):
 def test_val_and_predict_run_the_export_as_pytorch(setup, fmt):
     model, data, paths = setup
     # The graph is fixed at one size: val letterboxes square, PyTorch's side too.
-    ours = val(model, str(data), img_size=SIZE, batch_size=4, workers=0, rect=False, verbose=False, plots=False,
-               half=False)
-    theirs = val(str(paths[fmt]), str(data), img_size=SIZE, batch_size=4, workers=0, verbose=False, plots=False,
-                 trust_code=True)
-    assert ours.map50 > 0
-    assert (theirs.map50, theirs.map) == (pytest.approx(ours.map50, abs=1e-3), pytest.approx(ours.map, abs=1e-3))
-    images = sorted((data.parent / "images" / "val").iterdir())[:2]
-    expected = predict(model, images, img_size=SIZE, conf=0.3, half=False)
-    actual = predict(paths[fmt], images, img_size=SIZE, conf=0.3, trust_code=True)
-    assert sum(len(r.boxes) for r in expected) > 0
-    for a, b in zip(expected, actual):
-        assert b.names == NAMES and len(b.boxes) == len(a.boxes) and torch.equal(a.classes, b.classes)
-        torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
+    assert_scores_and_predicts_as_pytorch(model, paths[fmt], data, SIZE, trust_code=True)
 
 
 def test_metadata_is_kept_with_the_model_for_us_and_for_ultralytics(setup):
@@ -173,17 +152,7 @@ def test_what_tensorflow_exports_cannot_do_is_one_line(setup, tmp_path, options,
 
 def test_anchor_free_detector_export_gives_the_decoded_predictions_of_pytorch(tmp_path, capfd):
     """... and neither the conversion nor TensorFlow's loading and running print anything."""
-    model = untrained("yolov8n")
-    capfd.readouterr()
-    path = export(model, "saved_model", out=tmp_path / "yolov8n_saved_model", img_size=SIZE)
-    runtime = load_exported(path, trust_code=True)
-    assert (runtime.family, runtime.anchors_per_level, runtime.names) == ("anchor_free", 1, model.names)
-    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(3))
-    actual, expected = runtime(imgs), torch_output(model, imgs)
-    assert actual.shape == expected.shape
-    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)
-    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=1e-5)
-    assert capfd.readouterr() == ("", "")
+    assert_anchor_free_export_as_pytorch("saved_model", tmp_path / "yolov8n_saved_model", SIZE, capfd)
 
 
 @pytest.mark.slow

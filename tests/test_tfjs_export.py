@@ -6,11 +6,9 @@ is missing or broken said in one line."""
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -18,9 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import untrained, yolov5_classifier, yolov5_segmenter
+from conftest import (
+    assert_scores_and_predicts_as_pytorch,
+    detecting_yolov5n,
+    network_refused,
+    torch_output,
+    untrained,
+    yolov5_classifier,
+    yolov5_segmenter,
+)
 
-from yolotrain import Yolov5, predict, val
 from yolotrain.checkpoint import CheckpointError, save_checkpoint
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import add_export_arguments, export, load_exported, run_export
@@ -52,35 +57,20 @@ def tfjs_tools():
         yield
 
 
-def refuse_connection(*args: object, **kwargs: object) -> None:
-    raise AssertionError("the export opened a network connection")
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tfjs_tools):
     """A random-init YOLOv5 detector whose objectness is biased up (so it detects), exported by the command line
     to TF.js (with network connections refused in this process as in the converter's), and a shapes dataset."""
-    torch.manual_seed(0)
-    model = Yolov5("n", num_classes=2, names=NAMES).eval()
-    with torch.no_grad():
-        for conv in model.head.m:
-            conv.bias.view(3, 7)[:, 4].add_(6.0)
+    model = detecting_yolov5n(NAMES)
     folder = tmp_path_factory.mktemp("tfjs")
     data = generate_shapes_dataset(root=folder / "shapes", n_train=2, n_val=4, img_size=SIZE)
     weights = save_checkpoint(folder / "best", model)
     parser = argparse.ArgumentParser()
     add_export_arguments(parser)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(socket.socket, "connect", refuse_connection)
-        patch.setattr(socket, "create_connection", refuse_connection)
+    with network_refused():
         assert run_export(parser.parse_args(["--weights", str(weights), "--format", "tfjs",
                                              "--img-size", str(SIZE)])) == 0
     return model, data / "data.yaml", folder / "best_web_model"
-
-
-def torch_output(model: torch.nn.Module, imgs: torch.Tensor):
-    with torch.inference_mode():
-        return copy.deepcopy(model).fuse()(imgs)
 
 
 def test_export_runs_under_node_like_torch(setup):
@@ -104,18 +94,7 @@ def test_export_runs_under_node_like_torch(setup):
 def test_val_and_predict_run_the_export_as_pytorch(setup):
     model, data, path = setup
     # The graph is fixed at one size: val letterboxes square, PyTorch's side too.
-    ours = val(model, str(data), img_size=SIZE, batch_size=4, workers=0, rect=False, verbose=False, plots=False,
-               half=False)
-    theirs = val(str(path), str(data), img_size=SIZE, batch_size=4, workers=0, verbose=False, plots=False)
-    assert ours.map50 > 0
-    assert (theirs.map50, theirs.map) == (pytest.approx(ours.map50, abs=1e-3), pytest.approx(ours.map, abs=1e-3))
-    images = sorted((data.parent / "images" / "val").iterdir())[:2]
-    expected = predict(model, images, img_size=SIZE, conf=0.3, half=False)
-    actual = predict(path, images, img_size=SIZE, conf=0.3)
-    assert sum(len(r.boxes) for r in expected) > 0
-    for a, b in zip(expected, actual):
-        assert b.names == NAMES and len(b.boxes) == len(a.boxes) and torch.equal(a.classes, b.classes)
-        torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
+    assert_scores_and_predicts_as_pytorch(model, path, data, SIZE)
 
 
 def test_metadata_is_kept_with_the_model_for_us_and_for_ultralytics(setup):

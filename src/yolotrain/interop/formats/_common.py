@@ -125,6 +125,16 @@ def read_json_metadata(source: Path) -> dict[str, str]:
     return json.loads(source.read_text(encoding="utf-8"))
 
 
+def json_metadata_or_empty(source: Path) -> dict:
+    """:func:`read_json_metadata`, or ``{}`` when the file is missing, unreadable or not a JSON object: a model
+    loads without ours (a foreign file), and what the runtime needs is checked against the graph itself."""
+    try:
+        metadata = read_json_metadata(source)
+    except (OSError, ValueError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def _boxes_outputs(graph: ExportGraph, batch: dict[int, str], dynamic_size: bool) -> dict[str, dict[int, str]]:
     """The raw head maps (one per level), the final detections, or the decoded predictions."""
     if graph.raw:

@@ -21,7 +21,7 @@ from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
 from ..runtime import ExportedModel
 from ..trust import require_trust
 from . import ExportFormat
-from ._common import ExportJob, read_json_metadata, staged
+from ._common import ExportJob, json_metadata_or_empty, read_json_metadata, staged
 from ._tensorflow import EXTRA, convert, tensorflow_module, to_channels_first, to_channels_last, unavailable
 
 SUFFIX = "_saved_model"
@@ -62,12 +62,7 @@ class SavedModelModel(ExportedModel):
         if not path.is_dir():
             raise CheckpointError(f"{path}: no such SavedModel folder")
         require_trust(path, trust_code)
-        try:
-            metadata = read_metadata(path)
-        except (OSError, ValueError):
-            metadata = {}
-        if not isinstance(metadata, dict):
-            metadata = {}
+        metadata = json_metadata_or_empty(path / METADATA_FILE)
         size = json.loads(metadata["img_size"]) if "img_size" in metadata else [None, None]
         super().__init__(path, metadata, [1, 3, *size])
         tf = tensorflow_module()

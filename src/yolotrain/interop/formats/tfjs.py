@@ -35,7 +35,7 @@ from ...checkpoint import CheckpointError
 from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
 from ..runtime import ExportedModel
 from . import ExportFormat
-from ._common import ExportJob, read_json_metadata, staged
+from ._common import ExportJob, json_metadata_or_empty, read_json_metadata, staged
 from ._tensorflow import convert, to_channels_first, to_channels_last
 from ._tensorflow import unavailable as tensorflow_unavailable
 from .saved_model import METADATA_FILE, SIGNATURE, TOOLS_METADATA_FILE
@@ -169,12 +169,7 @@ class TfjsModel(ExportedModel):
         except (OSError, ValueError, KeyError, TypeError, StopIteration, AttributeError) as exc:
             raise CheckpointError(f"{path}: {MODEL_FILE} is not a TF.js graph model with a signature "
                                   f"({type(exc).__name__}: {str(exc).strip()[:200]})") from None
-        try:
-            metadata = read_metadata(path)
-        except (OSError, ValueError):
-            metadata = {}
-        if not isinstance(metadata, dict):
-            metadata = {}
+        metadata = json_metadata_or_empty(path / METADATA_FILE)
         if len(input_shape) != 4:
             raise CheckpointError(f"{path}: its graph takes a {len(input_shape)}-D input, not NHWC images")
         batch, height, width, channels = input_shape
