@@ -265,3 +265,15 @@ def network_refused() -> Iterator[None]:
         patch.setattr(socket.socket, "connect", refuse)
         patch.setattr(socket, "create_connection", refuse)
         yield
+
+
+def assert_decodes_as_pytorch(runtime: object, model: torch.nn.Module, size: int) -> None:
+    """An exported YOLOv5n detector's decoded predictions on two random images equal PyTorch's (scores to 1e-4,
+    pixels to 1e-3), a check that would catch a 1% objectness error."""
+    imgs = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(1))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    assert actual.shape == expected.shape == (2, 3 * sum((size // s) ** 2 for s in (8, 16, 32)), 5 + model.num_classes)
+    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)  # objectness, scores
+    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=0)  # pixels
+    with pytest.raises(AssertionError):  # negative control: a 1% objectness error is caught
+        torch.testing.assert_close(actual[..., 4:] * 1.01, expected[..., 4:], atol=1e-4, rtol=0)

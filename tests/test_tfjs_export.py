@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 from conftest import (
+    assert_decodes_as_pytorch,
     assert_scores_and_predicts_as_pytorch,
     detecting_yolov5n,
     network_refused,
@@ -79,13 +80,7 @@ def test_export_runs_under_node_like_torch(setup):
     assert (runtime.names, runtime.img_size, runtime.precision, runtime.end_to_end) == (NAMES, (SIZE, SIZE), "fp32",
                                                                                           False)
     assert runtime.backend == "wasm"
-    imgs = torch.rand(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
-    actual, expected = runtime(imgs), torch_output(model, imgs)
-    assert actual.shape == expected.shape == (2, 567, 7)
-    torch.testing.assert_close(actual[..., 4:], expected[..., 4:], atol=1e-4, rtol=0)  # objectness, scores
-    torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=0)  # pixels
-    with pytest.raises(AssertionError):  # negative control: a 1% objectness error is caught
-        torch.testing.assert_close(actual[..., 4:] * 1.01, expected[..., 4:], atol=1e-4, rtol=0)
+    assert_decodes_as_pytorch(runtime, model, SIZE)
     process = runtime._process
     runtime.close()
     assert process.poll() is not None  # the Node process ends with its model
