@@ -277,3 +277,20 @@ def assert_decodes_as_pytorch(runtime: object, model: torch.nn.Module, size: int
     torch.testing.assert_close(actual[..., :4], expected[..., :4], atol=1e-3, rtol=0)  # pixels
     with pytest.raises(AssertionError):  # negative control: a 1% objectness error is caught
         torch.testing.assert_close(actual[..., 4:] * 1.01, expected[..., 4:], atol=1e-4, rtol=0)
+
+
+def assert_segments_or_classifies_as_pytorch(runtime: object, model: torch.nn.Module, size: int) -> None:
+    """An exported segmentation model's decoded predictions and mask prototypes, or a classifier's logits, on two
+    random ``size`` images equal PyTorch's (scores and logits to 1e-4, pixels to 1e-3, prototypes to 1e-4 of their
+    largest value); the runtime says the model's task and names."""
+    assert (runtime.task, runtime.names) == (model.task, model.names)
+    imgs = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(4))
+    actual, expected = runtime(imgs), torch_output(model, imgs)
+    if model.task == "classify":
+        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
+        return
+    (decoded, proto), (expected_decoded, expected_proto) = actual, expected
+    assert proto.shape == expected_proto.shape == (2, 32, size // 4, size // 4)
+    torch.testing.assert_close(decoded[..., 4:], expected_decoded[..., 4:], atol=1e-4, rtol=0)
+    torch.testing.assert_close(decoded[..., :4], expected_decoded[..., :4], atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(proto, expected_proto, atol=1e-4 * float(expected_proto.abs().max()), rtol=1e-4)

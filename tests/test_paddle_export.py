@@ -19,6 +19,7 @@ from conftest import (
     assert_anchor_free_export_as_pytorch,
     assert_decodes_as_pytorch,
     assert_scores_and_predicts_as_pytorch,
+    assert_segments_or_classifies_as_pytorch,
     detecting_yolov5n,
     network_refused,
     offline_ultralytics,
@@ -206,17 +207,7 @@ def test_segmentation_and_classification_exports_give_the_outputs_of_pytorch(tmp
     size = 64 if model.task == "classify" else SIZE
     path = export(model, "paddle", out=tmp_path / "model_paddle_model", img_size=size)
     runtime = load_exported(path, trust_code=True)
-    assert (runtime.task, runtime.names) == (model.task, model.names)
-    imgs = torch.rand(2, 3, size, size, generator=torch.Generator().manual_seed(4))
-    actual, expected = runtime(imgs), torch_output(model, imgs)
-    if model.task == "classify":
-        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
-        return
-    (decoded, proto), (expected_decoded, expected_proto) = actual, expected
-    assert proto.shape == expected_proto.shape == (2, 32, SIZE // 4, SIZE // 4)
-    torch.testing.assert_close(decoded[..., 4:], expected_decoded[..., 4:], atol=1e-4, rtol=0)
-    torch.testing.assert_close(decoded[..., :4], expected_decoded[..., :4], atol=1e-3, rtol=1e-5)
-    torch.testing.assert_close(proto, expected_proto, atol=1e-4 * float(expected_proto.abs().max()), rtol=1e-4)
+    assert_segments_or_classifies_as_pytorch(runtime, model, size)
 
 
 def test_pose_export_gives_the_keypoints_of_pytorch_and_scores_them_as_pytorch(tmp_path):
