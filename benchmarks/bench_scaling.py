@@ -1,12 +1,17 @@
 """How the data path's cost grows with image resolution and dataset size, ours against the reference's
 (``yolov5.utils.dataloaders.LoadImagesAndLabels``) in the same run.
 
-Loader rows: training-loader images/s at 640 (mosaic on, scratch-low, batch 16, workers 0: one process, so
-images/s is per core) on a copy of coco128 and on coco128 upscaled 4x with Lanczos (~2560 px, JPEG quality
-92, generated into a temporary folder), without an image cache (yolotrain ``cache_mb=0``; also with
-``reduced_decode`` off, the reference's full decode) and with the RAM cache (``cache=ram``, the reference's
-``cache_images="ram"``). Each loader runs one warm-up epoch, then ``--rounds`` timed epochs, the contenders
-taking turns; each row gives each loader's best epoch (the one least slowed by other work on a shared machine).
+Loader rows: training-loader images/s at 640 (mosaic on, scratch-low, batch 16, workers 0: one process) on a
+copy of coco128 and on coco128 upscaled 4x with Lanczos (~2560 px, JPEG quality 92, generated into a temporary
+folder), without an image cache (yolotrain ``cache_mb=0``) and with the RAM cache (``cache=ram``, the reference's
+``cache_images="ram"``). Ours as ``--workers 0`` builds batches (a batch's samples on the threads of
+:func:`~yolotrain.data.sample_threads.default_sample_threads`), on one thread, and on one thread with
+``reduced_decode`` off (the reference's full decode); images per CPU second of the process give the per-core
+figures. Our batches are float32 0..1, the reference's uint8: it is also timed with the ``imgs.float() / 255`` its
+``train.py`` does before the model ("reference + float 0..1"). Each loader runs one warm-up epoch, then
+``--rounds`` timed epochs, the contenders taking turns; each row gives each loader's best epoch (the one least
+slowed by other work on a shared machine). ``--no-datasets`` measures the loader rows alone, keeping the other
+rows of ``scaling.json``.
 
 Dataset-size rows: synthetic YOLO datasets of 1k, 10k, ... small JPEGs (160 x 120, COCO's label density: a
 Poisson number of boxes per image, mean 7.3, 80 classes). For each tool, in a fresh process: the first run's
@@ -161,6 +166,18 @@ def dataset_rows(sizes: list[int], tmp: Path) -> list[dict]:
     return rows
 
 
+class ToFloat:
+    """A reference loader whose uint8 batches are made float 0..1 as its ``train.py`` does before the model
+    (``imgs.float() / 255``): what our loader hands over, so the two deliver the same."""
+
+    def __init__(self, loader) -> None:
+        self.loader, self.dataset = loader, loader.dataset
+
+    def __iter__(self):
+        for imgs, *rest in self.loader:
+            yield imgs.float() / 255, *rest
+
+
 def _epoch(loader, epoch: int) -> tuple[int, float, float]:
     """Images, wall seconds and CPU seconds (this process: workers 0) of one epoch of ``loader``."""
     if hasattr(loader.dataset, "set_epoch"):
@@ -197,6 +214,7 @@ def loader_rows(datasets: dict[str, Path], rounds: int, img_size: int) -> list[d
     from yolotrain.data.augment import AugmentConfig
     from yolotrain.data.dataset import DetectionDataset
     from yolotrain.data.loaders import make_loader
+    from yolotrain.data.sample_threads import default_sample_threads
     from yolotrain.data.sources import list_images
     from yolotrain.data.verify import verify_split
 
@@ -207,14 +225,18 @@ def loader_rows(datasets: dict[str, Path], rounds: int, img_size: int) -> list[d
     for name, images in datasets.items():
         index = verify_split(list_images(images), 80)
         long_side = int(np.median(np.asarray(index.shapes).reshape(-1, 2).max(1)))
-        row: dict = {"data": name, "images": len(index.files), "median_long_side": long_side, "img_size": img_size}
+        row: dict = {"data": name, "images": len(index.files), "median_long_side": long_side, "img_size": img_size,
+                     "threads": default_sample_threads(0)}
         for cache in ("none", "ram"):
             ref_ds = LoadImagesAndLabels(str(images), img_size, 16, augment=True, hyp=ref_hyp,
                                          cache_images=cache == "ram" and "ram")
-            loaders = {f"reference_{cache}": DataLoader(ref_ds, batch_size=16, shuffle=True, num_workers=0,
-                                                        collate_fn=LoadImagesAndLabels.collate_fn)}
+            ref_loader = DataLoader(ref_ds, batch_size=16, shuffle=True, num_workers=0,
+                                    collate_fn=LoadImagesAndLabels.collate_fn)
+            loaders = {f"reference_{cache}": ref_loader, f"reference_{cache}_float": ToFloat(ref_loader)}
             ours = {"none": {"cache_mb": 0}, "ram": {"cache": "ram"}}[cache]
-            variants = {"": {}, "_full_decode": {"reduced_decode": False}} if cache == "none" else {"": {}}
+            variants = {"": {"threads": default_sample_threads(0)}, "_one_thread": {"threads": 1}}
+            if cache == "none":
+                variants["_full_decode"] = {"threads": 1, "reduced_decode": False}
             for suffix, extra in variants.items():
                 ds = DetectionDataset(index, img_size, 16, augment=True, hyp=AugmentConfig(), **ours, **extra)
                 loaders[f"yolotrain_{cache}{suffix}"] = make_loader(ds, 16, True, 0)
@@ -224,6 +246,8 @@ def loader_rows(datasets: dict[str, Path], rounds: int, img_size: int) -> list[d
                 ours_s, ref_s = row[f"yolotrain_{cache}{suffix}"], row[f"reference_{cache}"]
                 row[f"ratio_{cache}{suffix}"] = round(ours_s["img_s"] / ref_s["img_s"], 2)
                 row[f"ratio_{cache}{suffix}_per_core"] = round(ours_s["img_per_core_s"] / ref_s["img_per_core_s"], 2)
+            ours_s, ref_s = row[f"yolotrain_{cache}_one_thread"], row[f"reference_{cache}_float"]
+            row[f"ratio_{cache}_one_thread_vs_float"] = round(ours_s["img_s"] / ref_s["img_s"], 2)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
@@ -414,19 +438,36 @@ def markdown(report: dict) -> str:
                   f"other work: load average {report['load_before']} before, {report['load_after']} after), Python "
                   f"{report['python']}. Ours against the reference (PyPI yolov5 7.0.14) in the same run.", ""]
     if report["loader"]:
-        lines += [f"## Loader at {report['loader'][0]['img_size']} px, one process (workers 0), mosaic on", "",
-                  "| data | median long side | cache | reference img/s | ours img/s | ratio (per core) | "
-                  "ours, full decode | ratio full decode |",
-                  "|---|---:|---|---:|---:|---:|---:|---:|"]
+        made = report.get("loader_made_by")
+        threads = report["loader"][0].get("threads", 1)
+        lines += [f"## Loader at {report['loader'][0]['img_size']} px, one process (workers 0), mosaic on", ""]
+        if made:
+            lines += [f"Made by `{made['command']}` (load average {made['load_before']} before, {made['load_after']} "
+                      f"after). Ours as `--workers 0` builds batches: a batch's samples on {threads} threads of the "
+                      "process; then on one thread; then on one thread with reduced_decode off.", ""]
+        lines += ["| data | median long side | cache | reference img/s | reference + float 0..1 | ours img/s | ratio "
+                  "(per core) | ours, one thread | ratio one thread (per core) | one thread / reference + float | "
+                  "ours, one thread, full decode | ratio full decode |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+        def cell(row: dict, key: str, field: str = "img_s") -> str:
+            value = row.get(key)
+            return "" if value is None else str(value[field] if field else value)
+
         for row in report["loader"]:
             for cache in ("none", "ram"):
-                full = row.get(f"yolotrain_{cache}_full_decode")
+                one = f"yolotrain_{cache}_one_thread"
                 lines.append(
                     f"| {row['data']} ({row['images']} images) | {row['median_long_side']} | {cache} | "
-                    f"{row[f'reference_{cache}']['img_s']} | {row[f'yolotrain_{cache}']['img_s']} | "
-                    f"{row[f'ratio_{cache}']}x ({row[f'ratio_{cache}_per_core']}x) | "
-                    f"{full['img_s'] if full else ''} | "
-                    f"{str(row[f'ratio_{cache}_full_decode']) + 'x' if full else ''} |")
+                    f"{row[f'reference_{cache}']['img_s']} | {cell(row, f'reference_{cache}_float')} | "
+                    f"{row[f'yolotrain_{cache}']['img_s']} | "
+                    f"{row[f'ratio_{cache}']}x ({row[f'ratio_{cache}_per_core']}x) | {cell(row, one)} | "
+                    + (f"{row[f'ratio_{cache}_one_thread']}x ({row[f'ratio_{cache}_one_thread_per_core']}x) | "
+                       if one in row else " | ")
+                    + (f"{row[f'ratio_{cache}_one_thread_vs_float']}x | " if f"reference_{cache}_float" in row
+                       else " | ")
+                    + f"{cell(row, f'yolotrain_{cache}_full_decode')} | "
+                    + (f"{row[f'ratio_{cache}_full_decode']}x |" if f"ratio_{cache}_full_decode" in row else " |"))
         lines += ["", report["loader_reading"], ""]
     if report["datasets"]:
         lines += ["## Dataset size: verification, start-up from the cache, memory", "",
@@ -447,13 +488,18 @@ def markdown(report: dict) -> str:
 
 def _reading_loader(rows: list[dict]) -> str:
     parts = [f"{row['data']} (median long side {row['median_long_side']} px): without a cache ours "
-             f"{row['ratio_none']}x the reference ({row['ratio_none_per_core']}x per core; "
-             f"{row['ratio_none_full_decode']}x with reduced_decode off), RAM cache {row['ratio_ram']}x "
-             f"({row['ratio_ram_per_core']}x per core)"
+             f"{row['ratio_none']}x the reference ({row['ratio_none_per_core']}x per core; on one thread "
+             f"{row['ratio_none_one_thread']}x, {row['ratio_none_full_decode']}x with reduced_decode off too), "
+             f"RAM cache {row['ratio_ram']}x ({row['ratio_ram_per_core']}x per core; one thread "
+             f"{row['ratio_ram_one_thread']}x, and {row['ratio_ram_one_thread_vs_float']}x the reference's loader "
+             f"with the float conversion its trainer does)"
              for row in rows]
     return ("Reading: " + "; ".join(parts) + ". Without a cache both sides' cost grows with the size of the files: "
             "decoding at reduced scale skips most of the inverse DCT, colour conversion and resizing, but not the "
-            "entropy decoding of every coefficient. With the RAM cache the cost does not depend on the files.")
+            "entropy decoding of every coefficient, which bounds one thread at about twice the reference's speed; "
+            "decoding releases the GIL, so the samples of a batch built on threads spread it over the cores. With "
+            "the RAM cache the cost does not depend on the files; ours then spends about a third of a sample's time "
+            "making the batch float32 0..1, which the reference leaves to its trainer (column reference + float 0..1).")
 
 
 def _reading_datasets(rows: list[dict]) -> str:
@@ -481,6 +527,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--img-size", type=int, default=640)
     p.add_argument("--dataset-sizes", type=int, nargs="*", default=[1000, 10000])
     p.add_argument("--no-loader", action="store_true", help="dataset-size rows only")
+    p.add_argument("--no-datasets", action="store_true",
+                   help="loader rows only; the dataset-size and model-size rows already in scaling.json are kept")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--models", default="", help="model-size rows instead: comma list of version@size")
     p.add_argument("--parts", nargs="*", default=["step", "val", "command"], help="what the model-size rows measure")
@@ -516,7 +564,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             images = copy_images(a.data, tmp / "coco128", a.images)
             big = upscaled_copy(images, tmp / "coco128-4x")
             loader = loader_rows({"coco128": images, f"coco128 upscaled {UPSCALE}x": big}, a.rounds, a.img_size)
-        datasets = dataset_rows(a.dataset_sizes, tmp)
+        datasets = [] if a.no_datasets else dataset_rows(a.dataset_sizes, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -542,6 +590,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     }
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if a.no_datasets:
+        # The report's own command and load describe the dataset-size rows it keeps; the loader rows get theirs.
+        previous = json.loads((out / "scaling.json").read_text()) if (out / "scaling.json").is_file() else report
+        made_by = {key: report[key] for key in ("command", "load_before", "load_after", "rounds")}
+        report = {**previous, "loader": report["loader"], "loader_reading": report["loader_reading"],
+                  "loader_made_by": made_by}
     (out / "scaling.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "scaling.md").write_text(markdown(report) + "\n")
     return report

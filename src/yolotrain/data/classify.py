@@ -41,6 +41,7 @@ from .cachedir import cache_root, file_signature
 from .dataset import ImageReadError, SampleKey
 from .imagecache import disk_cache
 from .loaders import EpochBatchSampler, default_workers
+from .sample_threads import default_sample_threads, map_samples
 from .shapes import CLASS_NAMES as SHAPE_NAMES
 from .shapes import draw_sample
 from .sources import IMG_FORMATS
@@ -388,15 +389,18 @@ class ClassifyDataset(Dataset):
 
     ``cache``: ``ram`` keeps each decoded image after its first read (per loader process), ``disk`` decodes
     every image once into a ``.npy`` beside it (see :mod:`.imagecache`). Items are keyed by
-    ``(index, epoch, _)`` (:class:`~yolotrain.data.loaders.EpochBatchSampler`) or a plain index.
+    ``(index, epoch, _)`` (:class:`~yolotrain.data.loaders.EpochBatchSampler`) or a plain index. ``threads``
+    build a batch's crops in a process without loader workers (see :mod:`.sample_threads`).
     """
 
     rect = False
     mosaic = False
 
     def __init__(self, samples: Sequence[Sample], img_size: int = 224, augment: ClassifyAugment | None = None,
-                 seed: int = 0, cache: Literal["ram", "disk", "off"] = "off", names: Sequence[str] = ()) -> None:
+                 seed: int = 0, cache: Literal["ram", "disk", "off"] = "off", names: Sequence[str] = (),
+                 threads: int = 1) -> None:
         self.samples = list(samples)
+        self.threads = max(1, int(threads))
         self.files = [path for path, _ in self.samples]
         self.labels = np.array([label for _, label in self.samples], dtype=np.int64)
         self.img_size = int(img_size)
@@ -451,8 +455,11 @@ class ClassifyDataset(Dataset):
         """The samples of a loader's batch (the DataLoader's batched fetch), their crops normalised together."""
         crops = np.empty((len(keys), self.img_size, self.img_size, 3), np.uint8)
         labels = np.empty(len(keys), np.int64)
-        for i, key in enumerate(keys):
-            crops[i], labels[i] = self.crop(key)
+
+        def crop_into(i: int) -> None:
+            crops[i], labels[i] = self.crop(keys[i])
+
+        map_samples(crop_into, range(len(keys)), self.threads)
         return SampleBatch(normalise_batch(crops), torch.from_numpy(labels))
 
     @staticmethod
@@ -528,16 +535,17 @@ def build_classify_loaders(path: str | os.PathLike, img_size: int = 224, batch_s
         raise ValueError(f"img_size and batch_size must be at least 1, got {img_size} and {batch_size}")
     source = resolve_classify_source(path, names, splits)
     workers = default_workers() if workers is None else workers
+    threads = default_sample_threads(workers, world_size)
     loaders = ClassifyLoaders(source.names, source.root)
     if "train" in splits:
         loaders.train_samples = verify_samples(source.splits["train"], source.root / TRAIN_SPLIT, "train")
         train_set = ClassifyDataset(loaders.train_samples, img_size, augment or ClassifyAugment(), seed, cache,
-                                    source.names)
+                                    source.names, threads)
         loaders.train = classify_loader(train_set, batch_size, True, workers, seed, rank, world_size)
     if "val" in splits:
         loaders.val_samples = verify_samples(source.splits["val"], source.root / source.eval_split,
                                              source.eval_split)
-        val_set = ClassifyDataset(loaders.val_samples, img_size, None, seed, cache, source.names)
+        val_set = ClassifyDataset(loaders.val_samples, img_size, None, seed, cache, source.names, threads)
         loaders.val = classify_loader(val_set, batch_size, False, workers, seed)
     return loaders
 

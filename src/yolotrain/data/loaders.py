@@ -24,6 +24,7 @@ from .dataset import BatchBuffers, DetectionDataset, SampleKey, float_images
 from .gpu_augment import DeviceAugmenter, DeviceAugmentLoader, EncodedDetectionDataset, augment_device
 from .obb import OBBDataset
 from .pose import PoseDataset
+from .sample_threads import default_sample_threads
 from .segment import SegmentationDataset
 from .shapes import generate_shapes_dataset
 from .sources import DatasetSource, resolve_source
@@ -51,6 +52,9 @@ class DataConfig:
     autobatch: float = setting(0.0, "AutoBatch: the largest batch that fits this fraction of the GPU's free memory, "
                                "in place of batch (0: off; --batch -1 is 0.8, --batch 0.7 is 0.7)", min=0, max=1)
     workers: int | None = setting(None, "loader processes per training process (min(2, CPUs))", min=0)
+    loader_threads: int | None = setting(
+        None, "threads that build a batch's samples with --workers 0 (in the training process; none: its share of "
+        "the CPUs, at most 8); the batches are the same for any number", min=1)
     rect: bool = setting(False, "rectangular training batches in aspect order (no mosaic)")
     cache_mb: float = setting(512.0, "per-process memory budget (MiB) for decoded images; 0 turns it off", min=0)
     cache: Literal["ram", "disk", "off"] = setting(
@@ -139,6 +143,7 @@ def build_loaders(
         raise ValueError(f"{root}: the dataset defines no class names")
     nc = num_classes or len(names) or UNBOUNDED_CLASSES
     workers = default_workers() if config.workers is None else config.workers
+    threads = config.loader_threads or default_sample_threads(workers, world_size)
     names = run_class_names(names, config)
     loaders = Loaders(names, str(root))
     if "train" in splits:
@@ -158,7 +163,7 @@ def build_loaders(
         train_set = dataset(_classes(loaders.train_index, config), img_size, batch_size,
                             augment=augment is not None, hyp=augment, rect=config.rect, pad=0.0,
                             stride=stride, seed=seed, names=names, cache_mb=config.cache_mb,
-                            cache=config.cache, reduced_decode=config.reduced_decode, **extra)
+                            cache=config.cache, reduced_decode=config.reduced_decode, threads=threads, **extra)
         loaders.train = make_loader(train_set, batch_size, True, workers, seed, rank, world_size)
         if device is not None:
             loaders.train = DeviceAugmentLoader(loaders.train, DeviceAugmenter(train_set.hyp, img_size, device))
@@ -173,7 +178,7 @@ def build_loaders(
         val_set = dataset(_classes(index, config), img_size, batch_size, augment=False, rect=val_rect,
                           pad=VAL_RECT_PAD if val_rect else 0.0, stride=stride, seed=seed, names=names,
                           cache_mb=config.cache_mb, cache=config.cache, reduced_decode=config.reduced_decode,
-                          **extra)
+                          threads=threads, **extra)
         loaders.val = make_loader(val_set, batch_size, False, workers, seed)
     return loaders
 
@@ -402,7 +407,8 @@ def make_loader(
     sampler = EpochBatchSampler(dataset, batch_size, shuffle, seed, rank, world_size)
     if not workers:
         return DataLoader(dataset, batch_sampler=sampler, pin_memory=torch.cuda.is_available(),
-                          collate_fn=functools.partial(type(dataset).collate, buffers=BatchBuffers()))
+                          collate_fn=functools.partial(type(dataset).collate,
+                                                       buffers=BatchBuffers(getattr(dataset, "threads", 1))))
     return WorkerLoader(
         dataset,
         batch_sampler=sampler,
