@@ -175,6 +175,28 @@ def test_the_converter_runs_offline(setup, tmp_path, monkeypatch):
     assert list(out.parent.iterdir()) == []
 
 
+def test_a_failing_converter_is_one_line_from_the_command(setup, tmp_path, monkeypatch, capsys):
+    """``yolotrain export`` names the converter that failed and the last line it printed, leaving nothing."""
+    converter = tmp_path / "tools" / "tensorflowjs_converter"
+    converter.parent.mkdir()
+    converter.write_text(f"#!{sys.executable}\nimport sys\nprint('reading the SavedModel')\n"
+                         "sys.exit('ValueError: Unsupported Ops in the model: FancyOp')\n", encoding="utf-8")
+    converter.chmod(0o755)
+    monkeypatch.setenv(tfjs.CONVERTER_ENV, str(converter))
+    monkeypatch.setattr(tfjs, "convert", lambda job, kind, output: output.mkdir())
+    weights = save_checkpoint(tmp_path / "out" / "best", detecting_yolov5n(NAMES))
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    capsys.readouterr()
+    assert run_export(parser.parse_args(["--weights", str(weights), "--format", "tfjs", "--img-size",
+                                         str(SIZE)])) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.splitlines()[-1] == (
+        "yolotrain export: error: tensorflowjs_converter could not convert the SavedModel to TF.js (ValueError: "
+        "Unsupported Ops in the model: FancyOp)")
+    assert not [p for p in weights.parent.iterdir() if "web_model" in p.name]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("build", [lambda: untrained("yolov8n"), yolov5_segmenter, lambda: untrained("yolo11n-seg"),
                                    yolov5_classifier], ids=["yolov8n", "yolov5n-seg", "yolo11n-seg", "yolov5n-cls"])

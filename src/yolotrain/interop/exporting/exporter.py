@@ -54,7 +54,7 @@ from ...outputs import dataset_inputs, refuse_overwriting_inputs, refuse_replaci
 from ...progress import progress_bar
 from ...settings import add_arguments, from_mapping, setting
 from ...task import task_names, task_of
-from ..formats import REGISTRY, ExportFormat, ExportJob, export_metadata_of
+from ..formats import REGISTRY, ConversionError, ExportFormat, ExportJob, export_metadata_of
 from ..loading.resolve import resolve_trainable, weights_inputs
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
 from .graph import BOXES, ExportGraph, raw_output_names
@@ -293,7 +293,9 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     ``img_size`` defaults to the model's training size (640; 1280 for P6 models). Returns the written path.
 
     An existing ``out`` is replaced only when it is an earlier export of this format (it carries our
-    metadata), or with ``force``; an input (the weights, the calibration data) never is.
+    metadata), or with ``force``; an input (the weights, the calibration data) never is. A converter that runs as a
+    process of its own and fails raises :class:`~yolotrain.interop.formats.ConversionError` (one line: which
+    converter, and the last line it printed).
     """
     _check_options(fmt, data, half=half, int8=int8, raw=raw, nms=nms, optimize=optimize, keras=keras)
     if opset < DEFAULT_OPSET:
@@ -399,7 +401,7 @@ def run_export(args: argparse.Namespace) -> int:
                               "installed (Linux x86-64, not on PyPI: https://coral.ai/docs/edgetpu/compiler/); the "
                               "Edge TPU runs its int8 operations, the float decode tail stays on the CPU",
                               file=sys.stderr)
-    except (CheckpointError, ValueError, ImportError, OSError) as exc:
+    except (CheckpointError, ConversionError, ValueError, ImportError, OSError) as exc:
         print(f"yolotrain export: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
               file=sys.stderr)
         return 1

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..exporting.graph import BOXES
-from ._common import ExportJob
+from ._common import ConversionError, ExportJob
 
 if TYPE_CHECKING:
     from ..runtime import ExportedModel
@@ -118,4 +118,4 @@ def suffix_of(path: str | Path) -> str:
     return max((suffix for suffix in BY_SUFFIX if name.endswith(suffix)), key=len, default=Path(path).suffix.lower())
 
 
-__all__ = ["BY_SUFFIX", "REGISTRY", "ExportFormat", "ExportJob", "export_metadata_of", "suffix_of"]
+__all__ = ["BY_SUFFIX", "REGISTRY", "ConversionError", "ExportFormat", "ExportJob", "export_metadata_of", "suffix_of"]

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -35,8 +36,33 @@ if TYPE_CHECKING:
     from ..exporting.calibration import CalibrationImages
 
 EXPORT_PACKAGES_HINT = "pip install 'yolotrain[export]'"
+# Longest a conversion of the largest published model takes on a 2-core CPU, with room to spare.
+CONVERT_TIMEOUT_S = 900
 # Largest metadata read from an existing file; ours is a few KB.
 MAX_METADATA_BYTES = 1 << 20
+
+
+class ConversionError(RuntimeError):
+    """A converter run as a process of its own (onnx2tf, PNNX, MNN's, X2Paddle, ``tensorflowjs_converter``) failed,
+    wrote nothing or ran out of time; the message is one line naming it, with the last line it printed."""
+
+
+def run_converter(command: Sequence[str], failure: str, made: Callable[[str], bool], cwd: Path,
+                  env: dict[str, str] | None = None, timeout_s: float = CONVERT_TIMEOUT_S) -> None:
+    """Run a converter's ``command`` in ``cwd``; ``made(printed)`` (its stdout and stderr together) says whether it
+    wrote what was asked.
+
+    Raises:
+        ConversionError: ``failure`` with the converter's last printed line, when it exits with an error, ``made``
+            is false, or it runs past ``timeout_s`` (then stopped).
+    """
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=cwd, env=env)
+    except subprocess.TimeoutExpired:
+        raise ConversionError(f"{failure} (stopped after {timeout_s:g} s)") from None
+    if done.returncode != 0 or not made(done.stdout + done.stderr):
+        lines = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()
+        raise ConversionError(f"{failure} ({lines[-1].strip()})")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import ExportJob, onnx_module, onnx_proto, quiet_output
+from ._common import ExportJob, onnx_module, onnx_proto, quiet_output, run_converter
 
 EXTRA = "pip install 'yolotrain[tensorflow]'"
 # What the conversion imports: TensorFlow, onnx2tf and the packages onnx2tf imports without requiring them.
@@ -31,8 +30,6 @@ CONVERTER_MODULES = ("tensorflow", "tf_keras", "onnx2tf", "onnx_graphsurgeon", "
 # onnx2tf's image sample: the file name it looks for in its working folder, and its shape (images, H, W, C).
 SAMPLE_FILE = "calibration_image_sample_data_20x128x128x3_float32.npy"
 SAMPLE_SHAPE = (20, 128, 128, 3)
-# Longest a conversion of the largest published model takes on a 2-core CPU, with room to spare.
-CONVERT_TIMEOUT_S = 900
 _CONVERTER = Path(__file__).with_name("_tensorflow_convert.py")
 # What Keras accepts in a layer's name (onnx2tf names layers after the ONNX nodes, which the exporter names
 # "/model.10/m/m.0/attn/Conv"): no leading slash, no characters but these.
@@ -69,10 +66,8 @@ def convert(job: ExportJob, kind: str, output: Path) -> None:
         onnx.save(keras_named(onnx_proto(job)), str(source))
         np.save(Path(scratch) / SAMPLE_FILE, sample_images())
         command = [sys.executable, str(_CONVERTER), str(source), kind, str(output)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S, cwd=scratch)
-        if done.returncode != 0 or not output.exists():
-            lines = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()
-            raise RuntimeError(f"onnx2tf could not convert the model to TensorFlow ({lines[-1]})")
+        run_converter(command, "onnx2tf could not convert the model to TensorFlow", lambda _: output.exists(),
+                      Path(scratch))
 
 
 def keras_named(proto: Any) -> Any:

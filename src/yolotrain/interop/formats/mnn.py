@@ -13,7 +13,6 @@ import importlib.util
 import json
 import mmap
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,13 +23,11 @@ from ...checkpoint import CheckpointError
 from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
 from ..runtime import ExportedModel
 from . import ExportFormat
-from ._common import MAX_METADATA_BYTES, ExportJob, onnx_module, onnx_proto, quiet_output, staged
+from ._common import MAX_METADATA_BYTES, ExportJob, onnx_module, onnx_proto, quiet_output, run_converter, staged
 
 EXTRA = "pip install 'yolotrain[mnn]'"
 # The child process that converts: MNN's compiled converter, given its command line (it says "Converted Success!").
 _CONVERT = "import sys, _tools; _tools.mnnconvert(sys.argv)"
-# Longest a conversion of the largest published model takes on a 2-core CPU, with room to spare.
-CONVERT_TIMEOUT_S = 900
 # Where our metadata starts inside the bizCode JSON (json.dumps of the metadata, whose first key is this).
 _MARKER = b'{"producer": "yolotrain"'
 
@@ -63,10 +60,8 @@ def write(job: ExportJob) -> None:
         command = [sys.executable, "-c", _CONVERT, "-f", "ONNX", "--modelFile", str(source), "--MNNModel", str(path),
                    "--bizCode", metadata] + (["--fp16"] if job.half else [])
         # In the scratch folder: the converter leaves a file of external data in its working folder.
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S, cwd=scratch)
-        if done.returncode != 0 or not path.is_file() or "Converted Success" not in done.stdout + done.stderr:
-            last = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
-            raise RuntimeError(f"MNN's converter could not convert the model ({last})")
+        run_converter(command, "MNN's converter could not convert the model",
+                      lambda printed: path.is_file() and "Converted Success" in printed, Path(scratch))
 
 
 def read_metadata(path: Path) -> dict[str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import warnings
 from pathlib import Path
@@ -25,7 +24,7 @@ from ...checkpoint import CheckpointError
 from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
 from ..runtime import ExportedModel
 from . import ExportFormat
-from ._common import ExportJob, metadata_beside, read_json_metadata, staged
+from ._common import ExportJob, metadata_beside, read_json_metadata, run_converter, staged
 
 EXTRA = "pip install 'yolotrain[ncnn]'"
 SUFFIX = ".ncnn.param"
@@ -36,8 +35,6 @@ MODEL_FOLDER_SUFFIX = "_ncnn_model"
 FOLDER_METADATA = "metadata.yaml"
 # PNNX's names for the graph's input and outputs (in0, out0, out1 ... in the traced outputs' order).
 INPUT_NAME = "in0"
-# Longest a conversion of the largest published model takes on a 2-core CPU, with room to spare.
-CONVERT_TIMEOUT_S = 900
 
 
 def _pnnx_executable() -> str:
@@ -72,10 +69,8 @@ def write(job: ExportJob) -> None:
                    f"ncnnparam={path}", f"ncnnbin={path.with_suffix('.bin')}", f"ncnnpy={work / 'ncnn.py'}",
                    f"pnnxparam={work / 'model.pnnx.param'}", f"pnnxbin={work / 'model.pnnx.bin'}",
                    f"pnnxpy={work / 'pnnx.py'}", f"pnnxonnx={work / 'model.pnnx.onnx'}"]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S, cwd=work)
-        if done.returncode != 0 or not path.is_file() or not path.with_suffix(".bin").is_file():
-            last = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
-            raise RuntimeError(f"PNNX could not convert the model to NCNN ({last})")
+        run_converter(command, "PNNX could not convert the model to NCNN",
+                      lambda _: path.is_file() and path.with_suffix(".bin").is_file(), work)
         path.with_suffix(".json").write_text(json.dumps(job.metadata), encoding="utf-8")
     if _is_model_folder(job.out):
         write_atomic(job.out.parent / FOLDER_METADATA, lambda file: file.write_text(tools_metadata, encoding="utf-8"))

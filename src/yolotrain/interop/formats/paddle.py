@@ -16,7 +16,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -32,7 +31,7 @@ from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
 from ..runtime import ExportedModel
 from ..trust import require_trust
 from . import ExportFormat
-from ._common import MAX_METADATA_BYTES, ExportJob, quiet_output, staged
+from ._common import MAX_METADATA_BYTES, ExportJob, quiet_output, run_converter, staged
 
 EXTRA = "pip install 'yolotrain[paddle]'"
 SUFFIX = "_paddle_model"
@@ -45,8 +44,6 @@ PROGRAM_FILE = "model.json"
 WEIGHTS_FILE = "model.pdiparams"
 RUNS_CODE = ("a Paddle program's operators can write and read files (save_combine, load_combine) and run whatever "
              "Paddle can")
-# Longest a conversion of the largest published model takes on a 2-core CPU, with room to spare.
-CONVERT_TIMEOUT_S = 900
 _CONVERTER = Path(__file__).with_name("_paddle_convert.py")
 # Modules whose native libraries, once loaded, make Paddle 3.3's own crash the process as it loads (a segmentation
 # fault in paddle.base.core, whichever is imported first of those and torch).
@@ -72,11 +69,9 @@ def write(job: ExportJob) -> None:
         converted = work / "x2paddle"
         shape = ",".join(str(side) for side in job.example.shape)
         command = [sys.executable, str(_CONVERTER), str(traced), shape, str(converted)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S, cwd=work)
         model = converted / MODEL_FOLDER
-        if done.returncode != 0 or not (model / PROGRAM_FILE).is_file() or not (model / WEIGHTS_FILE).is_file():
-            lines = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()
-            raise RuntimeError(f"X2Paddle could not convert the model to PaddlePaddle ({lines[-1]})")
+        run_converter(command, "X2Paddle could not convert the model to PaddlePaddle",
+                      lambda _: (model / PROGRAM_FILE).is_file() and (model / WEIGHTS_FILE).is_file(), work)
         path.mkdir()
         shutil.move(model, path / MODEL_FOLDER)
         metadata = {**job.interop_metadata, METADATA_KEY: job.metadata}

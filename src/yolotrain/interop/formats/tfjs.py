@@ -35,7 +35,7 @@ from ...checkpoint import CheckpointError
 from ..exporting.graph import BOXES, LOGITS, MASK_PROTOTYPES
 from ..runtime import ExportedModel
 from . import ExportFormat
-from ._common import ExportJob, json_metadata_or_empty, read_json_metadata, staged
+from ._common import ExportJob, json_metadata_or_empty, read_json_metadata, run_converter, staged
 from ._tensorflow import convert, to_channels_first, to_channels_last
 from ._tensorflow import unavailable as tensorflow_unavailable
 from .saved_model import METADATA_FILE, SIGNATURE, TOOLS_METADATA_FILE
@@ -110,11 +110,8 @@ def _run_converter(saved_model: Path, output: Path, scratch: Path) -> None:
                f"--signature_name={SIGNATURE}", "--saved_model_tags=serve", str(saved_model), str(output)]
     environment = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
     environment.update(PYTHONPATH=str(_OFFLINE), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S, cwd=scratch,
-                          env=environment)
-    if done.returncode != 0 or not (output / MODEL_FILE).is_file():
-        lines = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()
-        raise RuntimeError(f"tensorflowjs_converter could not convert the SavedModel to TF.js ({lines[-1]})")
+    run_converter(command, "tensorflowjs_converter could not convert the SavedModel to TF.js",
+                  lambda _: (output / MODEL_FILE).is_file(), scratch, env=environment, timeout_s=CONVERT_TIMEOUT_S)
 
 
 def read_metadata(path: Path) -> dict[str, str]:
