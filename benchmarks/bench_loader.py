@@ -13,8 +13,11 @@ still has to do. Caches: ``none`` decodes every image every time (yolotrain ``ca
 Each row reports images/s on the wall clock (``img_s``, all the cores the loader used) and per core
 (``img_per_core_s``): images per CPU-second, the timed epochs' CPU time of the main process plus its
 loader workers (``/proc/<pid>/stat``). On an idle machine that is ``img_s / cores_used`` (``cores_used``:
-CPU seconds over wall seconds; workers 0 is one core, OpenCV runs single-threaded as the reference sets
-it); on a busy one it still counts only the loader's own work. Ratios are yolotrain over the reference.
+CPU seconds over wall seconds; OpenCV runs single-threaded as the reference sets it); on a busy one it
+still counts only the loader's own work. With workers 0 ours builds a batch's samples on threads of the process
+as training does (``data.sample_threads``), the reference on one. Our batches are float32 0..1, the reference's
+uint8: it is also timed with the ``imgs.float() / 255`` its ``train.py`` does before the model
+(``reference_*_float``, ``ratio_*_vs_float``). Ratios are yolotrain over the reference.
 
 Usage: python benchmarks/bench_loader.py [--data DIR] [--epochs N] [--sizes 640 320] [--workers 0 2] [--out FILE]
 """
@@ -51,8 +54,9 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def _time_epochs(loader, epochs: int, set_epoch=None) -> dict[str, float]:
-    """Images/s, images per CPU-second and cores used over ``epochs`` epochs after one warm-up epoch."""
+def _time_epochs(loader, epochs: int, set_epoch=None, to_float: bool = False) -> dict[str, float]:
+    """Images/s, images per CPU-second and cores used over ``epochs`` epochs after one warm-up epoch; ``to_float``:
+    each batch made float 0..1 as the reference's ``train.py`` does before the model (``imgs.float() / 255``)."""
     for e in range(epochs + 1):
         if e == 1:
             pids = _worker_pids(loader)
@@ -60,6 +64,8 @@ def _time_epochs(loader, epochs: int, set_epoch=None) -> dict[str, float]:
         if set_epoch:
             set_epoch(e)
         for imgs, *_ in loader:  # the reference's (imgs, targets, paths, shapes), ours a Batch of (imgs, targets)
+            if to_float:
+                imgs = imgs.float() / 255
             if e >= 1:
                 n += len(imgs)
     wall, cpu = time.perf_counter() - start, _cpu_seconds(pids) - cpu
@@ -92,6 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
         from yolotrain.data.augment import AugmentConfig
         from yolotrain.data.dataset import DetectionDataset
         from yolotrain.data.loaders import make_loader
+        from yolotrain.data.sample_threads import default_sample_threads
         from yolotrain.data.sources import list_images
         from yolotrain.data.verify import verify_split
 
@@ -110,9 +117,11 @@ def main(argv: list[str] | None = None) -> dict:
                         ref_ds, batch_size=a.batch_size, shuffle=True, num_workers=workers,
                         collate_fn=LoadImagesAndLabels.collate_fn, worker_init_fn=seed_worker)
                     row[f"reference_{cache}"] = _time_epochs(ref_loader, a.epochs)
+                    row[f"reference_{cache}_float"] = _time_epochs(ref_loader, a.epochs, to_float=True)
                     del ref_loader
                 for cache, settings in (("none", {"cache_mb": 0}), ("ram", {"cache": "ram"}), ("budget", {})):
-                    ds = DetectionDataset(index, size, a.batch_size, augment=True, hyp=AugmentConfig(), **settings)
+                    ds = DetectionDataset(index, size, a.batch_size, augment=True, hyp=AugmentConfig(),
+                                          threads=default_sample_threads(workers), **settings)
                     loader = make_loader(ds, a.batch_size, True, workers)
                     row[f"yolotrain_{cache}"] = _time_epochs(loader, a.epochs, ds.set_epoch)
                     del loader
@@ -120,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
                     ours, ref = row[f"yolotrain_{cache}"], row[f"reference_{cache}"]
                     row[f"ratio_{cache}"] = round(ours["img_s"] / ref["img_s"], 2)
                     row[f"ratio_{cache}_per_core"] = round(ours["img_per_core_s"] / ref["img_per_core_s"], 2)
+                    row[f"ratio_{cache}_vs_float"] = round(ours["img_s"] / row[f"reference_{cache}_float"]["img_s"], 2)
                 print(json.dumps(row), flush=True)
                 results.append(row)
     finally:
@@ -133,7 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
         "cpus": os.cpu_count(),
         "cpu_model": cpu_model(),
         "per_core": "images per CPU-second: images / (user + system CPU time of the main process and its loader "
-                    "workers over the timed epochs); workers 0 is one core",
+                    "workers over the timed epochs); with workers 0 ours builds a batch's samples on "
+                    f"{default_sample_threads(0)} threads (the default), the reference on one",
         "python": platform.python_version(),
         "torch": torch.__version__,
         "results": results,

@@ -59,6 +59,7 @@ from ..settings import (
 )
 from ..task import task_of
 from .classify import ClassifyResult
+from .read_ahead import ReadAhead
 from .result_boxes import Boxes
 from .result_outputs import DetectionOutputs
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
@@ -656,6 +657,20 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
     """
     unreadable: list[str] = []
     stems = unique_stems([_output_stem(item, n) for n, item in enumerate(items)])
+    stills = [n for n, item in enumerate(items) if isinstance(item, Path) and _suffix(item) not in VIDEO_FORMATS]
+    following = dict(zip(stills, stills[1:]))
+    # The next still is decoded while this one's forward pass runs.
+    ahead = ReadAhead(lambda n: read_still(items[n], predictor.decode_scale, reduced))
+    with ahead:
+        yield from _predict_each(predictor, outputs, items, live, vid_stride, stems, ahead, following, unreadable)
+    return unreadable
+
+
+def _predict_each(predictor: Predictor, outputs: _Outputs, items: list[Path | np.ndarray | str],
+                  live: dict[int, LatestFrameReader], vid_stride: int, stems: list[str],
+                  ahead: ReadAhead[int, tuple[np.ndarray | None, tuple[int, int] | None]], following: dict[int, int],
+                  unreadable: list[str]) -> Iterator[Result]:
+    """The loop of :func:`_predict_items`: still images come from ``ahead``, each naming the next one."""
     for n, item in enumerate(items):
         if isinstance(item, np.ndarray):
             result = predictor.predict_image(item, f"image{n}.jpg")
@@ -676,14 +691,13 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
             if not (yield from _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), stems[n])):
                 unreadable.append(str(item))
         else:
-            image, orig_shape = read_still(item, predictor.decode_scale, reduced)
+            image, orig_shape = ahead.get(n, following.get(n))
             if image is None:
                 unreadable.append(str(item))
                 continue
             result = predictor.predict_image(image, str(item), orig_shape=orig_shape)
             outputs.image(stems[n] + item.suffix, image, result)
             yield result
-    return unreadable
 
 
 def read_still(path: Path, decode_scale: Callable[[tuple[int, int]], float],
