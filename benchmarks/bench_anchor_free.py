@@ -16,6 +16,10 @@ mAP columns mean nothing), saves it as an ultralytics checkpoint that both sides
   boxes in image pixels; nothing saved) with a model loaded once per side: ``yolotrain.predict`` on a loaded
   model against ``YOLO.predict(stream=True)``, alternating, each side's fastest pass.
 
+Every pass of either side starts at the same number of PyTorch threads (``--threads``, or PyTorch's default at
+the start): ultralytics' ``val`` and ``predict`` set it to CPUs - 1 at their first call (``select_device``), which
+would otherwise carry into every later pass of both sides.
+
 Ratios are ultralytics' time over ours: above 1, ours is faster. Ultralytics runs offline (``YOLO_OFFLINE=1``,
 settings in a temporary folder, matplotlib's DejaVu Sans standing in for the Arial font it would fetch).
 
@@ -128,6 +132,19 @@ def reference_step(weights: Path, batch: Batch) -> Callable[[], None]:
         ema.update(model)
 
     return step
+
+
+def at_threads(threads: int, sides: dict[str, Callable[[], object]]) -> dict[str, Callable[[], object]]:
+    """``sides``, each call starting at ``threads`` PyTorch threads whatever the call before it left."""
+    import torch
+
+    def pinned(side: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            torch.set_num_threads(threads)
+            return side()
+        return run
+
+    return {name: pinned(side) for name, side in sides.items()}
 
 
 def fastest_alternating(sides: dict[str, Callable[[], object]], rounds: int) -> dict[str, dict]:
@@ -273,8 +290,7 @@ def main() -> None:
 
     if importlib.util.find_spec("ultralytics") is None:
         sys.exit("needs the reference package ultralytics: pip install '.[parity]'")
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    threads = a.threads or torch.get_num_threads()
     work = Path(tempfile.mkdtemp(prefix="bench-anchor-free-"))
     offline_reference(work)
     import ultralytics
@@ -285,7 +301,7 @@ def main() -> None:
     names = read_yaml(COCO128 / "data.yaml")["names"]
     names = list(names.values()) if isinstance(names, dict) else list(names)
     folder = image_folder(COCO128 / "images" / "train2017", work / "predict", a.predict_images)
-    setup = {"device": "cpu", "cpu": cpu_model(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    setup = {"device": "cpu", "cpu": cpu_model(), "cpus": os.cpu_count(), "torch_threads": threads,
              "torch": torch.__version__, "ultralytics": ultralytics.__version__, "img_size": a.img,
              "batch_size": a.batch_size, "rounds": a.rounds, "val_images": a.images, "val_rounds": a.val_rounds,
              "predict_images": a.predict_images,
@@ -297,9 +313,9 @@ def main() -> None:
     rows: dict[str, dict] = {}
     for name in a.models.split(","):
         weights = reference_checkpoint(name, names, work / f"{name}.pt")
-        steps = {"ours": our_step(weights, data, a.img, batch, work / "runs"),
-                 "ours_fp32": our_step(weights, data, a.img, batch, work / "runs", amp="off"),
-                 "reference": reference_step(weights, batch)}
+        steps = at_threads(threads, {"ours": our_step(weights, data, a.img, batch, work / "runs"),
+                                     "ours_fp32": our_step(weights, data, a.img, batch, work / "runs", amp="off"),
+                                     "reference": reference_step(weights, batch)})
         rows[name] = {"step": time_alternating(steps, a.rounds)}
         print(name, "step", json.dumps(rows[name]["step"]), flush=True)
         if a.profile == name:
@@ -310,7 +326,7 @@ def main() -> None:
         del steps
         for part, sides in (("val", val_sides(weights, data, a.img, work)),
                             ("predict", predict_sides(weights, folder, a.img))):
-            passes = fastest_alternating(sides, a.val_rounds)
+            passes = fastest_alternating(at_threads(threads, sides), a.val_rounds)
             rows[name][part] = passes
             print(name, part, json.dumps(passes), flush=True)
     setup["load_average_1min_at_end"] = os.getloadavg()[0]

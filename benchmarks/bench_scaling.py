@@ -481,6 +481,11 @@ def markdown(report: dict) -> str:
                              f"{cached['wall_s']} ({cached['cpu_s']}) | {peak} | "
                              f"{row[f'{tool}_rss_kb_per_image']} | {row[f'{tool}_cache_bytes'] // 1024} |")
         lines += ["", report["datasets_reading"], ""]
+        lines += [f"The {row['images']}-image rows: made by `{row['made_by']['command']}` (load average "
+                  f"{row['made_by']['load_before']} before, {row['made_by']['load_after']} after)."
+                  for row in report["datasets"] if row.get("made_by")]
+        if any(row.get("made_by") for row in report["datasets"]):
+            lines.append("")
     if report.get("models"):
         lines += _markdown_models(report)
     return "\n".join(lines)
@@ -526,7 +531,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--rounds", type=int, default=3, help="timed epochs of each loader, taking turns")
     p.add_argument("--img-size", type=int, default=640)
     p.add_argument("--dataset-sizes", type=int, nargs="*", default=[1000, 10000])
-    p.add_argument("--no-loader", action="store_true", help="dataset-size rows only")
+    p.add_argument("--no-loader", action="store_true",
+                   help="dataset-size rows only; the other rows of scaling.json are kept (those of other sizes too)")
     p.add_argument("--no-datasets", action="store_true",
                    help="loader rows only; the dataset-size and model-size rows already in scaling.json are kept")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
@@ -590,12 +596,20 @@ def main(argv: list[str] | None = None) -> dict | None:
     }
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if a.no_datasets:
+    previous = json.loads((out / "scaling.json").read_text()) if (out / "scaling.json").is_file() else None
+    made_by = {key: report[key] for key in ("command", "load_before", "load_after", "rounds")}
+    if a.no_datasets and previous:
         # The report's own command and load describe the dataset-size rows it keeps; the loader rows get theirs.
-        previous = json.loads((out / "scaling.json").read_text()) if (out / "scaling.json").is_file() else report
-        made_by = {key: report[key] for key in ("command", "load_before", "load_after", "rounds")}
         report = {**previous, "loader": report["loader"], "loader_reading": report["loader_reading"],
                   "loader_made_by": made_by}
+    elif a.no_loader and previous:
+        # Rows of the sizes measured now replace the old ones, each saying how it was made; the rest are kept.
+        measured = {row["images"] for row in datasets}
+        for row in datasets:
+            row["made_by"] = made_by
+        rows = sorted([row for row in previous.get("datasets", []) if row["images"] not in measured] + datasets,
+                      key=lambda row: row["images"])
+        report = {**previous, "datasets": rows, "datasets_reading": _reading_datasets(rows)}
     (out / "scaling.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "scaling.md").write_text(markdown(report) + "\n")
     return report

@@ -54,7 +54,9 @@ def test_the_scaling_benchmark_runs(tmp_path):
     assert [row["data"] for row in report["loader"]] == ["coco128", "coco128 upscaled 4x"]
     big = report["loader"][1]
     assert big["median_long_side"] >= 4 * 400 and big["images"] == 8
-    for key in ("reference_none", "yolotrain_none", "yolotrain_none_full_decode", "reference_ram", "yolotrain_ram"):
+    for key in ("reference_none", "reference_none_float", "yolotrain_none", "yolotrain_none_one_thread",
+                "yolotrain_none_full_decode", "reference_ram", "reference_ram_float", "yolotrain_ram",
+                "yolotrain_ram_one_thread"):
         assert big[key]["img_s"] > 0
     assert [row["images"] for row in report["datasets"]] == [20, 40]
     for row in report["datasets"]:
@@ -63,3 +65,12 @@ def test_the_scaling_benchmark_runs(tmp_path):
             assert row[f"{tool}_cache_bytes"] > 0
     text = (tmp_path / "scaling.md").read_text()
     assert "| coco128 upscaled 4x (8 images) |" in text and "Reading:" in text and "| 40 | yolotrain |" in text
+    # A second run of one dataset size replaces that row alone; a loader-only run keeps every dataset row.
+    run("bench_scaling.py", tmp_path, "--no-loader", "--dataset-sizes", "20", "--out-dir", str(tmp_path))
+    again = json.loads((tmp_path / "scaling.json").read_text())
+    assert again["loader"] == report["loader"] and [row["images"] for row in again["datasets"]] == [20, 40]
+    assert again["datasets"][1] == report["datasets"][1] and "--no-loader" in again["datasets"][0]["made_by"]["command"]
+    run("bench_scaling.py", tmp_path, "--img-size", "64", "--no-datasets", "--out-dir", str(tmp_path))
+    last = json.loads((tmp_path / "scaling.json").read_text())
+    assert last["datasets"] == again["datasets"] and "--no-datasets" in last["loader_made_by"]["command"]
+    assert "The 20-image rows: made by" in (tmp_path / "scaling.md").read_text()
