@@ -280,6 +280,16 @@ def random_checkpoint(reference_root: Path, version: str, path: Path) -> Path:
     return path
 
 
+def _with_cpu_seconds(run):
+    """``run`` returning ``(its result, process CPU seconds it took)``: val's passes run in this process (workers 0,
+    ours on the loader's threads), so the process's CPU time is all of a pass's work."""
+    def measured():
+        cpu = time.process_time()
+        result = run()
+        return result, time.process_time() - cpu
+    return measured
+
+
 def model_rows(configs: list[str], parts: list[str], subset: int, rounds: int, epochs: int, tmp: Path,
                save) -> list[dict]:
     """One row per ``version@size`` of ``configs`` with the ``parts`` measured (``step``, ``val``, ``command``);
@@ -319,10 +329,14 @@ def model_rows(configs: list[str], parts: list[str], subset: int, rounds: int, e
             source = bench_train.model_source(version)
             weights = Path(source) if source.endswith(".pt") else random_checkpoint(
                 reference_root, version, tmp / f"yolov5{version}-random.pt")
-            passes = bench_eval.alternating_passes(
-                bench_eval.val_contenders(weights, data, size, tmp / "val", reference_val), 2)
+            contenders = bench_eval.val_contenders(weights, data, size, tmp / "val", reference_val)
+            passes = bench_eval.alternating_passes({side: _with_cpu_seconds(run) for side, run in contenders.items()},
+                                                   2)
             row["val"] = {side: {"best_s": round(min(t for t, _ in runs), 3),
-                                 "passes_s": [round(t, 3) for t, _ in runs]} for side, runs in passes.items()}
+                                 "passes_s": [round(t, 3) for t, _ in runs],
+                                 "best_cpu_s": round(min(cpu for _, (_, cpu) in runs), 3),
+                                 "passes_cpu_s": [round(cpu, 3) for _, (_, cpu) in runs]}
+                          for side, runs in passes.items()}
             print(row["model"], size, json.dumps(row["val"]), flush=True)
             save(rows)
     if "command" in parts:
@@ -360,10 +374,13 @@ def _model_reading(row: dict, rows: list[dict], batch: int) -> str:
                      f"(float32 {step['reference']['cpu_s'] / step['ours_fp32']['cpu_s']:.2f}x), wall "
                      f"{step['reference']['wall_s'] / step['ours']['wall_s']:.2f}x "
                      f"({step['reference']['wall_s'] / step['ours_fp32']['wall_s']:.2f}x)")
-    if row.get("val"):  # wall clock: val's passes run in this process, timed by bench_eval
+    if row.get("val"):  # val's passes run in this process, timed by bench_eval
         v = row["val"]
         parts.append(f"val reference/ours {v['reference']['best_s'] / v['ours']['best_s']:.2f}x float32, "
-                     f"{v['reference']['best_s'] / v['ours_half']['best_s']:.2f}x bf16")
+                     f"{v['reference']['best_s'] / v['ours_half']['best_s']:.2f}x bf16"
+                     + (f", in CPU time {v['reference']['best_cpu_s'] / v['ours']['best_cpu_s']:.2f}x and "
+                        f"{v['reference']['best_cpu_s'] / v['ours_half']['best_cpu_s']:.2f}x"
+                        if "best_cpu_s" in v["ours"] else ""))
     if row.get("command"):
         c = row["command"]
         parts.append(f"command reference/ours {c['reference']['wall_s'] / c['ours']['wall_s']:.2f}x "
@@ -413,7 +430,9 @@ def _markdown_models(report: dict) -> list[str]:
                   f"{st['reference']['cpu_s'] / st['ours']['cpu_s']:.2f}x "
                   f"({st['reference']['cpu_s'] / st['ours_fp32']['cpu_s']:.2f}x)"] if st else ["", "", ""]
         v = row.get("val")
-        cells += [f"{v['ours_half']['best_s']:.2f} / {v['ours']['best_s']:.2f} / {v['reference']['best_s']:.2f}",
+        cpu = (f" ({v['ours_half']['best_cpu_s']:.2f} / {v['ours']['best_cpu_s']:.2f} / "
+               f"{v['reference']['best_cpu_s']:.2f} CPU)") if v and "best_cpu_s" in v["ours"] else ""
+        cells += [f"{v['ours_half']['best_s']:.2f} / {v['ours']['best_s']:.2f} / {v['reference']['best_s']:.2f}{cpu}",
                   f"{v['reference']['best_s'] / v['ours']['best_s']:.2f}x "
                   f"({v['reference']['best_s'] / v['ours_half']['best_s']:.2f}x)"] if v else ["", ""]
         c = row.get("command")
@@ -423,6 +442,12 @@ def _markdown_models(report: dict) -> list[str]:
                   f"{max(c['ours']['peak_rss_gb'], c['ours_fp32']['peak_rss_gb']):.2f} / "
                   f"{c['reference']['peak_rss_gb']:.2f}"] if c else ["", "", ""]
         lines.append("| " + " | ".join(cells) + " |")
+    made = sorted({(part, row[f"{part}_made_by"]["command"], row[f"{part}_made_by"]["load_before"],
+                    row[f"{part}_made_by"]["load_after"]) for row in report["models"] for part in ("step", "val",
+                                                                                               "command")
+                   if row.get(f"{part}_made_by")})
+    lines += [f"The {part} columns of the models it names measured again by `{cmd}` (load average {before} "
+              f"before, {after} after)." for part, cmd, before, after in made]
     lines += ["", "Reading, row by row:", ""]
     lines += [f"- {row['model']} at {row['img_size']}: {_model_reading(row, report['models'], setup['batch'])}."
               for row in report["models"]]
@@ -631,15 +656,31 @@ def add_model_rows(a: argparse.Namespace, argv: list[str] | None) -> dict:
     path = out / "scaling.json"
     report = json.loads(path.read_text()) if path.is_file() else {
         "cpus": os.cpu_count(), "cpu_model": cpu_model(), "loader": [], "datasets": []}
-    report["models_setup"] = {
-        "command": "python benchmarks/bench_scaling.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "load_before": round(os.getloadavg()[0], 1), "subset": a.subset, "step_rounds": a.step_rounds,
-        "epochs": a.epochs, "batch": a.batch, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "auto_precision": "bf16" if autocast_dtype("auto", torch.device("cpu")) else "float32",
-        "reading": report.get("models_setup", {}).get("reading", "")}
+    command = "python benchmarks/bench_scaling.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    load_before = round(os.getloadavg()[0], 1)
+    earlier = {(row["model"], row["img_size"]): row for row in report.get("models", [])}
+    every_part = set(a.parts) >= {"step", "val", "command"}
+    if every_part or "models_setup" not in report:
+        report["models_setup"] = {
+            "command": command, "load_before": load_before, "subset": a.subset, "step_rounds": a.step_rounds,
+            "epochs": a.epochs, "batch": a.batch, "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "auto_precision": "bf16" if autocast_dtype("auto", torch.device("cpu")) else "float32",
+            "reading": report.get("models_setup", {}).get("reading", "")}
+
+    def merged(row: dict) -> dict:
+        """A row measured now for some of the parts, laid over the same model's earlier row (its other parts kept),
+        each part measured now saying how."""
+        if every_part:
+            return row
+        made_by = {"command": command, "load_before": load_before, "load_after": round(os.getloadavg()[0], 1)}
+        return {**earlier.get((row["model"], row["img_size"]), {}), **row,
+                **{f"{part}_made_by": made_by for part in a.parts if part in row}}
 
     def save(rows: list[dict]) -> None:
-        report["models"] = rows
+        now = {(row["model"], row["img_size"]): merged(row) for row in rows}
+        report["models"] = [now.pop((row["model"], row["img_size"]), row) for row in report.get("models", [])
+                            if not every_part] + list(now.values())
         report["models_setup"]["load_after"] = round(os.getloadavg()[0], 1)
         path.write_text(json.dumps(report, indent=2) + "\n")
         (out / "scaling.md").write_text(markdown(report) + "\n")

@@ -52,9 +52,9 @@ class DataConfig:
     autobatch: float = setting(0.0, "AutoBatch: the largest batch that fits this fraction of the GPU's free memory, "
                                "in place of batch (0: off; --batch -1 is 0.8, --batch 0.7 is 0.7)", min=0, max=1)
     workers: int | None = setting(None, "loader processes per training process (min(2, CPUs))", min=0)
-    loader_threads: int | None = setting(
-        None, "threads that build a batch's samples with --workers 0 (in the training process; none: its share of "
-        "the CPUs, at most 8); the batches are the same for any number", min=1)
+    loader_threads: int = setting(
+        0, "threads that build a batch's samples with --workers 0, in the training process (0: its share of the "
+        "CPUs, at most 8); the batches are the same for any number", min=0)
     rect: bool = setting(False, "rectangular training batches in aspect order (no mosaic)")
     cache_mb: float = setting(512.0, "per-process memory budget (MiB) for decoded images; 0 turns it off", min=0)
     cache: Literal["ram", "disk", "off"] = setting(
