@@ -446,8 +446,9 @@ def _markdown_models(report: dict) -> list[str]:
                     row[f"{part}_made_by"]["load_after"]) for row in report["models"] for part in ("step", "val",
                                                                                                "command")
                    if row.get(f"{part}_made_by")})
-    lines += [f"The {part} columns of the models it names measured again by `{cmd}` (load average {before} "
-              f"before, {after} after)." for part, cmd, before, after in made]
+    lines += [line for part, cmd, before, after in made
+              for line in ("", f"The {part} columns measured again by `{cmd}` (load average {before} before, "
+                               f"{after} after).")]
     lines += ["", "Reading, row by row:", ""]
     lines += [f"- {row['model']} at {row['img_size']}: {_model_reading(row, report['models'], setup['batch'])}."
               for row in report["models"]]
