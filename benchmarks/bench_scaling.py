@@ -159,7 +159,8 @@ def dataset_rows(sizes: list[int], tmp: Path) -> list[dict]:
             row[f"{tool}_rss_kb_per_image"] = round(peak * 1024 / n, 2)
         for phase in ("first", "cached"):
             ref_s, ours_s = row[f"reference_{phase}"]["wall_s"], row[f"yolotrain_{phase}"]["wall_s"]
-            row[f"speedup_{phase}"] = round(ref_s / ours_s, 2)
+            # A tiny split's start-up can round to 0.00 s: no ratio then.
+            row[f"speedup_{phase}"] = round(ref_s / ours_s, 2) if ours_s > 0 else None
         print(json.dumps(row), flush=True)
         rows.append(row)
         shutil.rmtree(images.parent.parent, ignore_errors=True)
