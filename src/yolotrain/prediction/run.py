@@ -59,7 +59,7 @@ from ..settings import (
 )
 from ..task import task_of
 from .classify import ClassifyResult
-from .read_ahead import ReadAhead
+from .read_ahead import ReadAhead, forward_thread_shares, in_order
 from .result_boxes import Boxes
 from .result_outputs import DetectionOutputs
 from .streams import LatestFrameReader, frame_rate, is_stream, strided_frames
@@ -657,26 +657,45 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
     """
     unreadable: list[str] = []
     stems = unique_stems([_output_stem(item, n) for n, item in enumerate(items)])
-    stills = [n for n, item in enumerate(items) if isinstance(item, Path) and _suffix(item) not in VIDEO_FORMATS]
-    following = dict(zip(stills, stills[1:]))
-    # The next still is decoded while this one's forward pass runs.
-    ahead = ReadAhead(lambda n: read_still(items[n], predictor.decode_scale, reduced))
-    with ahead:
-        yield from _predict_each(predictor, outputs, items, live, vid_stride, stems, ahead, following, unreadable)
+    stills = [n for n, item in enumerate(items)
+              if isinstance(item, np.ndarray) or (isinstance(item, Path) and _suffix(item) not in VIDEO_FORMATS)]
+    side_by_side = (predictor.device.type == "cpu" and task_of(predictor.model).is_pytorch_model(predictor.model)
+                    and outputs.features is None)
+    shares = forward_thread_shares(torch.get_num_threads(), len(stills), side_by_side)
+    following = {n: stills[i + 1:i + 1 + max(len(shares), 1)] for i, n in enumerate(stills)}
+
+    def read(n: int) -> tuple[np.ndarray | None, tuple[int, int] | None, Result | ClassifyResult | None]:
+        """Still ``n``, the size of its full decode where it was decoded smaller, and with ``shares`` its result."""
+        item = items[n]
+        image, orig_shape = (item, None) if isinstance(item, np.ndarray) else read_still(item, predictor.decode_scale,
+                                                                                          reduced)
+        if not shares or image is None:
+            return image, orig_shape, None
+        return image, orig_shape, predictor.predict_image(image, _still_path(item, n), orig_shape=orig_shape)
+
+    # The next still is decoded while this one's forward pass runs, or two are read and predicted side by side.
+    with ReadAhead(read, shares) as ahead:
+        yield from _predict_each(predictor, outputs, items, live, vid_stride, stems, ahead, following, unreadable,
+                                 forward_thread_shares(torch.get_num_threads(), 2, side_by_side))
     return unreadable
+
+
+def _still_path(item: Path | np.ndarray, position: int) -> str:
+    """What a still image's result names as its path: the file, or ``imageN.jpg`` for an array."""
+    return f"image{position}.jpg" if isinstance(item, np.ndarray) else str(item)
 
 
 def _predict_each(predictor: Predictor, outputs: _Outputs, items: list[Path | np.ndarray | str],
                   live: dict[int, LatestFrameReader], vid_stride: int, stems: list[str],
-                  ahead: ReadAhead[int, tuple[np.ndarray | None, tuple[int, int] | None]], following: dict[int, int],
-                  unreadable: list[str]) -> Iterator[Result]:
-    """The loop of :func:`_predict_items`: still images come from ``ahead``, each naming the next one."""
+                  ahead: ReadAhead[int, tuple[np.ndarray | None, tuple[int, int] | None,
+                                              Result | ClassifyResult | None]],
+                  following: dict[int, list[int]], unreadable: list[str],
+                  video_threads: Sequence[int]) -> Iterator[Result]:
+    """The loop of :func:`_predict_items`: still images come from ``ahead``, each naming the next ones, with their
+    results where ``ahead`` predicted them; a video file's frames are predicted side by side on threads with
+    ``video_threads`` PyTorch threads (none: in turn, on this thread)."""
     for n, item in enumerate(items):
-        if isinstance(item, np.ndarray):
-            result = predictor.predict_image(item, f"image{n}.jpg")
-            outputs.image(f"{stems[n]}.jpg", item, result)
-            yield result
-        elif isinstance(item, str):
+        if isinstance(item, str):
             reader = live[n]
             with _first_ctrl_c_ends_the_stream() as stop:
                 frames = itertools.takewhile(lambda _: not stop.is_set(),
@@ -687,16 +706,18 @@ def _predict_each(predictor: Predictor, outputs: _Outputs, items: list[Path | np
                     break
             if stop.is_set():
                 break
-        elif _suffix(item) in VIDEO_FORMATS:
-            if not (yield from _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), stems[n])):
+        elif isinstance(item, Path) and _suffix(item) in VIDEO_FORMATS:
+            if not (yield from _predict_frames(predictor, outputs, _frames(item, vid_stride), str(item), stems[n],
+                                               video_threads)):
                 unreadable.append(str(item))
         else:
-            image, orig_shape = ahead.get(n, following.get(n))
+            image, orig_shape, result = ahead.get(n, following[n])
             if image is None:
                 unreadable.append(str(item))
                 continue
-            result = predictor.predict_image(image, str(item), orig_shape=orig_shape)
-            outputs.image(stems[n] + item.suffix, image, result)
+            if result is None:
+                result = predictor.predict_image(image, _still_path(item, n), orig_shape=orig_shape)
+            outputs.image(stems[n] + (".jpg" if isinstance(item, np.ndarray) else item.suffix), image, result)
             yield result
 
 
@@ -743,20 +764,28 @@ def _first_ctrl_c_ends_the_stream() -> Iterator[threading.Event]:
 
 
 def _predict_frames(predictor: Predictor, outputs: _Outputs, frames: Iterable[tuple[int, np.ndarray, float]],
-                    path: str, stem: str) -> Generator[Result, None, int]:
+                    path: str, stem: str, torch_threads: Sequence[int] = ()) -> Generator[Result, None, int]:
     """Predict a sequence of ``(index, frame, fps)`` into the video ``STEM.mp4`` and per-frame files,
-    yielding each result; returns how many frames were predicted. The video is finalised however the
-    sequence ends (Ctrl-C or a closed stream included)."""
+    yielding each result; returns how many frames were predicted. With ``torch_threads`` (a video file's frames)
+    frames are predicted side by side on threads with those PyTorch thread counts while the next is decoded,
+    results in frame order. The video is finalised however the sequence ends (Ctrl-C or a closed stream
+    included)."""
     writer, count = None, 0
+
+    def predict(item: tuple[int, np.ndarray, float]) -> Result:
+        return predictor.predict_image(item[1], path, frame=item[0])
+
+    predicted = (in_order(predict, frames, torch_threads) if torch_threads
+                 else ((item, predict(item)) for item in frames))
     try:
-        for index, frame, fps in frames:
-            result = predictor.predict_image(frame, path, frame=index)
+        for (_, frame, fps), result in predicted:
             writer = writer or outputs.video_writer(stem, frame, fps)
             outputs.frame(stem, frame, result, writer)
             count += 1
             yield result
         return count
     finally:
+        predicted.close()
         if writer is not None:
             writer.release()
 
