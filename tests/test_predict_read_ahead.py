@@ -176,13 +176,15 @@ def test_arrays_are_predicted_side_by_side_under_their_names(detector, folder):
     assert all(torch.equal(a.boxes, b.boxes) for a, b in zip(results, alone))
 
 
-def test_a_hooked_model_is_predicted_one_image_at_a_time(tmp_path, folder):
-    """--visualize saves each forward pass's feature maps in turn: its passes stay on the caller's thread."""
+@pytest.mark.parametrize("option", ["visualize", "augment"])
+def test_a_hooked_or_wrapped_model_is_predicted_one_image_at_a_time(tmp_path, folder, option):
+    """--visualize saves each forward pass's feature maps in turn, and --augment wraps the model in its own batch of
+    scales: their passes stay on the caller's thread."""
     detector = detecting_yolov5n(["a", "b"])
     calls: list[str] = []
     hook = detector.register_forward_pre_hook(lambda m, i: calls.append(threading.current_thread().name))
     with torch_threads(2), pytest.warns(SourceWarning, match="skipped 1 unreadable"):
-        predict(detector, folder, img_size=160, visualize=True, save_dir=tmp_path / "vis")
+        predict(detector, folder, img_size=160, save_dir=tmp_path / "run", **{option: True})
     hook.remove()
     assert calls and set(calls) == {threading.main_thread().name}
 

@@ -69,6 +69,9 @@ KERAS_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.keras)
 # Formats whose graphs keep a free batch axis and image size (the others are fixed at img_size, batch 1).
 DYNAMIC_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.dynamic)
 DEFAULT_OPSET = 17
+# The newest opset PyTorch's TorchScript-based ONNX exporter (the one used: the dynamo one needs onnxscript) writes;
+# beyond it the exporter fails deep inside, printing its whole graph.
+MAX_OPSET = getattr(torch.onnx._constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", 20)
 
 __all__ = ["DYNAMIC_FORMATS", "FORMATS", "ExportConfig", "add_export_arguments", "default_output", "export",
            "export_metadata", "interop_metadata", "raw_output_names", "run_export"]
@@ -88,7 +91,7 @@ class ExportConfig:
     img_size: tuple[int, ...] | None = setting(None, "example image size: one side or height width, multiples of "
                                                "the largest stride (default: 640; 1280 for P6 models)",
                                                flags=("--img-size", "--imgsz", "--img"))
-    opset: int = setting(DEFAULT_OPSET, f"ONNX opset ({DEFAULT_OPSET} or later)")
+    opset: int = setting(DEFAULT_OPSET, f"ONNX opset ({DEFAULT_OPSET} to {MAX_OPSET})")
     dynamic_batch: bool = setting(True, "a free batch axis (ONNX, OpenVINO, TensorRT); --static-batch fixes it to 1",
                                   off_flags=("--static-batch",))
     dynamic_size: bool = setting(False, "dynamic image height and width (ONNX, OpenVINO, TensorRT)",
@@ -284,22 +287,23 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     ``out`` defaults to the weights path with the format's suffix (see :func:`default_output`).
     ONNX and OpenVINO graphs keep a dynamic batch axis unless ``dynamic_batch=False`` and dynamic
     height and width with ``dynamic_size=True``; LiteRT and Core ML graphs are fixed at batch 1 and
-    ``img_size``. ONNX exports use opset ``opset`` (17 or later) and are simplified with onnxslim
-    unless ``simplify=False``. ``half`` / ``int8`` choose the precision (``int8`` calibrates on up to
-    ``calibration_images`` images from the dataset or image folder ``data``); ``nms=True`` builds
+    ``img_size``. ONNX exports use opset ``opset`` (17 to :data:`MAX_OPSET`, 20 with this PyTorch) and are
+    simplified with onnxslim unless ``simplify=False``. ``half`` / ``int8`` choose the precision (``int8``
+    calibrates on up to ``calibration_images`` images from the dataset or image folder ``data``); ``nms=True`` builds
     non-maximum suppression with ``conf``, ``iou``, ``max_det`` and ``multi_label`` into the graph;
     ``optimize=True`` writes TorchScript for PyTorch Mobile's lite interpreter, ``keras=True`` a SavedModel that
     Keras loads.
     ``img_size`` defaults to the model's training size (640; 1280 for P6 models). Returns the written path.
 
     An existing ``out`` is replaced only when it is an earlier export of this format (it carries our
-    metadata), or with ``force``; an input (the weights, the calibration data) never is. A converter that runs as a
-    process of its own and fails raises :class:`~yolotrain.interop.formats.ConversionError` (one line: which
-    converter, and the last line it printed).
+    metadata), or with ``force``; an input (the weights, the calibration data) never is. A converter that fails
+    raises :class:`~yolotrain.interop.formats.ConversionError` in one line: one run as a process of its own names
+    itself and the last line it printed, one inside this process the format and its error (chained as the cause).
     """
     _check_options(fmt, data, half=half, int8=int8, raw=raw, nms=nms, optimize=optimize, keras=keras)
-    if opset < DEFAULT_OPSET:
-        raise ValueError(f"opset must be {DEFAULT_OPSET} or later, got {opset}")
+    if not DEFAULT_OPSET <= opset <= MAX_OPSET:
+        raise ValueError(f"opset must be {DEFAULT_OPSET} to {MAX_OPSET} (the newest PyTorch's ONNX exporter writes), "
+                         f"got {opset}")
     if not (0.0 <= conf <= 1.0 and (iou is None or 0.0 <= iou <= 1.0)):
         raise ValueError(f"NMS settings out of range: conf {conf} and iou {iou} in [0, 1]")
     check_nms_limits(max_det)
@@ -337,7 +341,14 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
     with warnings.catch_warnings():
         # The input-shape checks in forward_maps are Python conditions the tracer reports as constants.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        spec.write(job)
+        try:
+            spec.write(job)
+        except (CheckpointError, ConversionError, ValueError, ImportError, OSError):
+            raise  # already one line that says what to do
+        except Exception as error:  # a converter failing inside this process (PyTorch's ONNX exporter, Core ML ...)
+            first_line = next(iter(str(error).strip().splitlines()), "")
+            raise ConversionError(f"{spec.title} conversion failed: {type(error).__name__}"
+                                  + (f": {first_line}" if first_line else "")) from error
     return out
 
 

@@ -43,8 +43,10 @@ MAX_METADATA_BYTES = 1 << 20
 
 
 class ConversionError(RuntimeError):
-    """A converter run as a process of its own (onnx2tf, PNNX, MNN's, X2Paddle, ``tensorflowjs_converter``) failed,
-    wrote nothing or ran out of time; the message is one line naming it, with the last line it printed."""
+    """A converter failed. One run as a process of its own (onnx2tf, PNNX, MNN's, X2Paddle,
+    ``tensorflowjs_converter``) failed, wrote nothing or ran out of time: the message is one line naming it, with the
+    last line it printed. One inside this process (PyTorch's ONNX exporter, Core ML, OpenVINO ...) raised: one line
+    naming the format and the error, which is the cause (``__cause__``)."""
 
 
 def run_converter(command: Sequence[str], failure: str, made: Callable[[str], bool], cwd: Path,
