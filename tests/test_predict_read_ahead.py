@@ -7,6 +7,7 @@ of the stream leaves nothing behind."""
 import contextlib
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import cv2
@@ -17,7 +18,7 @@ from conftest import detecting_yolov5n
 
 from yolotrain.model import Yolov5
 from yolotrain.prediction import SourceWarning, predict
-from yolotrain.prediction.read_ahead import ReadAhead, forward_thread_shares
+from yolotrain.prediction.read_ahead import ReadAhead, forward_thread_shares, in_order
 
 FIXTURE_IMAGES = Path(__file__).parent / "fixtures" / "data" / "coco_mini" / "images"
 
@@ -232,3 +233,44 @@ def test_a_video_stream_left_early_ends_its_threads_and_its_video(video, tmp_pat
     cap = cv2.VideoCapture(str(tmp_path / "run" / "clip.mp4"))  # finalised with the frame given
     assert cap.isOpened() and cap.get(cv2.CAP_PROP_FRAME_COUNT) == 1
     cap.release()
+
+
+def test_in_order_gives_results_in_item_order_whatever_finishes_first():
+    def work(item: float) -> float:
+        time.sleep(item)  # the first item finishes last
+        return item * 2
+
+    assert list(in_order(work, [0.2, 0.0, 0.1, 0.0], [1, 1])) == [(0.2, 0.4), (0.0, 0.0), (0.1, 0.2), (0.0, 0.0)]
+
+
+def test_in_order_raises_an_items_error_at_its_turn_and_drops_the_rest():
+    started: list[int] = []
+
+    def work(item: int) -> int:
+        started.append(item)
+        if item == 1:
+            raise ValueError("frame 1 broken")
+        return item
+
+    results = in_order(work, range(100), [1, 1])
+    assert next(results) == (0, 0)
+    with pytest.raises(ValueError, match="frame 1 broken"):
+        next(results)
+    assert len(started) < 10  # at most the items in flight were started, not the hundred
+
+
+def test_in_order_left_early_starts_nothing_more():
+    gate = threading.Event()
+    started: list[int] = []
+
+    def work(item: int) -> int:
+        started.append(item)
+        gate.wait(10)
+        return item
+
+    results = in_order(work, range(100), [1, 1])
+    gate.set()
+    assert next(results) == (0, 0)
+    results.close()
+    time.sleep(0.2)
+    assert len(started) <= 4  # the two threads' items and the one queued behind them
