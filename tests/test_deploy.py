@@ -11,6 +11,7 @@ import json
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from yolotrain.interop.formats.torchscript import read_metadata as read_torchscr
 pytest.importorskip("onnxruntime", reason="needs the export extra: pip install 'yolotrain[export]'")
 
 SIZE = 96
+FIXTURE_IMAGES = Path(__file__).parent / "fixtures" / "data" / "coco_mini" / "images"
 
 
 def installed(*modules: str) -> bool:
@@ -324,6 +326,24 @@ def test_nms_inside_matches_our_nms(tmp_path, official_images, fmt, multi_label)
         runner.detections(imgs, 0.05, 0.5, 40, multi_label)
     with pytest.raises(ValueError, match="NMS inside"):
         runner(imgs)
+
+
+def test_predict_on_an_export_with_nms_inside_gives_the_models_detections(tmp_path, coco128):
+    """``predict`` runs an export with NMS inside (at the settings built into it) as it runs the PyTorch model
+    (official weights: an untrained model's tied scores leave NMS to break ties its own way)."""
+    from yolotrain.interop import load_model
+
+    model = load_model(YOLOV5N_WEIGHTS)
+    path = export(model, "onnx", out=tmp_path / "nms.onnx", img_size=320, dynamic_size=True, nms=True,
+                  conf=0.25, iou=0.45, max_det=300)
+    images = sorted((coco128 / "images" / "train2017").glob("*.jpg"))[:4]
+    theirs = predict(str(path), images, img_size=320, max_det=300, half=False)
+    ours = predict(model, images, img_size=320, max_det=300, half=False)
+    assert sum(len(r.boxes) for r in ours) > 5 and [r.path for r in theirs] == [r.path for r in ours]
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.classes, b.classes)
+        torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-4)
+        torch.testing.assert_close(b.scores, a.scores, atol=1e-3, rtol=1e-4)
 
 
 @COREML

@@ -316,9 +316,10 @@ class Predictor:
         rgb, gain, pad = prepare_image(image, self.img_size, self.stride, self.square, orig_shape)
         x = torch.from_numpy(rgb).to(self.device).permute(2, 0, 1)[None].to(self.dtype) / 255
         with torch.inference_mode():
-            if self.model.end_to_end:  # an export with NMS inside
+            if self.model.end_to_end:  # an export with NMS inside (detection only: the other tasks refuse one)
                 det = self.model.detections(x, self.conf, self.iou, self.max_det, classes=self.classes,
                                             agnostic=self.agnostic)[0]
+                proto = None
             else:
                 pred, proto = self.task.infer(self.model, x)
                 det = self.task.suppress(pred.float(), self.conf, self.iou, self.classes, self.agnostic,
