@@ -153,12 +153,12 @@ def test_two_stills_are_predicted_side_by_side_each_on_one_thread(folder):
     calls, first_two, hook = forward_calls(detector)
     with torch_threads(2), pytest.warns(SourceWarning, match="skipped 1 unreadable"):
         side_by_side = predict(detector, folder, img_size=160, half=False)
+        assert torch.get_num_threads() == 2  # the caller's own count is untouched
     hook.remove()
     assert not first_two.broken  # the first two forward passes ran at the same time
     assert len(calls) == len(side_by_side) == 7
     assert {name.split("_")[0] for name, _ in calls} == {"yolotrain-read-ahead"}
     assert {threads for _, threads in calls} == {1}
-    assert torch.get_num_threads() == 2  # the caller's own count is untouched
     # The same results, in the same order, as one image at a time on one thread (the count each pass had).
     with torch_threads(1), pytest.warns(SourceWarning, match="skipped 1 unreadable"):
         one_at_a_time = predict(detector, folder, img_size=160, half=False)
