@@ -662,7 +662,8 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
               if isinstance(item, np.ndarray) or (isinstance(item, Path) and _suffix(item) not in VIDEO_FORMATS)]
     side_by_side = (predictor.device.type == "cpu" and task_of(predictor.model).is_pytorch_model(predictor.model)
                     and outputs.features is None)
-    shares = forward_thread_shares(torch.get_num_threads(), len(stills), side_by_side)
+    threads = torch.get_num_threads()
+    shares = forward_thread_shares(threads, len(stills), side_by_side)
     following = {n: stills[i + 1:i + 1 + max(len(shares), 1)] for i, n in enumerate(stills)}
 
     def read(n: int) -> tuple[np.ndarray | None, tuple[int, int] | None, Result | ClassifyResult | None]:
@@ -677,7 +678,7 @@ def _predict_items(predictor: Predictor, outputs: _Outputs, items: list[Path | n
     # The next still is decoded while this one's forward pass runs, or two are read and predicted side by side.
     with ReadAhead(read, shares) as ahead:
         yield from _predict_each(predictor, outputs, items, live, vid_stride, stems, ahead, following, unreadable,
-                                 forward_thread_shares(torch.get_num_threads(), 2, side_by_side))
+                                 forward_thread_shares(threads, 2, side_by_side))  # a video has frames enough
     return unreadable
 
 

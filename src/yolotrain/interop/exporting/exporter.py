@@ -69,6 +69,8 @@ KERAS_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.keras)
 # Formats whose graphs keep a free batch axis and image size (the others are fixed at img_size, batch 1).
 DYNAMIC_FORMATS = frozenset(name for name, spec in REGISTRY.items() if spec.dynamic)
 DEFAULT_OPSET = 17
+# What export raises with a message that already says what to do: the command prints its first line.
+ONE_LINE_ERRORS = (CheckpointError, ConversionError, ValueError, ImportError, OSError)
 # The newest opset PyTorch's TorchScript-based ONNX exporter (the one used: the dynamo one needs onnxscript) writes;
 # beyond it the exporter fails deep inside, printing its whole graph.
 MAX_OPSET = getattr(torch.onnx._constants, "ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET", 20)
@@ -343,12 +345,12 @@ def export(weights_or_model: str | Path | Yolov5, fmt: str = "onnx", out: str | 
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         try:
             spec.write(job)
-        except (CheckpointError, ConversionError, ValueError, ImportError, OSError):
-            raise  # already one line that says what to do
+        except ONE_LINE_ERRORS:
+            raise
         except Exception as error:  # a converter failing inside this process (PyTorch's ONNX exporter, Core ML ...)
-            first_line = next(iter(str(error).strip().splitlines()), "")
+            detail = _first_line(error)
             raise ConversionError(f"{spec.title} conversion failed: {type(error).__name__}"
-                                  + (f": {first_line}" if first_line else "")) from error
+                                  + (f": {detail}" if detail else "")) from error
     return out
 
 
@@ -412,8 +414,12 @@ def run_export(args: argparse.Namespace) -> int:
                               "installed (Linux x86-64, not on PyPI: https://coral.ai/docs/edgetpu/compiler/); the "
                               "Edge TPU runs its int8 operations, the float decode tail stays on the CPU",
                               file=sys.stderr)
-    except (CheckpointError, ConversionError, ValueError, ImportError, OSError) as exc:
-        print(f"yolotrain export: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-              file=sys.stderr)
+    except ONE_LINE_ERRORS as exc:
+        print(f"yolotrain export: error: {_first_line(exc) or type(exc).__name__}", file=sys.stderr)
         return 1
     return 0
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message ("" for none)."""
+    return next(iter(str(error).strip().splitlines()), "")
