@@ -4,6 +4,7 @@ without it), MLflow runs through its client, W&B offline runs from their record 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import struct
 import subprocess
@@ -38,6 +39,60 @@ def test_a_run_writes_scalars_lrs_and_a_validation_mosaic(tmp_path):
     assert "val/predictions" in tags["images"]
     image = events.Images("val/predictions")[0]
     assert image.width >= 320 and image.height >= 320 and image.step == 2
+
+
+WRITE_WITHOUT_TENSORFLOW = """
+import sys
+from pathlib import Path
+from yolotrain.engine.loggers import RunLoggers
+run = Path(sys.argv[1])
+loggers = RunLoggers(run, True, print)
+for rows in ("1,0.5,0.25\\n", "1,0.5,0.25\\n2,0.4,0.5\\n"):
+    (run / "results.csv").write_text("epoch,train_box,mAP50\\n" + rows)
+    loggers.log_epoch(run / "results.csv")
+loggers.close()
+print("tensorflow imported:", "tensorflow" in sys.modules, "switch left:", "tensorboard.compat.notf" in sys.modules)
+"""
+
+
+def _events(folder: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return events
+
+
+def test_event_files_are_written_without_importing_tensorflow(tmp_path):
+    """Where TensorFlow is installed, tensorboard would import it (seconds of start-up and its log lines on
+    stderr): a run's event files are written by tensorboard's stub, and read back the same."""
+    pytest.importorskip("tensorboard")
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("TensorFlow is not installed: nothing to keep from being imported")
+    result = subprocess.run([sys.executable, "-c", WRITE_WITHOUT_TENSORFLOW, str(tmp_path)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "tensorflow imported: False switch left: False"
+    assert "absl" not in result.stderr and "oneDNN" not in result.stderr, result.stderr
+    events = _events(tmp_path)
+    assert [(s.step, s.value) for s in events.Scalars("train/box_loss")] == [(1, 0.5), (2, pytest.approx(0.4))]
+    assert [(s.step, s.value) for s in events.Scalars("metrics/mAP_0.5")] == [(1, 0.25), (2, 0.5)]
+
+
+def test_a_program_that_imported_tensorflow_keeps_it_for_tensorboard(tmp_path):
+    """A program that already imported TensorFlow is not pointed at the stub (its TensorFlow stays
+    tensorboard's), and the event files are written all the same."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorflow")
+    # TensorFlow after torch (TensorFlow imported before triton crashes the process, whoever imports them).
+    code = (WRITE_WITHOUT_TENSORFLOW.replace("loggers = ", "import tensorflow\nloggers = ", 1) +
+            "import tensorboard.compat\nprint(tensorboard.compat.tf.__version__ == tensorflow.__version__)\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-2:] == ["tensorflow imported: True switch left: False", "True"]
+    events = _events(tmp_path)
+    assert [s.step for s in events.Scalars("train/box_loss")] == [1, 2]
 
 
 def test_without_tensorboard_one_hint_and_no_files(tmp_path, monkeypatch):

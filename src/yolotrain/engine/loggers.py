@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -27,6 +29,9 @@ from ..callbacks import Callbacks
 from .integrations import INTEGRATIONS, TAGS, LoggerError, Tracker, box_interval, image_files, require_loggers
 from .plots import plot_results
 
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
 # LoggerError, box_interval and require_loggers are the trackers', named here too for the run's callers.
 __all__ = ["STATE_FILE", "TAGS", "LoggerError", "RunLoggers", "RunLogging", "box_interval", "require_loggers",
            "write_results"]
@@ -35,6 +40,31 @@ MOSAIC_TILE = 320  # pixels per side of each image in the validation mosaic
 MOSAIC_COLUMNS = 4
 # Where a run keeps the ids of its trackers' runs, so that a resumed run logs into the same ones.
 STATE_FILE = "loggers.json"
+
+
+def _summary_writer(log_dir: Path) -> SummaryWriter | None:
+    """TensorBoard's ``SummaryWriter`` into ``log_dir``, or None where tensorboard is not installed.
+
+    tensorboard takes TensorFlow for its file input/output where TensorFlow is installed: importing it costs about
+    3 s of every run's start (measured on 2 cores) and prints TensorFlow's own log lines, while tensorboard's stub
+    writes the same event files. Unless the program has already imported TensorFlow, tensorboard is pointed at
+    its stub with the switch its own builds use (a module ``tensorboard.compat.notf``), held only while torch's
+    writer is imported (which resolves tensorboard's lazy ``tf`` for the process); TensorFlow itself is left as
+    it is.
+    """
+    switch = "tensorboard.compat.notf"
+    point_at_stub = "tensorflow" not in sys.modules and switch not in sys.modules
+    if point_at_stub:
+        sys.modules[switch] = types.ModuleType(switch)
+    try:
+        # Importing torch's writer already resolves tensorboard's ``tf`` (and keeps what it resolved to).
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    finally:
+        if point_at_stub:
+            del sys.modules[switch]
+    return SummaryWriter(log_dir=str(log_dir))
 
 
 def _last_row(results_csv: Path) -> dict[str, str] | None:
@@ -75,12 +105,10 @@ class RunLoggers:
             write_atomic(state_path, lambda temp: temp.write_text(json.dumps(state, indent=1)))
         if not enabled:
             return
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
+        self.writer = _summary_writer(self.save_dir)
+        if self.writer is None:
             log("TensorBoard: not installed, so results go to results.csv/png only (pip install tensorboard)")
             return
-        self.writer = SummaryWriter(log_dir=str(self.save_dir))
         log(f"TensorBoard: tensorboard --logdir {self.save_dir.parent}")
 
     def begin_epoch(self, epoch: int, names: Sequence[str]) -> None:
