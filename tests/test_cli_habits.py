@@ -66,6 +66,26 @@ def test_model_and_weights_start_the_architecture_from_a_detection_checkpoint(sh
     assert_started_from(runs / "seg", load_model(detector), capsys.readouterr().out)
 
 
+def test_model_names_the_weights_to_val_predict_and_export(shapes, tmp_path, capsys):
+    """Ultralytics' spelling: ``--model FILE`` runs the file in ``val``, ``predict`` and ``export`` as ``--weights``
+    does."""
+    runs = tmp_path / "runs"
+    assert main(["train", "--data", str(shapes), "--model", "yolov8n", *TINY, "--project", str(runs),
+                 "--name", "af"]) == 0
+    best = runs / "af" / "weights" / "best"
+    image = next((shapes.parent / "images" / "val").iterdir())
+    capsys.readouterr()
+    assert main(["val", "--model", str(best), "--data", str(shapes), "--img", "64", "--project", str(runs)]) == 0
+    assert "all" in capsys.readouterr().out
+    for flag in ("--model", "--weights"):
+        assert main(["predict", flag, str(best), "--source", str(image), "--img", "64", "--project", str(runs),
+                     "--name", flag.strip("-"), "--save-txt", "--conf", "0.0001"]) == 0
+    labels = [(runs / name / "labels" / f"{image.stem}.txt").read_text() for name in ("model", "weights")]
+    assert labels[0] == labels[1] and labels[0]
+    assert main(["export", "--model", str(best), "--format", "torchscript", "--img", "64"]) == 0
+    assert (runs / "af" / "weights" / "best.torchscript").is_file()
+
+
 @pytest.mark.skipif(not YOLOV5N_WEIGHTS.is_file(), reason="needs ../shared/weights/yolov5n.pt")
 def test_model_and_weights_start_a_segmentation_model_from_the_official_detector(shapes, tmp_path, capsys):
     runs = tmp_path / "runs"
@@ -146,6 +166,13 @@ def parsed(argv: list[str]) -> dict[str, object]:
      ["export", "--weights", "a.pt", "--include", "onnx", "openvino", "--dynamic"]),
     (["track", "weights=a.pt", "source=v.mp4", "tracker=botsort.yaml", "trail=5"],
      ["track", "--weights", "a.pt", "--source", "v.mp4", "--tracker", "botsort.yaml", "--trail", "5"]),
+    # Ultralytics' model= (and --model) names the weights of the commands that run them.
+    (["predict", "model=yolov8n.pt", "source=images"], ["predict", "--weights", "yolov8n.pt", "--source", "images"]),
+    (["predict", "--model", "a.pt", "b.pt", "--source", "images"],
+     ["predict", "--weights", "a.pt", "b.pt", "--source", "images"]),
+    (["val", "model=a.pt", "data=d.yaml"], ["val", "--weights", "a.pt", "--data", "d.yaml"]),
+    (["track", "--model", "a.pt", "--source", "v.mp4"], ["track", "--weights", "a.pt", "--source", "v.mp4"]),
+    (["export", "model=a.pt", "format=onnx"], ["export", "--weights", "a.pt", "--format", "onnx"]),
 ])
 def test_key_value_arguments_are_the_options_of_those_settings(key_values, options):
     assert parsed(key_values) == parsed(options)

@@ -49,6 +49,7 @@ from .classify import ClassifyMetrics
 from .coco import coco_evaluate, coco_ground_truth, image_ids
 from .inference import (
     TRUST_HELP,
+    WEIGHTS_FLAGS,
     WEIGHTS_HELP,
     ModelsOrWeights,
     load_inference_model,
@@ -79,7 +80,7 @@ class ValConfig:
     defaults are theirs. The reference's spellings are flags of the same settings (``--imgsz``,
     ``--conf-thres``, ``--iou-thres``)."""
 
-    weights: tuple[str, ...] = setting((), WEIGHTS_HELP)
+    weights: tuple[str, ...] = setting((), WEIGHTS_HELP, flags=WEIGHTS_FLAGS)
     data: str | None = setting(None, "dataset folder or YAML (its val split is used)")
     img_size: int | None = setting(None, "inference size (px; default 640, 1280 for P6 models)",
                                    flags=("--img", "--img-size", "--imgsz"))

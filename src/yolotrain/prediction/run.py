@@ -34,6 +34,7 @@ from ..data.sources import IMG_FORMATS
 from ..data.walk import FolderWalkWarning, glob_files
 from ..eval.inference import (
     TRUST_HELP,
+    WEIGHTS_FLAGS,
     WEIGHTS_HELP,
     ModelsOrWeights,
     load_inference_model,
@@ -82,7 +83,7 @@ class PredictConfig:
     keyword defaults are theirs. The reference's ``detect.py`` spellings are flags of the same settings
     (``--imgsz``, ``--conf-thres``, ``--line-thickness``, ``--nosave``)."""
 
-    weights: tuple[str, ...] = setting((), WEIGHTS_HELP)
+    weights: tuple[str, ...] = setting((), WEIGHTS_HELP, flags=WEIGHTS_FLAGS)
     source: tuple[str, ...] = setting((), "image, video, folder, glob, camera index (0, 1 ...) or rtsp://, "
                                       "rtmp://, http(s):// stream (several allowed)")
     img_size: int | None = setting(None, "inference size (px; default 640, 1280 for P6 models; the reference's "

@@ -83,8 +83,8 @@ __all__ = ["DYNAMIC_FORMATS", "FORMATS", "ExportConfig", "add_export_arguments",
 class ExportConfig:
     """The settings of one ``yolotrain export`` run; the command line is generated from them."""
 
-    weights: str | None = setting(None, "checkpoint: ours (.safetensors/.json), a state dict, or an official "
-                                  "YOLOv5 .pt (required)")
+    weights: str | None = setting(None, "checkpoint: ours (.safetensors/.json), a state dict, or an official YOLOv5 "
+                                  "or Ultralytics .pt (required)", flags=("--weights", "--model"))
     format: tuple[str, ...] = setting(("onnx",), f"export formats, space or comma separated: {', '.join(FORMATS)}; "
                                       "edgetpu: the int8 LiteRT model Google's Edge TPU compiler reads",
                                       flags=("--format", "--include"))
