@@ -227,8 +227,8 @@ def _check_task(model: Yolov5 | Classifier, fmt: str, half: bool, int8: bool, ra
 
 def _load(weights_or_model: str | Path | Yolov5 | Classifier) -> Yolov5 | Classifier:
     if isinstance(weights_or_model, nn.Module) and getattr(weights_or_model, "task", None) not in task_names():
-        raise ValueError(f"only Yolov5 detectors and classifiers can be exported, got "
-                         f"{type(weights_or_model).__name__}")
+        raise ValueError(f"only models of yolotrain's tasks ({', '.join(sorted(task_names()))}) can be exported, "
+                         f"got a {type(weights_or_model).__name__}")
     model = resolve_trainable(weights_or_model)
     if model is weights_or_model:
         # A copy: fusing replaces the BatchNorms, which must not happen to the caller's (maybe training) model.
