@@ -2,8 +2,9 @@
 
 On a CUDA machine it runs, in order:
 
-1. the CUDA-only tests: fp16 autocast with loss scaling, AutoBatch on the GPU's memory, the doctor's
-   corpus on CUDA, TensorRT export and val (skipped by pytest where the tensorrt package is missing), the
+1. the CUDA-only tests: fp16 autocast with loss scaling, AutoBatch on the GPU's memory (YOLOv5 and YOLOv8), the
+   doctor's corpus on CUDA, TensorRT export, val and predict of YOLOv5 and anchor-free detectors and segmenters
+   (skipped by pytest where the tensorrt package is missing), the
    tensor augmentation path's CUDA batches against its CPU ones;
 2. a DDP run with nccl: ``yolotrain train --device 0,1`` on two GPUs (one GPU: the same run on it alone);
 3. the training step at batch 64, 640 px (``Trainer.train_batch``: forward, loss, backward, clipping,
@@ -31,7 +32,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_TESTS = ["tests/test_gpu.py", "tests/test_autobatch.py", "tests/test_doctor_cases.py", "tests/test_deploy.py",
-              "tests/test_gpu_augment.py", "tests/test_data_mosaic.py"]
+              "tests/test_anchor_free_export.py", "tests/test_gpu_augment.py", "tests/test_data_mosaic.py"]
 CUDA_SELECTION = "cuda or tensorrt or fp16 or measures_the_gpu"
 BATCH, IMG_SIZE, STEPS = 64, 640, 20
 

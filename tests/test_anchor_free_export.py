@@ -19,6 +19,7 @@ from yolotrain.checkpoint import CheckpointError
 from yolotrain.data import generate_shapes_dataset
 from yolotrain.interop import export, load_exported
 from yolotrain.interop.formats import REGISTRY, tfjs
+from yolotrain.interop.formats.engine import tensorrt_unavailable
 from yolotrain.model.anchor_free import AnchorFreeYolo
 from yolotrain.task import get_task
 
@@ -28,9 +29,10 @@ SIZE = 96
 OPENVINO = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="pip install 'yolotrain[openvino]'")
 SUFFIX = {"onnx": ".onnx", "openvino": ".xml", "torchscript": ".torchscript", "ncnn": ".ncnn.param", "mnn": ".mnn",
           "tflite": ".tflite", "executorch": ".pte", "saved_model": "_saved_model", "pb": ".pb",
-          "paddle": "_paddle_model", "tfjs": "_web_model"}
+          "paddle": "_paddle_model", "tfjs": "_web_model", "engine": ".engine"}
 NCNN = pytest.mark.skipif(importlib.util.find_spec("pnnx") is None or importlib.util.find_spec("ncnn") is None,
                           reason="pip install 'yolotrain[ncnn]'")
+TENSORRT = pytest.mark.skipif(tensorrt_unavailable() is not None, reason="needs a CUDA GPU and tensorrt")
 MNN = pytest.mark.skipif(importlib.util.find_spec("MNN") is None, reason="pip install 'yolotrain[mnn]'")
 EXECUTORCH = pytest.mark.skipif(importlib.util.find_spec("executorch") is None,
                                 reason="pip install 'yolotrain[executorch]'")
@@ -80,6 +82,13 @@ def test_exports_give_the_decoded_predictions_of_pytorch(request, tmp_path, fmt,
     runtime = exported(model, tmp_path, fmt)
     assert (runtime.family, runtime.anchors_per_level, runtime.names) == ("anchor_free", 1, model.names)
     assert runtime.task == model.task and runtime.stride.tolist() == model.stride.tolist()
+    assert_decoded_like_pytorch(model, runtime, score_tol=1e-4, box_tol=1e-3, proto_tol=1e-4)
+
+
+def assert_decoded_like_pytorch(model: AnchorFreeYolo, runtime, score_tol: float, box_tol: float,
+                                proto_tol: float) -> None:
+    """``runtime``'s outputs for random images are the fused PyTorch model's: scores (objectness 1) within
+    ``score_tol``, boxes within ``box_tol`` px, a segmenter's prototype masks within ``proto_tol``."""
     imgs = torch.rand(2, 3, SIZE, SIZE)
     with torch.no_grad():
         expected = copy.deepcopy(model).fuse()(imgs)
@@ -88,11 +97,29 @@ def test_exports_give_the_decoded_predictions_of_pytorch(request, tmp_path, fmt,
     for a, b in zip(actual, expected):
         assert a.shape == b.shape
     decoded, reference = actual[0], expected[0]
-    torch.testing.assert_close(decoded[..., 4:], reference[..., 4:], atol=1e-4, rtol=0)  # objectness 1, scores
-    torch.testing.assert_close(decoded[..., :4], reference[..., :4], atol=1e-3, rtol=1e-5)  # pixels
+    torch.testing.assert_close(decoded[..., 4:], reference[..., 4:], atol=score_tol, rtol=0)
+    torch.testing.assert_close(decoded[..., :4], reference[..., :4], atol=box_tol, rtol=1e-5)  # pixels
     assert torch.equal(decoded[..., 4], torch.ones_like(decoded[..., 4]))
     if model.task == "segment":
-        torch.testing.assert_close(actual[1], expected[1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(actual[1], expected[1], atol=proto_tol, rtol=proto_tol)
+
+
+@TENSORRT
+@pytest.mark.parametrize("arch", ["detector", "segmenter"])
+def test_tensorrt_engines_give_the_decoded_predictions_of_pytorch(request, tmp_path, arch, shapes):
+    """On a CUDA GPU with tensorrt (``benchmarks/gpu_check.sh``): the engine's decoded predictions are the PyTorch
+    model's on the CPU within the tolerances of GPU float32 kernels (those of ``tests/test_deploy.py``), and
+    ``predict`` on it finds the PyTorch model's classes and boxes."""
+    model = request.getfixturevalue(arch)
+    runtime = exported(model, tmp_path, "engine")
+    assert (runtime.family, runtime.task, runtime.precision) == ("anchor_free", model.task, "fp32")
+    assert_decoded_like_pytorch(model, runtime, score_tol=1e-3, box_tol=1e-2, proto_tol=1e-3)
+    images = sorted((shapes / "images" / "val").iterdir())[:3]
+    expected = predict(model, images, img_size=SIZE, conf=0.5, half=False, device="cpu")
+    actual = predict(runtime.path, images, img_size=SIZE, conf=0.5, trust_code=True)
+    for a, b in zip(expected, actual):
+        assert len(a.boxes) == len(b.boxes) and torch.equal(a.classes, b.classes)
+        torch.testing.assert_close(b.boxes, a.boxes, atol=0.05, rtol=1e-3)
 
 
 @pytest.mark.parametrize(("fmt", "precision", "score_tol", "box_tol"), [
