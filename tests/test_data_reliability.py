@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from yolotrain import Yolov5, val
@@ -148,6 +148,8 @@ yaml_values = st.recursive(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doc=st.dictionaries(st.sampled_from(["path", "train", "val", "names", "nc", "other"]), yaml_values,
                            max_size=5))
+@example(doc={"train": "\n"})  # a path that is a line break: its message once broke the line
+@example(doc={"path": "a\tb", "train": "images/train"})
 def test_fuzzed_dataset_yamls_resolve_or_fail_clearly(tmp_path, doc):
     (tmp_path / "images" / "train").mkdir(parents=True, exist_ok=True)
     if not (tmp_path / "images" / "train" / "a.jpg").exists():
@@ -190,3 +192,11 @@ def test_fuzzed_checkpoint_json_is_valid_or_one_line(saved_document, edits):
         assert "\n" not in str(error)
         return
     assert 1 <= metadata["nc"] <= 10_000 and len(metadata["names"]) == metadata["nc"]
+
+
+def test_a_dataset_path_with_a_line_break_is_named_on_one_line(tmp_path):
+    (tmp_path / "data.yaml").write_text(yaml.safe_dump({"train": "images\ntrain"}))
+    with pytest.raises(FileNotFoundError) as error:
+        resolve_source(tmp_path / "data.yaml")
+    assert str(error.value) == "dataset path does not exist: " + repr(str(tmp_path / "images\ntrain"))
+    assert str(error.value).endswith("images\\ntrain'")  # escaped: the message is one line

@@ -432,8 +432,9 @@ def test_bad_export_requests_fail_in_one_line_without_files(setup, tmp_path, cap
         assert err.startswith("yolotrain export: error: ") and expected in err and err.count("\n") == 1, err
         assert leftovers(tmp_path) == []
 
-    # A foreign architecture: only Yolov5 detectors export.
-    with pytest.raises(ValueError, match="only Yolov5 detectors"):
+    # A module of no task: the message names the tasks whose models export.
+    with pytest.raises(ValueError, match=r"^only models of yolotrain's tasks \(classify, detect, obb, pose, segment\) "
+                                         r"can be exported, got a Conv2d$"):
         export(torch.nn.Conv2d(3, 3, 1), "onnx", out=tmp_path / "conv.onnx")
 
     # A format whose package is missing: the install hint, and nothing written.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import os
 import reprlib
 import sys
 import warnings
@@ -28,6 +29,13 @@ _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
 def brief(value: Any) -> str:
     """``repr(value)`` with at most 8 items per container, 3 levels and 80 characters per string."""
     return _REPR.repr(value)
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as written, or quoted with escapes where it holds a line break or another control character (a
+    value from a YAML file may), so that the message naming it stays one line."""
+    text = os.fspath(path)
+    return text if text.isprintable() else repr(text)
 
 
 def shorten(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from .. import yamlio
-from ..messages import brief
+from ..messages import brief, shown_path
 from ..names import DuplicateClassNamesWarning, class_names, describe_repeats, repeated_names
 from .walk import SHOWN_REPEATS, FolderWalkWarning, unique_files, walk_folders
 
@@ -118,7 +118,7 @@ def list_images(spec: str | os.PathLike | list, base: Path | None = None) -> lis
         elif p.is_file() and p.suffix[1:].lower() in IMG_FORMATS:
             listed.append(p)
         else:
-            raise FileNotFoundError(f"dataset path does not exist: {p}")
+            raise FileNotFoundError(f"dataset path does not exist: {shown_path(p)}")
     walk = walk_folders(folders, IMG_FORMATS)
     files = _sorted_unique([*listed, *(f for found in walk.files for f in found)])
     if listed:  # a folder walk lists each file once already; lists and single files may name it again
@@ -129,7 +129,7 @@ def list_images(spec: str | os.PathLike | list, base: Path | None = None) -> lis
         warnings.warn(repeats, FolderWalkWarning, stacklevel=2)
     if not files:
         kinds = ", ".join(sorted(IMG_FORMATS))
-        raise FileNotFoundError(f"no images ({kinds}) found in {', '.join(map(str, specs))}")
+        raise FileNotFoundError(f"no images ({kinds}) found in {', '.join(map(shown_path, specs))}")
     return files
 
 
@@ -245,7 +245,7 @@ def _from_yaml(path: Path) -> DatasetSource:
     if not root.is_absolute():
         root = path.parent / root
     if not root.exists():
-        raise FileNotFoundError(f"{path}: dataset root does not exist: {root}")
+        raise FileNotFoundError(f"{path}: dataset root does not exist: {shown_path(root)}")
     train = list_images(_paths_entry(cfg, "train", path), root)
     if cfg.get("val"):
         val = list_images(_paths_entry(cfg, "val", path), root)
@@ -259,10 +259,10 @@ def _from_yaml(path: Path) -> DatasetSource:
 def _from_folder(root: Path) -> DatasetSource:
     images = root / "images"
     if not images.is_dir():
-        raise FileNotFoundError(f"dataset folder has no images/ subfolder: {images}")
+        raise FileNotFoundError(f"dataset folder has no images/ subfolder: {shown_path(images)}")
     train_dir = next((images / n for n in _TRAIN_NAMES if (images / n).is_dir()), None)
     if train_dir is None:
-        raise FileNotFoundError(f"no training split ({' or '.join(_TRAIN_NAMES)}) in {images}")
+        raise FileNotFoundError(f"no training split ({' or '.join(_TRAIN_NAMES)}) in {shown_path(images)}")
     train = list_images(train_dir)
     val_dir = next((images / n for n in _VAL_NAMES if (images / n).is_dir()), None)
     if val_dir is None:
@@ -291,12 +291,12 @@ def resolve_source(db_root_dir: str | os.PathLike) -> DatasetSource:
     """
     p = Path(db_root_dir).expanduser()
     if not p.exists():
-        raise FileNotFoundError(f"dataset not found: {p}")
+        raise FileNotFoundError(f"dataset not found: {shown_path(p)}")
     if p.is_file() and p.suffix.lower() in (".yaml", ".yml"):
         return _from_yaml(p)
     if p.is_dir():
         return _from_folder(p)
-    raise ValueError(f"dataset must be a folder or a .yaml file: {p}")
+    raise ValueError(f"dataset must be a folder or a .yaml file: {shown_path(p)}")
 
 
 def link_subset(data: str | os.PathLike, root: str | os.PathLike, n: int, split: str = "train") -> Path:
