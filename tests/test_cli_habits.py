@@ -139,6 +139,35 @@ def test_options_are_spelt_in_full_and_a_misspelt_one_gets_the_closest(argv, err
     assert one_line_error(capsys) == error
 
 
+@pytest.mark.parametrize(("argv", "error"), [
+    (["predict", "--weights", "a.pt", "--model", "b.pt", "--source", "images"],
+     "yolotrain predict: error: --weights and --model are two spellings of one option: give it once"),
+    (["val", "--weights", "a.pt", "--data", "d.yaml", "--img", "320", "--imgsz", "640"],
+     "yolotrain val: error: --img and --imgsz are two spellings of one option: give it once"),
+    (["export", "model=a.pt", "--weights=b.pt"],
+     "yolotrain export: error: --model and --weights are two spellings of one option: give it once"),
+    (["track", "--weights", "a.pt", "--source", "v.mp4", "--conf", "0.2", "--conf-thres=0.3"],
+     "yolotrain track: error: --conf and --conf-thres are two spellings of one option: give it once"),
+])
+def test_one_option_under_two_spellings_stops_in_one_line(argv, error, capsys, tmp_path, monkeypatch):
+    """Which spelling would win is the order of the line, not what its writer meant: the line is refused."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    assert one_line_error(capsys) == error
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv", [
+    ["predict", "--weights", "a.pt", "--weights", "b.pt", "--source", "images"],  # one spelling twice: the last
+    ["predict", "--weights", "a.pt", "--source", "images", "--half", "--no-half"],  # a switch and its --no- form
+    ["predict", "--weights", "a.pt", "--source", "images", "--name=--model"],  # a value, not an option
+])
+def test_one_spelling_twice_a_switch_and_its_negation_and_values_are_taken(argv):
+    build_parser().parse_args(argv)
+
+
 def test_version_is_printed():
     run = subprocess.run([sys.executable, "-m", "yolotrain", "--version"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == f"yolotrain {yolotrain.__version__}"

@@ -274,9 +274,11 @@ class CommandParser(argparse.ArgumentParser):
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         argv = self._options_of_settings(list(sys.argv[1:] if args is None else args))
         parsed, extras = self.parse_known_args(argv, namespace)
+        parser = self._command_parser(parsed)
         if extras:
-            parser = self._command_parser(parsed)
             parser.error(parser._unrecognized(extras))
+        if (twice := _one_option_spelt_twice(parser, argv)) is not None:
+            parser.error(twice)
         return parsed
 
     def _unrecognized(self, extras: list[str]) -> str:
@@ -319,6 +321,22 @@ class CommandParser(argparse.ArgumentParser):
             action = parser._option_string_actions.get(token)
             takes_value = action is not None and action.nargs is None
         return expanded
+
+
+def _one_option_spelt_twice(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The error for an option given under two of its spellings (``--weights a.pt --model b.pt``, ``--img 320
+    --imgsz 640``), else None: which one would win is the order of the line, not what its writer meant. The same
+    spelling twice is left to argparse (the last wins), and so are a switch and its ``--no-`` form."""
+    first_spelling: dict[argparse.Action, str] = {}
+    for token in argv:  # argparse takes no token spelt as an option for a value, so each such token is one
+        flag = token.partition("=")[0]
+        action = parser._option_string_actions.get(flag)
+        if action is None or isinstance(action, argparse.BooleanOptionalAction):
+            continue
+        first = first_spelling.setdefault(action, flag)
+        if first != flag:
+            return f"{first} and {flag} are two spellings of one option: give it once"
+    return None
 
 
 def _setting_options(parser: argparse.ArgumentParser, key: str, value: str) -> list[str]:
