@@ -143,6 +143,14 @@ def test_every_command_refuses_a_name_outside_its_project(tmp_path, data, checkp
     assert not (tmp_path / "a" / "escaped").exists() and not project.exists()
 
 
+def test_train_refuses_a_name_outside_its_project_before_reading_data_or_model(tmp_path, capsys):
+    """Settings first: a dataset scan (minutes on a large one) is not made before the name is found unusable."""
+    assert main(["train", "--data", str(tmp_path / "missing.yaml"), "--model", str(tmp_path / "missing.pt"),
+                 "--project", str(tmp_path / "runs"), "--name", "a/b"]) == 1
+    assert "--name 'a/b': a run folder name is one folder name inside --project" in one_error(capsys, "train")
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------------------------------ equal input names
 def test_predict_gives_sources_of_equal_names_outputs_of_their_own(tmp_path, data, checkpoint):
     first, second = tmp_path / "a" / "x.jpg", tmp_path / "b" / "x.jpg"

@@ -38,6 +38,7 @@ from ..interop.loading.resolve import is_published_name, names_architecture
 from ..loss import LossConfig
 from ..model import parse_version
 from ..model.classify import ClassifyConfig
+from ..runs import run_dir
 from ..settings import ConfigError, flat_names, from_mapping, merge, nest, setting, to_dict, validate
 from ..task import get_task, task_names
 from ..yamlio import YamlError, read_yaml
@@ -192,6 +193,7 @@ def resolve_config(config: TrainConfig | Mapping[str, Any] | str | os.PathLike |
     Raises:
         ConfigError: an unknown setting (with the closest valid name), a wrong type or an out-of-range
             value, naming the setting.
+        ValueError: ``name`` is no folder name inside ``project`` (:func:`yolotrain.runs.run_dir`).
     """
     if isinstance(config, TrainConfig):
         base = config.to_dict()
@@ -213,7 +215,9 @@ def resolve_config(config: TrainConfig | Mapping[str, Any] | str | os.PathLike |
     if recipe:
         resolved = from_mapping(TrainConfig, merge(resolved.to_dict(), nest(TrainConfig, {
             path.rpartition(".")[2]: value for path, value in recipe.items()})))
-    return _fill_from_data(resolved, explicit_optimizer)
+    filled = _fill_from_data(resolved, explicit_optimizer)
+    run_dir(filled.project, filled.name)  # a --project/--name no run folder can have: refused before data is read
+    return filled
 
 
 def _get(tree: Mapping[str, Any], path: str) -> Any:
