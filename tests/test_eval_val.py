@@ -377,6 +377,7 @@ def test_segmentation_batches_with_masks_score_as_label_files_and_give_the_loss(
     from segment_reference import our_segmenter
     from torch.utils.data import DataLoader
 
+    from yolotrain.data.segment import SegmentBatch
     from yolotrain.eval.label_masks import batch_label_masks
     from yolotrain.eval.val import batch_geometry, build_val_loader
     from yolotrain.loss import SegmentLoss
@@ -395,22 +396,25 @@ def test_segmentation_batches_with_masks_score_as_label_files_and_give_the_loss(
             masks = torch.stack([(m * torch.arange(1, len(m) + 1)[:, None, None]).sum(0) for m in per_image])
         else:
             masks = torch.cat(per_image).float()
-        batches.append((imgs, targets, None, None, masks))
+        # val reads each image's geometry from the dataset, not from the batch's shapes
+        batches.append(SegmentBatch(imgs, targets, [Path(f) for f in dataset.im_files[first:first + b]], [None] * b,
+                                    masks))
         first += b
     dataset.overlap = overlap
     replay = iter(batches)
     loader = DataLoader(dataset, batch_sampler=plain.batch_sampler, collate_fn=lambda items: next(replay))
     criterion = SegmentLoss(model, rect_training=True, img_size=128, overlap=overlap)
-    with_masks = val(model, loader, criterion=criterion, device="cpu", verbose=False, plots=False)
-    from_files = val(model, plain, device="cpu", verbose=False, plots=False)
+    # float32, as the loss computed below
+    with_masks = val(model, loader, criterion=criterion, device="cpu", half=False, verbose=False, plots=False)
+    from_files = val(model, plain, device="cpu", half=False, verbose=False, plots=False)
     assert with_masks.masks.map50 > 0
     assert (with_masks.masks.map50, with_masks.masks.map) == (from_files.masks.map50, from_files.masks.map)
     assert list(with_masks.loss) == ["box", "seg", "obj", "cls"]
     components = []
     with torch.no_grad():
-        for imgs, targets, _, _, masks in batches:
+        for batch in batches:
             loss = SegmentLoss(model, True, 128, overlap=overlap)
-            loss(model.forward_maps(imgs), targets, masks, pred_size=imgs.shape[2:])
+            loss(model.forward_maps(batch.imgs), batch.targets, batch.masks, pred_size=batch.imgs.shape[2:])
             components.append(loss.components)
     expected = torch.stack(components).mean(0).tolist()
     assert list(with_masks.loss.values()) == pytest.approx(expected, rel=1e-3)
