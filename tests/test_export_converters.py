@@ -85,4 +85,3 @@ def test_a_converter_failing_inside_this_process_is_one_line_naming_the_format(t
     assert "Traceback" not in err and err.splitlines()[-1].startswith(
         "yolotrain export: error: ONNX conversion failed: RuntimeError: Exporting the operator")
     assert list(tmp_path.glob("*.onnx")) == [] and not list((tmp_path / "out").glob("*.onnx"))
-
