@@ -202,6 +202,13 @@ def parsed(argv: list[str]) -> dict[str, object]:
     (["val", "model=a.pt", "data=d.yaml"], ["val", "--weights", "a.pt", "--data", "d.yaml"]),
     (["track", "--model", "a.pt", "--source", "v.mp4"], ["track", "--weights", "a.pt", "--source", "v.mp4"]),
     (["export", "model=a.pt", "format=onnx"], ["export", "--weights", "a.pt", "--format", "onnx"]),
+    # and its batch= and show=
+    (["val", "model=a.pt", "data=d.yaml", "batch=16"], ["val", "--weights", "a.pt", "--data", "d.yaml",
+                                                         "--batch-size", "16"]),
+    (["predict", "model=a.pt", "source=v.mp4", "show=true"], ["predict", "--weights", "a.pt", "--source", "v.mp4",
+                                                              "--view-img"]),
+    (["track", "model=a.pt", "source=v.mp4", "show=false"], ["track", "--weights", "a.pt", "--source", "v.mp4",
+                                                             "--no-view-img"]),
 ])
 def test_key_value_arguments_are_the_options_of_those_settings(key_values, options):
     assert parsed(key_values) == parsed(options)

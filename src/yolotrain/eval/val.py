@@ -84,7 +84,7 @@ class ValConfig:
     data: str | None = setting(None, "dataset folder or YAML (its val split is used)")
     img_size: int | None = setting(None, "inference size (px; default 640, 1280 for P6 models)",
                                    flags=("--img", "--img-size", "--imgsz"))
-    batch_size: int = setting(32, "images per batch", min=1)
+    batch_size: int = setting(32, "images per batch", flags=("--batch-size", "--batch"), min=1)
     nms: NMSConfig = field(default_factory=lambda: VAL_NMS)
     rect: bool = setting(True, "rectangular batches in the reference's order (--no-rect: square letterbox)")
     augment: bool = setting(False, "test-time augmentation, the reference's: each image also at 0.83x flipped "

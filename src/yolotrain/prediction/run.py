@@ -109,7 +109,7 @@ class PredictConfig:
     retina_masks: bool = setting(False, "segmentation models: masks made at the original image's resolution "
                                  "(sharper edges; default: at the network input's, then resized)")
     view_img: bool = setting(False, "show each annotated image or frame in a window (needs a display and an "
-                             "OpenCV with window support)")
+                             "OpenCV with window support)", flags=("--view-img", "--show"))
     trust_code: bool = setting(False, TRUST_HELP, flags=("--trust-model-code",))
     visualize: bool = setting(False, "save each image's feature maps, layer by layer, in a folder STEM (the "
                               "reference's stageN_Module_features.png/.npy; PyTorch models)")
