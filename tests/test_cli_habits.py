@@ -75,8 +75,10 @@ def test_model_names_the_weights_to_val_predict_and_export(shapes, tmp_path, cap
     best = runs / "af" / "weights" / "best"
     image = next((shapes.parent / "images" / "val").iterdir())
     capsys.readouterr()
-    assert main(["val", "--model", str(best), "--data", str(shapes), "--img", "64", "--project", str(runs)]) == 0
-    assert "all" in capsys.readouterr().out
+    # Without --data, the dataset the checkpoint was trained on, as Ultralytics' val does.
+    assert main(["val", "--model", str(best), "--img", "64", "--project", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert f"Data: {shapes} (what {best} was trained on; --data for another)\n" in out and "all" in out
     for flag in ("--model", "--weights"):
         assert main(["predict", flag, str(best), "--source", str(image), "--img", "64", "--project", str(runs),
                      "--name", flag.strip("-"), "--save-txt", "--conf", "0.0001"]) == 0
@@ -84,6 +86,23 @@ def test_model_names_the_weights_to_val_predict_and_export(shapes, tmp_path, cap
     assert labels[0] == labels[1] and labels[0]
     assert main(["export", "--model", str(best), "--format", "torchscript", "--img", "64"]) == 0
     assert (runs / "af" / "weights" / "best.torchscript").is_file()
+
+
+def test_val_without_data_needs_the_dataset_its_checkpoint_names(tmp_path, capsys):
+    data = generate_shapes_dataset(root=tmp_path / "shapes", n_train=4, n_val=2, img_size=64) / "data.yaml"
+    runs = tmp_path / "runs"
+    assert main(["train", "--data", str(data), "--model", "yolov5n", *TINY, "--project", str(runs)]) == 0
+    best = runs / "exp" / "weights" / "best"
+    data.rename(data.with_name("moved.yaml"))
+    capsys.readouterr()
+    assert main(["val", "--weights", str(best), "--project", str(runs)]) == 1
+    assert one_line_error(capsys) == (f"yolotrain val: error: --data is needed: {best} was trained on {data}, which "
+                                      "is not here")
+    foreign = tmp_path / "foreign.pt"  # no checkpoint set of ours (an official .pt, an export): names no dataset
+    assert main(["val", "--weights", str(foreign), "--project", str(runs)]) == 1
+    assert one_line_error(capsys) == (f"yolotrain val: error: --data is needed: {foreign} does not name the "
+                                      "dataset it was trained on")
+    assert sorted(p.name for p in runs.iterdir()) == ["exp"]
 
 
 @pytest.mark.skipif(not YOLOV5N_WEIGHTS.is_file(), reason="needs ../shared/weights/yolov5n.pt")

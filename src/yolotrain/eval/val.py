@@ -24,11 +24,13 @@ from torch.utils.data import DataLoader
 
 from ..boxes import letterbox_geometry
 from ..callbacks import Callbacks, CallbackSpec, as_callbacks
+from ..checkpoint import CheckpointError, read_metadata
 from ..data.batch import Batch
 from ..data.dataset import loaded_size
 from ..data.loaders import REDUCED_DECODE_HELP, DataConfig, build_loaders
 from ..detector import BoxDetector
 from ..family import ModelFamily, family_of, nms_iou
+from ..messages import shown_path
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits
 from ..outputs import dataset_inputs, refuse_overwriting_inputs, unique_stems
@@ -81,7 +83,8 @@ class ValConfig:
     ``--conf-thres``, ``--iou-thres``)."""
 
     weights: tuple[str, ...] = setting((), WEIGHTS_HELP, flags=WEIGHTS_FLAGS)
-    data: str | None = setting(None, "dataset folder or YAML (its val split is used)")
+    data: str | None = setting(None, "dataset folder or YAML (its val split is used; default: the one a checkpoint "
+                               "of ours was trained on)")
     img_size: int | None = setting(None, "inference size (px; default 640, 1280 for P6 models)",
                                    flags=("--img", "--img-size", "--imgsz"))
     batch_size: int = setting(32, "images per batch", flags=("--batch-size", "--batch"), min=1)
@@ -624,7 +627,7 @@ _RUN_ONLY = ("weights", "data", "project", "name", "exist_ok", "classes", "agnos
 
 def add_val_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``yolotrain val`` options (:class:`ValConfig`, the reference's spellings) to ``parser``."""
-    add_arguments(parser, ValConfig, skip=("classes", "agnostic"), required=("weights", "data"))
+    add_arguments(parser, ValConfig, skip=("classes", "agnostic"), required=("weights",))
     # The reference's --verbose asks for the per-class table, which the command always prints.
     parser.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_refused(parser, UNSUPPORTED_VAL_OPTIONS)
@@ -638,14 +641,36 @@ def val_config(args: argparse.Namespace) -> ValConfig:
     return from_flat(ValConfig, {k: v for k, v in vars(args).items() if k in names})
 
 
+def trained_on(weights: str) -> str:
+    """The dataset a checkpoint of ours was trained on, which ``val`` without ``--data`` validates on (as
+    Ultralytics' ``val`` does); it says so in one line.
+
+    Raises:
+        ValueError: ``weights`` is no checkpoint of ours naming a dataset (an official ``.pt``, an export), or
+            the dataset it names is not here.
+    """
+    try:
+        dataset = read_metadata(weights)[0].get("dataset") or {}
+    except CheckpointError:
+        dataset = {}
+    path = dataset.get("path") if isinstance(dataset, dict) else None
+    if not isinstance(path, str):
+        raise ValueError(f"--data is needed: {weights} does not name the dataset it was trained on")
+    if not Path(path).exists():
+        raise ValueError(f"--data is needed: {weights} was trained on {shown_path(path)}, which is not here")
+    print(f"Data: {path} (what {weights} was trained on; --data for another)")
+    return path
+
+
 def run_val(args: argparse.Namespace) -> int:
     """Run ``yolotrain val`` from parsed arguments; returns the process exit code."""
     config = val_config(args)
     weights = weights_argument(config.weights)
+    data = config.data if config.data is not None else trained_on(config.weights[0])
     speed = config.mode == "speed"
     save_dir = None if speed else next_run_dir(config.project, config.name, config.exist_ok)
     keywords = {k: v for k, v in flat_values(config).items() if k not in _RUN_ONLY}
-    metrics = val(weights, config.data, save_dir=save_dir, **keywords)
+    metrics = val(weights, data, save_dir=save_dir, **keywords)
     if speed:
         return 0
     print(f"Results saved to {save_dir}")
