@@ -128,8 +128,11 @@ class NcnnModel(ExportedModel):
         self.outputs = _output_names(path)
 
     def _run(self, images: np.ndarray) -> list[np.ndarray]:
+        # ncnn.Mat wraps the array's memory without holding the array: the contiguous copy (made for an input in
+        # another layout, such as predict's channels-last batches) must outlive the Mat until its clone.
+        image = np.ascontiguousarray(images[0])
         with self.net.create_extractor() as extractor:
-            extractor.input(INPUT_NAME, self._ncnn.Mat(np.ascontiguousarray(images[0])).clone())
+            extractor.input(INPUT_NAME, self._ncnn.Mat(image).clone())
             results = []
             for name in self.outputs:
                 status, blob = extractor.extract(name)
