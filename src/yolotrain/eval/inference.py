@@ -26,8 +26,6 @@ ModelsOrWeights = ModelOrWeights | Sequence[ModelOrWeights]
 # The --weights help of val and predict: every file resolve_model takes.
 WEIGHTS_HELP = ("checkpoint, official YOLOv5 or Ultralytics .pt (yolov8n.pt ...), or an export (.onnx, OpenVINO .xml, "
                 ".tflite, .torchscript, TensorRT .engine; TorchScript and TensorRT files need --trust-model-code)")
-# val's and predict's spellings of the weights: the reference's --weights, and --model as Ultralytics' model=.
-WEIGHTS_FLAGS = ("--weights", "--model")
 # --trust-model-code of val and predict.
 TRUST_HELP = ("load model files that are programs (.torchscript, TensorRT .engine): they run their own code "
               "when loaded, so only for files from a source you trust")

@@ -30,6 +30,7 @@ from ..data.dataset import loaded_size
 from ..data.loaders import REDUCED_DECODE_HELP, DataConfig, build_loaders
 from ..detector import BoxDetector
 from ..family import ModelFamily, family_of, nms_iou
+from ..interop.loading.resolve import WEIGHTS_FLAGS
 from ..messages import shown_path
 from ..names import class_names, describe_repeats, repeated_names
 from ..nms import MAX_NMS, VAL_NMS, NMSConfig, check_nms_limits
@@ -51,7 +52,6 @@ from .classify import ClassifyMetrics
 from .coco import coco_evaluate, coco_ground_truth, image_ids
 from .inference import (
     TRUST_HELP,
-    WEIGHTS_FLAGS,
     WEIGHTS_HELP,
     ModelsOrWeights,
     load_inference_model,

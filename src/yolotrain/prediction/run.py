@@ -34,7 +34,6 @@ from ..data.sources import IMG_FORMATS
 from ..data.walk import FolderWalkWarning, glob_files
 from ..eval.inference import (
     TRUST_HELP,
-    WEIGHTS_FLAGS,
     WEIGHTS_HELP,
     ModelsOrWeights,
     load_inference_model,
@@ -44,6 +43,7 @@ from ..eval.inference import (
 )
 from ..eval.slicing import SliceConfig
 from ..family import nms_iou
+from ..interop.loading.resolve import WEIGHTS_FLAGS
 from ..names import class_names
 from ..nms import NMSConfig, check_nms_limits
 from ..outputs import refuse_overwriting_inputs, unique_stems

@@ -55,7 +55,7 @@ from ...progress import progress_bar
 from ...settings import add_arguments, from_mapping, setting
 from ...task import task_names, task_of
 from ..formats import REGISTRY, ConversionError, ExportFormat, ExportJob, export_metadata_of
-from ..loading.resolve import resolve_trainable, weights_inputs
+from ..loading.resolve import WEIGHTS_FLAGS, resolve_trainable, weights_inputs
 from .calibration import DEFAULT_CALIBRATION_IMAGES, CalibrationImages, calibration_files
 from .graph import BOXES, ExportGraph, raw_output_names
 
@@ -84,7 +84,7 @@ class ExportConfig:
     """The settings of one ``yolotrain export`` run; the command line is generated from them."""
 
     weights: str | None = setting(None, "checkpoint: ours (.safetensors/.json), a state dict, or an official YOLOv5 "
-                                  "or Ultralytics .pt (required)", flags=("--weights", "--model"))
+                                  "or Ultralytics .pt (required)", flags=WEIGHTS_FLAGS)
     format: tuple[str, ...] = setting(("onnx",), f"export formats, space or comma separated: {', '.join(FORMATS)}; "
                                       "edgetpu: the int8 LiteRT model Google's Edge TPU compiler reads",
                                       flags=("--format", "--include"))

@@ -46,6 +46,9 @@ from .pretrained import load_model
 
 ModelSource = Detector | str | os.PathLike
 MODEL_YAML_SUFFIXES = (".yaml", ".yml")
+# The command-line spellings of the weights a command runs (val, predict, track, export): the reference's
+# --weights, and --model as Ultralytics' model=.
+WEIGHTS_FLAGS = ("--weights", "--model")
 # Every name a checkpoint set is given by: NAME, NAME.json, NAME.safetensors, NAME.state.pt.
 _SET_SUFFIXES = (".json", ".safetensors", ".state.pt")
 
